@@ -1,0 +1,51 @@
+# moecore build. `make` builds build/moecore; `make test` installs what is
+# missing, builds and runs every test; `make run` runs the main job.
+CC      ?= gcc
+PKGS    := openblas yaml-0.1 json-c
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -Wall -Wextra -Wno-unused-parameter -fopenmp -D_GNU_SOURCE -Isrc \
+           $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -fopenmp -lm
+TEST_LDLIBS := $(shell pkg-config --libs check 2>/dev/null)
+VERSION := 0.1.0
+CFLAGS  += -DMOECORE_VERSION=\"$(VERSION)\"
+
+LIB_SRC := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
+LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
+TOOL_SRC := $(sort $(wildcard tests/tool_*.c))
+TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
+
+.PHONY: all deps test run clean
+all: build/moecore
+
+deps:
+	@bash scripts/install-deps.sh
+
+build/%.o: %.c $(shell find src -name '*.h')
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/libmoecore.a: $(LIB_OBJ)
+	ar rcs $@ $^
+
+build/moecore: src/main.c build/libmoecore.a
+	$(CC) $(CFLAGS) $< build/libmoecore.a $(LDLIBS) -o $@
+
+build/tests/%: tests/%.c build/libmoecore.a $(shell find src -name '*.h')
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) -Itests $< build/libmoecore.a $(TEST_LDLIBS) $(LDLIBS) -o $@
+
+test: deps
+	@$(MAKE) --no-print-directory build/moecore $(TEST_BIN) $(TOOL_BIN)
+	@bash tests/run.sh
+
+run: deps
+	@$(MAKE) --no-print-directory build/moecore
+	./build/moecore --version
+	./build/moecore params --model.vocab_size=256 --model.d_model=128 --model.n_layers=4 \
+	    --model.n_heads=4 --model.n_experts=8 --model.top_k=2 --model.expert_hidden=256
+
+clean:
+	rm -rf build

@@ -1,0 +1,91 @@
+// The moecore command: subcommands for training and for looking at models.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+#ifndef MOECORE_VERSION
+#define MOECORE_VERSION "dev"
+#endif
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: moecore COMMAND [ARGS]\n"
+            "\n"
+            "commands:\n"
+            "  params [--model.KEY=VALUE ...]   validate a model config, print its parameter\n"
+            "                                    table and counts\n"
+            "  --version                        version and compiled backends\n"
+            "  --help                           this text\n"
+            "\n"
+            "Model keys (docs/model.md): %s",
+            "");
+    for (int i = 0; model_config_keys[i]; i++) fprintf(f, "%s%s", i ? ", " : "", model_config_keys[i]);
+    fprintf(f, "\n");
+}
+
+// Applies --model.KEY=VALUE arguments; exits with a message on a bad one.
+static void parse_model_args(ModelConfig *c, int argc, char **argv) {
+    char err[256];
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || !strchr(a, '=')) {
+            fprintf(stderr, "moecore: error: argument '%s': expected --section.key=value\n", a);
+            exit(2);
+        }
+        char key[128];
+        const char *eq = strchr(a, '=');
+        snprintf(key, sizeof key, "%.*s", (int)(eq - a - 2), a + 2);
+        if (strncmp(key, "model.", 6) != 0) {
+            fprintf(stderr, "moecore: error: unknown key '%s' (this command takes model.* keys)\n", key);
+            exit(2);
+        }
+        if (model_config_set(c, key, eq + 1, err, sizeof err)) {
+            fprintf(stderr, "moecore: error: %s\n", err);
+            exit(2);
+        }
+    }
+}
+
+static int cmd_params(int argc, char **argv) {
+    ModelConfig cfg;
+    model_config_defaults(&cfg);
+    parse_model_args(&cfg, argc, argv);
+    Model m;
+    char err[256];
+    if (model_init(&m, &cfg, &ops_cpu, err, sizeof err)) {
+        fprintf(stderr, "moecore: error: invalid model config: %s\n", err);
+        return 2;
+    }
+    printf("%-44s %-20s %12s  %s\n", "name", "shape", "elements", "class");
+    for (int i = 0; i < m.table.n; i++) {
+        const ParamEntry *e = &m.table.entries[i];
+        char shape[64];
+        int n = snprintf(shape, sizeof shape, "[");
+        for (int d = 0; d < e->ndim; d++)
+            n += snprintf(shape + n, sizeof shape - n, "%s%lld", d ? ", " : "", (long long)e->shape[d]);
+        snprintf(shape + n, sizeof shape - n, "]");
+        printf("%-44s %-20s %12zu  %s\n", e->name, shape, e->numel, e->cls == CLASS_EXPERT ? "expert" : "dense");
+    }
+    size_t total = param_total(&m.table);
+    printf("\nparameters: %zu total (%zu dense, %zu expert); %.0f matmul parameters active per token\n",
+           total, m.table.class_numel[CLASS_DENSE], m.table.class_numel[CLASS_EXPERT],
+           model_active_matmul_params(&m.cfg));
+    model_free(&m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("moecore %s\nbackends: cpu (FP32, OpenBLAS, OpenMP)\n", MOECORE_VERSION);
+        return 0;
+    }
+    if (!strcmp(argv[1], "params")) return cmd_params(argc - 2, argv + 2);
+    fprintf(stderr, "moecore: error: unknown command '%s' (see moecore --help)\n", argv[1]);
+    return 2;
+}

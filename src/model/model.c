@@ -1,0 +1,503 @@
+// Forward and backward of the MoE transformer (docs/model.md), as a flat
+// list of op calls per block. No autograd: each forward op has its backward
+// called in reverse order, with the saved activations of LayerActs.
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/check.h"
+
+float *model_param(const Model *m, int idx) {
+    const ParamEntry *e = &m->table.entries[idx];
+    return m->params[e->cls] + e->offset;
+}
+float *model_grad(const Model *m, int idx) {
+    const ParamEntry *e = &m->table.entries[idx];
+    return m->grads[e->cls] + e->offset;
+}
+#define P(i) model_param(m, (i))
+#define G(i) model_grad(m, (i))
+
+// ---- parameter table ---------------------------------------------------------
+
+static int add(Model *m, int cls, int kind, const char *fmt, int layer, int ndim, int64_t d0,
+               int64_t d1, int64_t d2) {
+    char name[PARAM_NAME_MAX];
+    snprintf(name, sizeof name, fmt, layer);
+    int64_t shape[3] = {d0, d1, d2};
+    return param_add(&m->table, name, cls, kind, ndim, shape);
+}
+#define DENSE(fmt, l, ...) add(m, CLASS_DENSE, PARAM_MATRIX, fmt, l, __VA_ARGS__)
+#define NORM(fmt, l, d) add(m, CLASS_DENSE, PARAM_NORM, fmt, l, 1, d, 0, 0)
+
+static void build_table(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    int D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    int pre = c->norm != NORM_POST, post = c->norm != NORM_PRE;
+    m->embed = add(m, CLASS_DENSE, PARAM_EMBEDDING, "embed", 0, 2, c->padded_vocab, D, 0);
+    m->layers = mallocCheck(c->n_layers * sizeof(LayerParams));
+    m->n_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerParams *L = &m->layers[l];
+        memset(L, -1, sizeof(*L));
+        if (pre) L->attn_norm = NORM("layers.%d.attn_norm", l, D);
+        L->wq = DENSE("layers.%d.attn.wq", l, 2, qd, D, 0);
+        L->wk = DENSE("layers.%d.attn.wk", l, 2, kvd, D, 0);
+        L->wv = DENSE("layers.%d.attn.wv", l, 2, kvd, D, 0);
+        L->wo = DENSE("layers.%d.attn.wo", l, 2, D, qd, 0);
+        if (c->qk_norm == QKNORM_FULL) {
+            L->q_norm = NORM("layers.%d.attn.q_norm", l, qd);
+            L->k_norm = NORM("layers.%d.attn.k_norm", l, kvd);
+        } else if (c->qk_norm == QKNORM_HEAD) {
+            L->q_norm = NORM("layers.%d.attn.q_norm", l, c->head_dim);
+            L->k_norm = NORM("layers.%d.attn.k_norm", l, c->head_dim);
+        }
+        if (post) L->attn_post_norm = NORM("layers.%d.attn_post_norm", l, D);
+        if (pre) L->ffn_norm = NORM("layers.%d.ffn_norm", l, D);
+        if (!model_is_moe_layer(c, l)) {
+            int F = c->dense_hidden;
+            L->mlp_gate = DENSE("layers.%d.mlp.w_gate", l, 2, F, D, 0);
+            L->mlp_up = DENSE("layers.%d.mlp.w_up", l, 2, F, D, 0);
+            L->mlp_down = DENSE("layers.%d.mlp.w_down", l, 2, D, F, 0);
+        } else {
+            int E = c->n_experts, Fe = c->expert_hidden;
+            L->moe_index = m->n_moe++;
+            L->router = DENSE("layers.%d.moe.router", l, 2, E, D, 0);
+            L->exp_gate = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_gate", l, 3, E, Fe, D);
+            L->exp_up = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_up", l, 3, E, Fe, D);
+            L->exp_down = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_down", l, 3, E, D, Fe);
+            if (c->n_shared > 0) {
+                int Fs = c->n_shared * c->shared_hidden;
+                L->sh_gate = DENSE("layers.%d.moe.shared.w_gate", l, 2, Fs, D, 0);
+                L->sh_up = DENSE("layers.%d.moe.shared.w_up", l, 2, Fs, D, 0);
+                L->sh_down = DENSE("layers.%d.moe.shared.w_down", l, 2, D, Fs, 0);
+            }
+        }
+        if (post) L->ffn_post_norm = NORM("layers.%d.ffn_post_norm", l, D);
+    }
+    m->final_norm = NORM("final_norm", 0, D);
+    m->lm_head = DENSE("lm_head", 0, 2, c->padded_vocab, D, 0);
+}
+
+int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size_t errlen) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    if (model_config_validate(&m->cfg, err, errlen)) return -1;
+    m->ops = ops;
+    build_table(m);
+    for (int c = 0; c < N_CLASSES; c++) {
+        m->params[c] = mallocCheck(m->table.class_numel[c] * sizeof(float));
+        m->grads[c] = mallocCheck(m->table.class_numel[c] * sizeof(float));
+    }
+    int E = m->cfg.n_experts;
+    m->router_bias = mallocCheck((size_t)m->n_moe * E * sizeof(float));
+    m->step_counts = mallocCheck((size_t)m->n_moe * E * sizeof(float));
+    m->lb = mallocCheck((m->n_moe + 1) * sizeof(float));
+    m->z = mallocCheck((m->n_moe + 1) * sizeof(float));
+    return 0;
+}
+
+// Box-Muller over splitmix64: reproducible on every platform.
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double rng_uniform(uint64_t *s) { return ((rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+void model_init_weights(Model *m, uint64_t seed) {
+    // each tensor gets its own stream keyed by its index, so the values do
+    // not depend on which other tensors exist or on the class layout
+    for (int i = 0; i < m->table.n; i++) {
+        const ParamEntry *e = &m->table.entries[i];
+        float *p = P(i);
+        if (e->kind == PARAM_NORM) {
+            for (size_t j = 0; j < e->numel; j++) p[j] = 1.0f;
+            continue;
+        }
+        uint64_t s = seed * 0x100000001b3ULL + (uint64_t)i * 0x9e3779b97f4a7c15ULL;
+        for (size_t j = 0; j < e->numel; j++) {
+            double u1 = rng_uniform(&s), u2 = rng_uniform(&s);
+            p[j] = (float)(m->cfg.init_std * sqrt(-2.0 * log(u1)) * cos(2 * M_PI * u2));
+        }
+    }
+}
+
+// ---- activations ----------------------------------------------------------------
+
+typedef struct { float *base; size_t used; int *ibase; size_t iused; int measure; } Carver;
+static float *take(Carver *cv, size_t n) {
+    float *p = cv->measure ? NULL : cv->base + cv->used;
+    cv->used += (n + 15) & ~(size_t)15;
+    return p;
+}
+static int *itake(Carver *cv, size_t n) {
+    int *p = cv->measure ? NULL : cv->ibase + cv->iused;
+    cv->iused += (n + 15) & ~(size_t)15;
+    return p;
+}
+
+// Carves every activation and scratch buffer; run once to measure, once to assign.
+static void carve(Model *m, Carver *cv) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    size_t E = c->n_experts, k = c->top_k, R = N * k, Fe = c->expert_hidden;
+    size_t Fs = (size_t)c->n_shared * c->shared_hidden, F = c->dense_hidden;
+    size_t Vp = c->padded_vocab;
+    int pre = c->norm != NORM_POST, post = c->norm != NORM_PRE;
+    size_t att = m->ops->attention_saved_floats(m->B, m->T, c->n_heads);
+    for (int l = 0; l <= c->n_layers; l++) m->resid[l] = take(cv, N * D);
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerActs *a = &m->acts[l];
+        int moe = model_is_moe_layer(c, l);
+        memset(a, 0, sizeof(*a));
+        if (pre) { a->ln1 = take(cv, N * D); a->ln1_rstd = take(cv, N); }
+        a->q = take(cv, N * qd); a->k = take(cv, N * kvd); a->v = take(cv, N * kvd);
+        if (c->qk_norm != QKNORM_NONE) {
+            a->qn = take(cv, N * qd); a->kn = take(cv, N * kvd);
+            a->qn_rstd = take(cv, N * c->n_heads); a->kn_rstd = take(cv, N * c->n_kv_heads);
+        } else { a->qn = a->q; a->kn = a->k; }
+        a->qr = take(cv, N * qd); a->kr = take(cv, N * kvd);
+        a->att = take(cv, att);
+        a->ao = take(cv, N * qd);
+        a->o = take(cv, N * D);
+        if (post) { a->on = take(cv, N * D); a->o_rstd = take(cv, N); }
+        a->h = take(cv, N * D);
+        if (pre) { a->ln2 = take(cv, N * D); a->ln2_rstd = take(cv, N); }
+        a->f = take(cv, N * D);
+        if (post) { a->fn = take(cv, N * D); a->f_rstd = take(cv, N); }
+        if (!moe) { a->g = take(cv, N * F); a->u = take(cv, N * F); a->a = take(cv, N * F); continue; }
+        a->logits = take(cv, N * E); a->probs = take(cv, N * E); a->weights = take(cv, N * k);
+        a->idx = itake(cv, N * k); a->row_of = itake(cv, R); a->token_of_row = itake(cv, R);
+        a->offsets = itake(cv, E + 1);
+        a->counts = take(cv, E); a->lb_counts = take(cv, E);
+        a->xp = take(cv, R * D); a->eg = take(cv, R * Fe); a->eu = take(cv, R * Fe);
+        a->ea = take(cv, R * Fe); a->ey = take(cv, R * D);
+        if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = take(cv, N * Fs); a->so = take(cv, N * D); }
+    }
+    m->xf = take(cv, N * D); m->xf_rstd = take(cv, N);
+    m->logits = take(cv, N * Vp); m->losses = take(cv, N);
+    m->tokens = itake(cv, N); m->targets = itake(cv, N);
+    m->rope_cos = take(cv, (size_t)m->T * c->head_dim / 2);
+    m->rope_sin = take(cv, (size_t)m->T * c->head_dim / 2);
+    // backward scratch, shared by all layers
+    m->dres = take(cv, N * D); m->d1 = take(cv, N * D); m->d2 = take(cv, N * D);
+    m->dq = take(cv, N * qd); m->dk = take(cv, N * kvd); m->dv = take(cv, N * kvd);
+    m->dq2 = take(cv, N * qd); m->dk2 = take(cv, N * kvd); m->dao = take(cv, N * qd);
+    m->att_scratch = take(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads));
+    if (F) { m->da = take(cv, N * F); m->dg = take(cv, N * F); m->du = take(cv, N * F); }
+    if (m->n_moe) {
+        m->dey = take(cv, R * D); m->dea = take(cv, R * Fe); m->deg = take(cv, R * Fe);
+        m->deu = take(cv, R * Fe); m->dxp = take(cv, R * D); m->dxp2 = take(cv, R * D);
+        m->dweights = take(cv, N * k); m->dprobs = take(cv, N * E); m->dlogits = take(cv, N * E);
+        if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
+    }
+}
+
+void model_alloc_acts(Model *m, int B, int T) {
+    free(m->arena); free(m->iarena); free(m->acts); free(m->resid);
+    m->B = B;
+    m->T = T;
+    m->acts = mallocCheck(m->cfg.n_layers * sizeof(LayerActs));
+    m->resid = mallocCheck((m->cfg.n_layers + 1) * sizeof(float *));
+    Carver cv = {.measure = 1};
+    carve(m, &cv);
+    m->arena_floats = cv.used;
+    m->arena = mallocCheck(cv.used * sizeof(float));
+    m->iarena = mallocCheck(cv.iused * sizeof(int));
+    Carver real_cv = {.base = m->arena, .ibase = m->iarena};
+    carve(m, &real_cv);
+    rope_tables(m->rope_cos, m->rope_sin, T, m->cfg.head_dim, m->cfg.rope_theta);
+}
+
+void model_free(Model *m) {
+    for (int c = 0; c < N_CLASSES; c++) { free(m->params[c]); free(m->grads[c]); }
+    free(m->layers); free(m->arena); free(m->iarena); free(m->acts); free(m->resid);
+    free(m->router_bias); free(m->step_counts); free(m->lb); free(m->z);
+    param_table_free(&m->table);
+    memset(m, 0, sizeof(*m));
+}
+
+void model_zero_grads(Model *m) {
+    for (int c = 0; c < N_CLASSES; c++) m->ops->zero(m->grads[c], m->table.class_numel[c]);
+}
+
+void model_begin_step(Model *m) {
+    m->ops->zero(m->step_counts, (size_t)m->n_moe * m->cfg.n_experts);
+    m->step_tokens = 0;
+}
+
+// ---- forward ----------------------------------------------------------------------
+
+static uint64_t layer_seed(uint64_t seed, int l) {
+    uint64_t s = seed ^ (0xd1b54a32d192ed03ULL * (uint64_t)(l + 1));
+    return rng_next(&s);
+}
+
+// out = RMSNorm(inp) where a norm exists at this place, else returns inp.
+static const float *maybe_norm(Model *m, float *out, float *rstd, const float *inp, int w, int N) {
+    if (w < 0) return inp;
+    m->ops->rmsnorm_forward(out, rstd, inp, P(w), N, m->cfg.d_model, m->cfg.norm_eps);
+    return out;
+}
+
+static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, const float *in) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
+    int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    ops->matmul_forward(a->q, in, P(L->wq), N, D, qd);
+    ops->matmul_forward(a->k, in, P(L->wk), N, D, kvd);
+    ops->matmul_forward(a->v, in, P(L->wv), N, D, kvd);
+    if (c->qk_norm == QKNORM_FULL) {
+        ops->rmsnorm_forward(a->qn, a->qn_rstd, a->q, P(L->q_norm), N, qd, c->norm_eps);
+        ops->rmsnorm_forward(a->kn, a->kn_rstd, a->k, P(L->k_norm), N, kvd, c->norm_eps);
+    } else if (c->qk_norm == QKNORM_HEAD) {
+        ops->rmsnorm_forward(a->qn, a->qn_rstd, a->q, P(L->q_norm), N * H, hd, c->norm_eps);
+        ops->rmsnorm_forward(a->kn, a->kn_rstd, a->k, P(L->k_norm), N * KV, hd, c->norm_eps);
+    }
+    ops->rope_forward(a->qr, a->qn, m->rope_cos, m->rope_sin, B, T, H, hd);
+    ops->rope_forward(a->kr, a->kn, m->rope_cos, m->rope_sin, B, T, KV, hd);
+    ops->attention_forward(a->ao, a->att, a->qr, a->kr, a->v, B, T, H, KV, hd);
+    ops->matmul_forward(a->o, a->ao, P(L->wo), N, qd, D);
+}
+
+static void swiglu_mlp_forward(Model *m, float *out, float *g, float *u, float *act,
+                               const float *in, int wg, int wu, int wd, int N, int F) {
+    int D = m->cfg.d_model;
+    m->ops->matmul_forward(g, in, P(wg), N, D, F);
+    m->ops->matmul_forward(u, in, P(wu), N, D, F);
+    m->ops->swiglu_forward(act, g, u, (size_t)N * F);
+    m->ops->matmul_forward(out, act, P(wd), N, F, D);
+}
+
+static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const float *in,
+                        uint64_t seed) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k, Fe = c->expert_hidden;
+    int li = L->moe_index;
+    ops->matmul_forward(a->logits, in, P(L->router), N, D, E);
+    ops->router_probs_forward(a->probs, a->logits, N, E, c->gating);
+    const float *bias = c->aux_free_rate > 0 ? m->router_bias + (size_t)li * E : NULL;
+    ops->router_topk(a->idx, a->probs, bias, N, E, k, c->routing, layer_seed(seed, l));
+    ops->router_weights_forward(a->weights, a->probs, a->idx, N, E, k, c->renorm_topk);
+    ops->zero(a->counts, E);
+    ops->router_count(a->counts, a->idx, N, E, k);
+    float *step_counts = m->step_counts + (size_t)li * E;
+    ops->add_inplace(step_counts, a->counts, E);
+    if (c->lb_global) {
+        ops->copy(a->lb_counts, step_counts, E);
+        a->lb_tokens = m->step_tokens + N; // step_tokens advances after all layers
+    } else {
+        ops->copy(a->lb_counts, a->counts, E);
+        a->lb_tokens = (float)N;
+    }
+    m->lb[li] = ops->lb_loss_forward(a->probs, a->lb_counts, a->lb_tokens, N, E, k, c->gating);
+    m->z[li] = ops->zloss_forward(a->logits, N, E);
+
+    int R = N * k;
+    ops->moe_route_index(a->offsets, a->row_of, a->token_of_row, a->idx, N, E, k);
+    ops->permute_forward(a->xp, in, a->token_of_row, R, D);
+    ops->grouped_matmul_forward(a->eg, a->xp, P(L->exp_gate), a->offsets, E, D, Fe);
+    ops->grouped_matmul_forward(a->eu, a->xp, P(L->exp_up), a->offsets, E, D, Fe);
+    ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)R * Fe);
+    ops->grouped_matmul_forward(a->ey, a->ea, P(L->exp_down), a->offsets, E, Fe, D);
+    ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
+    if (c->n_shared > 0) {
+        int Fs = c->n_shared * c->shared_hidden;
+        swiglu_mlp_forward(m, a->so, a->sg, a->su, a->sa, in, L->sh_gate, L->sh_up, L->sh_down, N, Fs);
+        ops->add_inplace(a->f, a->so, (size_t)N * D);
+    }
+}
+
+float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model;
+    memcpy(m->tokens, tokens, N * sizeof(int));
+    memcpy(m->targets, targets, N * sizeof(int));
+    ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerParams *L = &m->layers[l];
+        LayerActs *a = &m->acts[l];
+        const float *x = m->resid[l];
+        const float *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
+        attention_forward(m, L, a, in);
+        const float *add = maybe_norm(m, a->on, a->o_rstd, a->o, L->attn_post_norm, N);
+        ops->copy(a->h, x, (size_t)N * D);
+        ops->add_inplace(a->h, add, (size_t)N * D);
+        in = maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N);
+        if (L->moe_index >= 0) moe_forward(m, l, L, a, in, route_seed);
+        else swiglu_mlp_forward(m, a->f, a->g, a->u, a->a, in, L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden);
+        add = maybe_norm(m, a->fn, a->f_rstd, a->f, L->ffn_post_norm, N);
+        float *y = m->resid[l + 1];
+        ops->copy(y, a->h, (size_t)N * D);
+        ops->add_inplace(y, add, (size_t)N * D);
+    }
+    m->step_tokens += N;
+    ops->rmsnorm_forward(m->xf, m->xf_rstd, m->resid[c->n_layers], P(m->final_norm), N, D, c->norm_eps);
+    ops->matmul_forward(m->logits, m->xf, P(m->lm_head), N, D, c->padded_vocab);
+    ops->crossentropy_forward(m->losses, m->logits, m->targets, N, c->padded_vocab);
+    double ce = 0;
+    int valid = 0;
+    for (int n = 0; n < N; n++)
+        if (m->targets[n] >= 0) { ce += m->losses[n]; valid++; }
+    m->ce_sum = ce;
+    m->n_valid = valid;
+    m->loss_ce = valid ? (float)(ce / valid) : 0.0f;
+    double aux = 0;
+    for (int i = 0; i < m->n_moe; i++) aux += (double)c->lb_coef * m->lb[i] + (double)c->z_coef * m->z[i];
+    m->loss_total = (float)(m->loss_ce + aux);
+    return m->loss_total;
+}
+
+// ---- backward -------------------------------------------------------------------------
+
+// Backward of maybe_norm: returns the grad w.r.t. the norm input. Without a
+// norm the grad passes through unchanged (returns dout itself).
+static const float *maybe_norm_backward(Model *m, float *dinp, const float *dout, const float *inp,
+                                        const float *rstd, int w, int N) {
+    if (w < 0) return dout;
+    m->ops->rmsnorm_backward(dinp, G(w), dout, inp, P(w), rstd, N, m->cfg.d_model, 0);
+    return dinp;
+}
+
+// Accumulates into dres the grad through the sublayer's input norm (pre /
+// peri) or, without one, directly (the sublayer wrote into dres).
+static void input_norm_backward(Model *m, const float *din, const float *x, const float *rstd, int w, int N) {
+    if (w >= 0) m->ops->rmsnorm_backward(m->dres, G(w), din, x, P(w), rstd, N, m->cfg.d_model, 1);
+}
+
+// dinp (=|+=) grad of out = SwiGLU(in)
+static void swiglu_mlp_backward(Model *m, float *dinp, const float *dout, const float *in,
+                                const float *g, const float *u, const float *act, float *da,
+                                float *dg, float *du, int wg, int wu, int wd, int N, int F,
+                                int accumulate) {
+    const Ops *ops = m->ops;
+    int D = m->cfg.d_model;
+    ops->matmul_backward(da, G(wd), dout, act, P(wd), N, F, D, 0);
+    ops->swiglu_backward(dg, du, da, g, u, (size_t)N * F);
+    ops->matmul_backward(dinp, G(wg), dg, in, P(wg), N, D, F, accumulate);
+    ops->matmul_backward(dinp, G(wu), du, in, P(wu), N, D, F, 1);
+}
+
+static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, float *dinp,
+                         const float *dout, const float *in, float aux_scale, int accumulate) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k, Fe = c->expert_hidden;
+    int R = N * k;
+    if (c->n_shared > 0) {
+        int Fs = c->n_shared * c->shared_hidden;
+        swiglu_mlp_backward(m, dinp, dout, in, a->sg, a->su, a->sa, m->dsa, m->dsg, m->dsu,
+                            L->sh_gate, L->sh_up, L->sh_down, N, Fs, accumulate);
+        accumulate = 1;
+    }
+    ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
+    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->dey, a->ea, P(L->exp_down), a->offsets, E, Fe, D);
+    ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)R * Fe);
+    ops->grouped_matmul_backward(m->dxp, G(L->exp_gate), m->deg, a->xp, P(L->exp_gate), a->offsets, E, D, Fe);
+    ops->grouped_matmul_backward(m->dxp2, G(L->exp_up), m->deu, a->xp, P(L->exp_up), a->offsets, E, D, Fe);
+    ops->add_inplace(m->dxp, m->dxp2, (size_t)R * D);
+    ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
+    // router: weights <- probs <- logits, plus the aux losses
+    ops->router_weights_backward(m->dprobs, m->dweights, a->probs, a->idx, N, E, k, c->renorm_topk, 0);
+    if (c->lb_coef > 0)
+        ops->lb_loss_backward(m->dprobs, a->probs, a->lb_counts, a->lb_tokens, N, E, k, c->gating,
+                              c->lb_coef * aux_scale);
+    ops->router_probs_backward(m->dlogits, m->dprobs, a->probs, N, E, c->gating, 0);
+    if (c->z_coef > 0) ops->zloss_backward(m->dlogits, a->logits, N, E, c->z_coef * aux_scale);
+    ops->matmul_backward(dinp, G(L->router), m->dlogits, in, P(L->router), N, D, E, 1);
+}
+
+static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, float *dinp,
+                               const float *dout, const float *in, int accumulate) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
+    int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    ops->matmul_backward(m->dao, G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
+    ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v,
+                            m->att_scratch, B, T, H, KV, hd);
+    // RoPE back into dq2/dk2 (grads w.r.t. the QK-normed q, k)
+    ops->rope_backward(m->dq2, m->dq, m->rope_cos, m->rope_sin, B, T, H, hd);
+    ops->rope_backward(m->dk2, m->dk, m->rope_cos, m->rope_sin, B, T, KV, hd);
+    const float *dq = m->dq2, *dk = m->dk2;
+    if (c->qk_norm == QKNORM_FULL) {
+        ops->rmsnorm_backward(m->dq, G(L->q_norm), m->dq2, a->q, P(L->q_norm), a->qn_rstd, N, qd, 0);
+        ops->rmsnorm_backward(m->dk, G(L->k_norm), m->dk2, a->k, P(L->k_norm), a->kn_rstd, N, kvd, 0);
+        dq = m->dq; dk = m->dk;
+    } else if (c->qk_norm == QKNORM_HEAD) {
+        ops->rmsnorm_backward(m->dq, G(L->q_norm), m->dq2, a->q, P(L->q_norm), a->qn_rstd, N * H, hd, 0);
+        ops->rmsnorm_backward(m->dk, G(L->k_norm), m->dk2, a->k, P(L->k_norm), a->kn_rstd, N * KV, hd, 0);
+        dq = m->dq; dk = m->dk;
+    }
+    ops->matmul_backward(dinp, G(L->wq), dq, in, P(L->wq), N, D, qd, accumulate);
+    ops->matmul_backward(dinp, G(L->wk), dk, in, P(L->wk), N, D, kvd, 1);
+    ops->matmul_backward(dinp, G(L->wv), m->dv, in, P(L->wv), N, D, kvd, 1);
+}
+
+void model_backward(Model *m, float ce_scale, float aux_scale) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, Vp = c->padded_vocab;
+    // classifier: dlogits overwrite the logits in place
+    ops->crossentropy_backward(m->logits, m->logits, m->targets, ce_scale, N, Vp);
+    ops->matmul_backward(m->d1, G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, Vp, 0);
+    ops->rmsnorm_backward(m->dres, G(m->final_norm), m->d1, m->resid[c->n_layers],
+                          P(m->final_norm), m->xf_rstd, N, D, 0);
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        const LayerParams *L = &m->layers[l];
+        LayerActs *a = &m->acts[l];
+        // feed-forward half: y = h + post(ffn(pre(h))); dres holds dL/dy
+        const float *df = maybe_norm_backward(m, m->d1, m->dres, a->f, a->f_rstd, L->ffn_post_norm, N);
+        const float *in = L->ffn_norm >= 0 ? a->ln2 : a->h;
+        float *din = L->ffn_norm >= 0 ? m->d2 : m->dres; // without an input norm, add straight into dres
+        int acc = L->ffn_norm < 0;
+        if (L->moe_index >= 0) moe_backward(m, L, a, din, df, in, aux_scale, acc);
+        else swiglu_mlp_backward(m, din, df, in, a->g, a->u, a->a, m->da, m->dg, m->du,
+                                 L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden, acc);
+        input_norm_backward(m, m->d2, a->h, a->ln2_rstd, L->ffn_norm, N);
+        // attention half: h = x + post(attn(pre(x))); dres holds dL/dh
+        const float *x = m->resid[l];
+        const float *dout = maybe_norm_backward(m, m->d1, m->dres, a->o, a->o_rstd, L->attn_post_norm, N);
+        in = L->attn_norm >= 0 ? a->ln1 : x;
+        din = L->attn_norm >= 0 ? m->d2 : m->dres;
+        attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);
+        input_norm_backward(m, m->d2, x, a->ln1_rstd, L->attn_norm, N);
+    }
+    ops->embedding_backward(G(m->embed), m->dres, m->tokens, N, D);
+}
+
+void model_end_step(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    if (!(c->aux_free_rate > 0)) return;
+    int E = c->n_experts;
+    for (int li = 0; li < m->n_moe; li++) {
+        const float *cnt = m->step_counts + (size_t)li * E;
+        float *b = m->router_bias + (size_t)li * E;
+        double mean = 0;
+        for (int e = 0; e < E; e++) mean += cnt[e];
+        mean /= E;
+        for (int e = 0; e < E; e++)
+            b[e] += c->aux_free_rate * (cnt[e] < mean ? 1.0f : cnt[e] > mean ? -1.0f : 0.0f);
+    }
+}
+
+double model_active_matmul_params(const ModelConfig *c) {
+    double D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    double p = (double)c->padded_vocab * D; // LM head
+    for (int l = 0; l < c->n_layers; l++) {
+        p += D * (qd + 2 * kvd) + qd * D;
+        if (model_is_moe_layer(c, l))
+            p += D * c->n_experts + 3.0 * D * c->expert_hidden * c->top_k +
+                 3.0 * D * c->n_shared * c->shared_hidden;
+        else
+            p += 3.0 * D * c->dense_hidden;
+    }
+    return p;
+}

@@ -1,0 +1,113 @@
+// The MoE transformer of docs/model.md: parameter table, forward and
+// backward, written once against the op interface (src/ops/ops.h).
+//
+// Usage per optimizer step (gradient accumulation over M micro-batches):
+//   model_zero_grads(m); model_begin_step(m);
+//   for each micro-batch: model_forward(m, tokens, targets, seed);
+//                         model_backward(m, 1/total_valid_targets, 1/M);
+//   ... optimizer ...;  model_end_step(m)   (aux-free bias update)
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model_config.h"
+#include "model/params.h"
+#include "ops/ops.h"
+
+// Indices into the parameter table (-1 where a layer lacks the tensor).
+typedef struct {
+    int attn_norm, wq, wk, wv, wo, q_norm, k_norm, attn_post_norm;
+    int ffn_norm, ffn_post_norm;
+    int mlp_gate, mlp_up, mlp_down;                   // dense layers
+    int router, exp_gate, exp_up, exp_down;           // MoE layers
+    int sh_gate, sh_up, sh_down;                      // shared experts
+    int moe_index;                                    // among MoE layers, or -1
+} LayerParams;
+
+// What one block keeps from forward for backward.
+typedef struct {
+    float *ln1, *ln1_rstd;            // attn_norm(x)          (pre, peri)
+    float *q, *k, *v;                 // projections
+    float *qn, *kn, *qn_rstd, *kn_rstd; // after QK-norm (alias q, k without it)
+    float *qr, *kr;                   // after RoPE
+    float *att;                       // attention probabilities (backend layout)
+    float *ao;                        // attention output, before wo
+    float *o, *on, *o_rstd;           // wo output; attn_post_norm(o) (post, peri)
+    float *h;                         // residual after the attention half
+    float *ln2, *ln2_rstd;            // ffn_norm(h)           (pre, peri)
+    float *f, *fn, *f_rstd;           // ffn output; ffn_post_norm(f) (post, peri)
+    // dense MLP
+    float *g, *u, *a;
+    // MoE
+    float *logits, *probs, *weights;  // [N,E], [N,E], [N,k]
+    int *idx, *row_of, *token_of_row, *offsets;
+    float *counts;                    // [E] this micro-batch
+    float *lb_counts;                 // [E] counts the LB loss used
+    float lb_tokens;                  // tokens those counts cover
+    float *xp, *eg, *eu, *ea, *ey;    // grouped rows [R,D], [R,Fe] x3, [R,D]
+    float *sg, *su, *sa, *so;         // shared experts [N,Fs] x3, [N,D]
+} LayerActs;
+
+typedef struct {
+    ModelConfig cfg;
+    const Ops *ops;
+    ParamTable table;
+    float *params[N_CLASSES];
+    float *grads[N_CLASSES];
+    int embed, final_norm, lm_head;
+    LayerParams *layers;
+    int n_moe;
+
+    // activations, sized by model_alloc_acts for micro-batches of B x T
+    int B, T;
+    float *arena;
+    size_t arena_floats;
+    int *iarena;
+    LayerActs *acts;
+    float **resid;                    // [L+1] residual stream [N,D]
+    float *xf, *xf_rstd, *logits, *losses;
+    int *tokens, *targets;
+    float *rope_cos, *rope_sin;
+    // backward scratch
+    float *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao, *att_scratch;
+    float *da, *dg, *du, *dey, *dea, *deg, *deu, *dxp, *dxp2;
+    float *dweights, *dprobs, *dlogits, *dsa, *dsg, *dsu;
+
+    // router state across micro-batches and steps
+    float *router_bias;               // [n_moe, E] aux-loss-free bias
+    float *step_counts;               // [n_moe, E] counts summed over the step
+    float step_tokens;                // tokens those counts cover
+
+    // results of the last forward
+    double ce_sum;                    // sum of per-token CE over valid targets
+    int n_valid;                      // valid targets
+    float loss_ce;                    // ce_sum / n_valid
+    float *lb, *z;                    // [n_moe] raw aux losses
+    float loss_total;                 // CE mean + coefficients * aux
+} Model;
+
+// Builds the table and allocates parameters and grads (zeroed); validates cfg.
+// Returns -1 with a message on an invalid config.
+int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size_t errlen);
+// Matrices ~ normal(0, init_std), norms 1, from a seeded generator.
+void model_init_weights(Model *m, uint64_t seed);
+void model_alloc_acts(Model *m, int B, int T);
+void model_free(Model *m);
+
+float *model_param(const Model *m, int idx);
+float *model_grad(const Model *m, int idx);
+
+void model_zero_grads(Model *m);
+void model_begin_step(Model *m);
+// tokens, targets: [B,T]; targets -1 are masked. route_seed drives random routing.
+// Token ids must be in [0, vocab_size): callers validate data.
+float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed);
+// Backward of ce_scale * ce_sum + aux_scale * (lb_coef sum LB + z_coef sum Z);
+// grads accumulate.
+void model_backward(Model *m, float ce_scale, float aux_scale);
+// Aux-loss-free bias update from the step's counts (no-op when disabled).
+void model_end_step(Model *m);
+
+// Matmul parameters a token touches (attention, router, top-k + shared
+// experts, dense MLPs, LM head; not the embedding), for the FLOP count.
+double model_active_matmul_params(const ModelConfig *c);

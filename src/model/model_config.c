@@ -1,0 +1,218 @@
+// Model config: defaults, one key table, parsing, validation, JSON.
+#include "model/model_config.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "util/text.h"
+
+typedef enum { K_INT, K_FLOAT, K_BOOL, K_ENUM } KeyType;
+typedef struct {
+    const char *name;
+    KeyType type;
+    size_t offset;
+    const char *const *enum_names; // NULL-terminated, for K_ENUM
+} KeyDesc;
+
+static const char *const norm_names[] = {"pre", "post", "peri", NULL};
+static const char *const qknorm_names[] = {"none", "full", "head", NULL};
+static const char *const gating_names[] = {"softmax", "sigmoid", NULL};
+static const char *const routing_names[] = {"learned", "random", "uniform", NULL};
+
+#define KEY(n, t) {#n, t, offsetof(ModelConfig, n), NULL}
+#define KEYE(n, names) {#n, K_ENUM, offsetof(ModelConfig, n), names}
+static const KeyDesc keys[] = {
+    KEY(vocab_size, K_INT),      KEY(d_model, K_INT),         KEY(n_layers, K_INT),
+    KEY(n_heads, K_INT),         KEY(n_kv_heads, K_INT),      KEY(head_dim, K_INT),
+    KEY(rope_theta, K_FLOAT),    KEY(norm_eps, K_FLOAT),      KEYE(norm, norm_names),
+    KEYE(qk_norm, qknorm_names), KEY(dense_layers, K_INT),    KEY(dense_hidden, K_INT),
+    KEY(n_experts, K_INT),       KEY(top_k, K_INT),           KEY(expert_hidden, K_INT),
+    KEY(n_shared, K_INT),        KEY(shared_hidden, K_INT),   KEYE(gating, gating_names),
+    KEY(renorm_topk, K_BOOL),    KEY(lb_coef, K_FLOAT),       KEY(z_coef, K_FLOAT),
+    KEY(lb_global, K_BOOL),      KEY(aux_free_rate, K_FLOAT), KEYE(routing, routing_names),
+    KEY(seq_len, K_INT),         KEY(init_std, K_FLOAT),
+};
+#define NKEYS ((int)(sizeof(keys) / sizeof(keys[0])))
+
+const char *const model_config_keys[] = {
+    "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "rope_theta",
+    "norm_eps", "norm", "qk_norm", "dense_layers", "dense_hidden", "n_experts", "top_k",
+    "expert_hidden", "n_shared", "shared_hidden", "gating", "renorm_topk", "lb_coef", "z_coef",
+    "lb_global", "aux_free_rate", "routing", "seq_len", "init_std", NULL};
+
+void model_config_defaults(ModelConfig *c) {
+    // OLMoE-1B-7B's architecture at a small size
+    memset(c, 0, sizeof(*c));
+    c->vocab_size = 256;
+    c->d_model = 128;
+    c->n_layers = 4;
+    c->n_heads = 4;
+    c->rope_theta = 10000.0f;
+    c->norm_eps = 1e-5f;
+    c->norm = NORM_PRE;
+    c->qk_norm = QKNORM_FULL;
+    c->dense_hidden = 0; // 0: 4 * d_model rounded, resolved in validate
+    c->n_experts = 8;
+    c->top_k = 2;
+    c->expert_hidden = 256;
+    c->gating = GATING_SOFTMAX;
+    c->lb_coef = 0.01f;
+    c->z_coef = 0.001f;
+    c->routing = ROUTING_LEARNED;
+    c->seq_len = 256;
+    c->init_std = 0.02f;
+}
+
+static const KeyDesc *find_key(const char *name) {
+    if (strncmp(name, "model.", 6) == 0) name += 6;
+    for (int i = 0; i < NKEYS; i++)
+        if (strcmp(keys[i].name, name) == 0) return &keys[i];
+    return NULL;
+}
+
+int model_config_set(ModelConfig *c, const char *key, const char *value, char *err, size_t errlen) {
+    const KeyDesc *k = find_key(key);
+    if (!k) {
+        const char *bare = strncmp(key, "model.", 6) ? key : key + 6;
+        const char *hint = nearest_key(bare, model_config_keys);
+        if (hint) snprintf(err, errlen, "unknown key model.%s (did you mean model.%s?)", bare, hint);
+        else snprintf(err, errlen, "unknown key model.%s", bare);
+        return -1;
+    }
+    char *p = (char *)c + k->offset;
+    char *end = NULL;
+    errno = 0;
+    switch (k->type) {
+    case K_INT: {
+        long v = strtol(value, &end, 10);
+        if (end == value || *end || errno || v < -2147483647L || v > 2147483647L) {
+            snprintf(err, errlen, "model.%s: expected an integer, got '%s'", k->name, value);
+            return -1;
+        }
+        *(int *)p = (int)v;
+        return 0;
+    }
+    case K_FLOAT: {
+        double v = strtod(value, &end);
+        if (end == value || *end || errno || !isfinite(v)) {
+            snprintf(err, errlen, "model.%s: expected a number, got '%s'", k->name, value);
+            return -1;
+        }
+        *(float *)p = (float)v;
+        return 0;
+    }
+    case K_BOOL:
+        if (!strcasecmp(value, "true") || !strcmp(value, "1")) { *(int *)p = 1; return 0; }
+        if (!strcasecmp(value, "false") || !strcmp(value, "0")) { *(int *)p = 0; return 0; }
+        snprintf(err, errlen, "model.%s: expected true or false, got '%s'", k->name, value);
+        return -1;
+    case K_ENUM:
+        for (int i = 0; k->enum_names[i]; i++)
+            if (!strcmp(value, k->enum_names[i])) { *(int *)p = i; return 0; }
+        int n = snprintf(err, errlen, "model.%s: '%s' is not one of", k->name, value);
+        for (int i = 0; k->enum_names[i] && n > 0 && (size_t)n < errlen; i++)
+            n += snprintf(err + n, errlen - n, " %s", k->enum_names[i]);
+        return -1;
+    }
+    return -1;
+}
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+#define POSITIVE(f) do { if (c->f <= 0) FAIL("model." #f " must be positive, got %d", c->f); } while (0)
+#define NONNEG(f) do { if (c->f < 0) FAIL("model." #f " must be >= 0, got %d", c->f); } while (0)
+
+int model_config_validate(ModelConfig *c, char *err, size_t errlen) {
+    POSITIVE(vocab_size);
+    POSITIVE(d_model);
+    POSITIVE(n_layers);
+    POSITIVE(n_heads);
+    NONNEG(n_kv_heads);
+    NONNEG(head_dim);
+    POSITIVE(seq_len);
+    NONNEG(dense_layers);
+    NONNEG(dense_hidden);
+    NONNEG(n_experts);
+    NONNEG(n_shared);
+    NONNEG(shared_hidden);
+    if (c->head_dim == 0) {
+        if (c->d_model % c->n_heads)
+            FAIL("model.d_model (%d) must be divisible by model.n_heads (%d), or set model.head_dim",
+                 c->d_model, c->n_heads);
+        c->head_dim = c->d_model / c->n_heads;
+    }
+    if (c->head_dim % 2) FAIL("model.head_dim (%d) must be even for RoPE", c->head_dim);
+    if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    if (c->n_heads % c->n_kv_heads)
+        FAIL("model.n_kv_heads (%d) must divide model.n_heads (%d)", c->n_kv_heads, c->n_heads);
+    if (!(c->rope_theta > 0)) FAIL("model.rope_theta must be positive, got %g", c->rope_theta);
+    if (!(c->norm_eps > 0)) FAIL("model.norm_eps must be positive, got %g", c->norm_eps);
+    if (!(c->init_std > 0)) FAIL("model.init_std must be positive, got %g", c->init_std);
+    if (c->lb_coef < 0) FAIL("model.lb_coef must be >= 0, got %g", c->lb_coef);
+    if (c->z_coef < 0) FAIL("model.z_coef must be >= 0, got %g", c->z_coef);
+    if (c->aux_free_rate < 0) FAIL("model.aux_free_rate must be >= 0, got %g", c->aux_free_rate);
+    int has_moe = c->n_experts > 0 && c->dense_layers < c->n_layers;
+    if (c->dense_layers > c->n_layers)
+        FAIL("model.dense_layers (%d) exceeds model.n_layers (%d)", c->dense_layers, c->n_layers);
+    if (c->dense_layers > 0 || c->n_experts == 0) {
+        if (c->dense_hidden == 0) c->dense_hidden = ((8 * c->d_model / 3) + 63) / 64 * 64;
+    }
+    if (has_moe) {
+        POSITIVE(top_k);
+        POSITIVE(expert_hidden);
+        if (c->top_k > c->n_experts)
+            FAIL("model.top_k (%d) must be <= model.n_experts (%d)", c->top_k, c->n_experts);
+        if (c->n_shared > 0 && c->shared_hidden <= 0)
+            FAIL("model.shared_hidden must be positive when model.n_shared is %d", c->n_shared);
+    } else {
+        if (c->n_experts == 0) c->dense_layers = c->n_layers;
+    }
+    c->padded_vocab = (c->vocab_size + 127) / 128 * 128;
+    return 0;
+}
+
+char *model_config_to_json(const ModelConfig *c) {
+    json_object *o = json_object_new_object();
+    for (int i = 0; i < NKEYS; i++) {
+        const char *p = (const char *)c + keys[i].offset;
+        json_object *v = NULL;
+        switch (keys[i].type) {
+        case K_INT: v = json_object_new_int(*(const int *)p); break;
+        case K_FLOAT: v = json_object_new_double(*(const float *)p); break;
+        case K_BOOL: v = json_object_new_boolean(*(const int *)p); break;
+        case K_ENUM: v = json_object_new_string(keys[i].enum_names[*(const int *)p]); break;
+        }
+        json_object_object_add(o, keys[i].name, v);
+    }
+    json_object_object_add(o, "padded_vocab", json_object_new_int(c->padded_vocab));
+    char *s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return s;
+}
+
+int model_config_from_json(ModelConfig *c, const char *json, char *err, size_t errlen) {
+    json_object *o = json_tokener_parse(json);
+    if (!o || !json_object_is_type(o, json_type_object)) {
+        if (o) json_object_put(o);
+        FAIL("model config: not a JSON object");
+    }
+    model_config_defaults(c);
+    int rc = 0;
+    json_object_object_foreach(o, key, val) {
+        if (!strcmp(key, "padded_vocab")) continue;
+        char buf[64];
+        const char *s;
+        if (json_object_is_type(val, json_type_string)) s = json_object_get_string(val);
+        else if (json_object_is_type(val, json_type_double)) {
+            snprintf(buf, sizeof buf, "%.9g", json_object_get_double(val));
+            s = buf;
+        } else s = json_object_to_json_string(val);
+        if (model_config_set(c, key, s, err, errlen)) { rc = -1; break; }
+    }
+    json_object_put(o);
+    return rc ? rc : model_config_validate(c, err, errlen);
+}

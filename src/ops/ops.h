@@ -1,0 +1,154 @@
+// The op interface: every computation the model performs, forward and
+// backward, as plain functions behind one table per device (ggml's seam,
+// llm.c's function shapes). src/model/ calls only these, so a backend is
+// complete when it fills this table; tests/test_ops_grad.c checks every
+// backward here against finite differences on the CPU backend.
+//
+// Conventions
+// - Matrices are row-major, weights [out, in]; y = x W^T.
+// - Parameter grads always accumulate (+=).
+// - Activation grads assign, unless the op takes `accumulate`, in which case
+//   accumulate != 0 means += (used on the residual stream and where several
+//   paths meet).
+// - Token counts N, rows R, channels C etc. are int; sizes that can exceed
+//   2^31 are size_t.
+// - The CPU backend is FP32 throughout.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { GATING_SOFTMAX = 0, GATING_SIGMOID = 1 } Gating;
+typedef enum { ROUTING_LEARNED = 0, ROUTING_RANDOM = 1, ROUTING_UNIFORM = 2 } RoutingMode;
+
+typedef struct Ops {
+    const char *name;
+
+    // out[N,C] = wte[tokens[n], :]. Token ids must be in [0, V).
+    void (*embedding_forward)(float *out, const int *tokens, const float *wte, int N, int C);
+    // dwte[tokens[n], :] += dout[n, :]
+    void (*embedding_backward)(float *dwte, const float *dout, const int *tokens, int N, int C);
+
+    // out[N,OC] = inp[N,C] w[OC,C]^T
+    void (*matmul_forward)(float *out, const float *inp, const float *w, int N, int C, int OC);
+    // dinp[N,C] (=|+=) dout w ;  dw[OC,C] += dout^T inp. Either grad may be NULL.
+    void (*matmul_backward)(float *dinp, float *dw, const float *dout, const float *inp,
+                            const float *w, int N, int C, int OC, int accumulate);
+
+    // out[N,C] = inp / sqrt(mean(inp^2) + eps) * w;  rstd[N] saved for backward.
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w,
+                            int N, int C, float eps);
+    // dinp (=|+=), dw +=
+    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, const float *rstd, int N, int C, int accumulate);
+
+    // Rotate-half RoPE, in place allowed. x is [B, T, nh, hd]; position = t.
+    // cos/sin tables are [T, hd/2]. backward applies the inverse rotation.
+    void (*rope_forward)(float *out, const float *inp, const float *cos_t, const float *sin_t,
+                         int B, int T, int nh, int hd);
+    void (*rope_backward)(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+                          int B, int T, int nh, int hd);
+
+    // Causal attention with GQA. q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd].
+    // att [B,H,T,T] holds the softmax probabilities for backward (CPU layout;
+    // a backend may keep log-sum-exp instead, sized by attention_saved_floats).
+    void (*attention_forward)(float *out, float *att, const float *q, const float *k,
+                              const float *v, int B, int T, int H, int KV, int hd);
+    // dq, dk, dv assigned. scratch: attention_scratch_floats(B,T,H) floats.
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
+                               const float *att, const float *q, const float *k, const float *v,
+                               float *scratch, int B, int T, int H, int KV, int hd);
+    size_t (*attention_saved_floats)(int B, int T, int H);
+    size_t (*attention_scratch_floats)(int B, int T, int H);
+
+    // out = silu(gate) * up, all [N, F]. backward assigns dgate, dup.
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+
+    // --- router ---------------------------------------------------------
+    // probs[N,E] = softmax(logits) or sigmoid(logits)
+    void (*router_probs_forward)(float *probs, const float *logits, int N, int E, Gating g);
+    // dlogits (=|+=) from dprobs
+    void (*router_probs_backward)(float *dlogits, const float *dprobs, const float *probs,
+                                  int N, int E, Gating g, int accumulate);
+    // Expert choice idx[N,k] (not differentiable). bias may be NULL (aux-free
+    // balancing adds it to probs for the choice only). For ROUTING_RANDOM the
+    // choice of token n depends only on (seed, n).
+    void (*router_topk)(int *idx, const float *probs, const float *bias, int N, int E, int k,
+                        RoutingMode mode, uint64_t seed);
+    // weights[N,k] = probs[n, idx[n,s]], divided by their sum when renorm.
+    void (*router_weights_forward)(float *weights, const float *probs, const int *idx,
+                                   int N, int E, int k, int renorm);
+    // dprobs[N,E] (=|+=) from dweights[N,k]
+    void (*router_weights_backward)(float *dprobs, const float *dweights, const float *probs,
+                                    const int *idx, int N, int E, int k, int renorm,
+                                    int accumulate);
+    // counts[E] += number of (token, slot) pairs routed to each expert
+    void (*router_count)(float *counts, const int *idx, int N, int E, int k);
+    // Load-balancing loss (E/k) sum_i f_i P_i, f_i = counts[i] / count_tokens,
+    // P_i = mean over the N tokens of p̂[:, i] (p̂ = probs, normalised per
+    // token for sigmoid gating). Returns the raw loss; backward adds
+    // scale * dLB/dprobs into dprobs.
+    float (*lb_loss_forward)(const float *probs, const float *counts, float count_tokens,
+                             int N, int E, int k, Gating g);
+    void (*lb_loss_backward)(float *dprobs, const float *probs, const float *counts,
+                             float count_tokens, int N, int E, int k, Gating g, float scale);
+    // Router z-loss mean_t logsumexp(logits[t])^2; backward adds scale * dZ/dlogits.
+    float (*zloss_forward)(const float *logits, int N, int E);
+    void (*zloss_backward)(float *dlogits, const float *logits, int N, int E, float scale);
+
+    // --- dropless expert dispatch ---------------------------------------
+    // From idx[N,k]: offsets[E+1] of each expert's segment in the grouped
+    // rows, row_of[N*k] (the grouped row of token n, slot s) and
+    // token_of_row[N*k] (its token). Stable: expert, then token, then slot.
+    void (*moe_route_index)(int *offsets, int *row_of, int *token_of_row, const int *idx,
+                            int N, int E, int k);
+    // xp[R,C] = x[token_of_row[r], :]   (R = N*k)
+    void (*permute_forward)(float *xp, const float *x, const int *token_of_row, int R, int C);
+    // dx[N,C] (=|+=) scatter-add of dxp
+    void (*permute_backward)(float *dx, const float *dxp, const int *token_of_row,
+                             int N, int R, int C, int accumulate);
+    // out[n] (=|+=) sum_s weights[n,s] * y[row_of[n,s]]
+    void (*unpermute_forward)(float *out, const float *y, const float *weights,
+                              const int *row_of, int N, int k, int C, int accumulate);
+    // dy[row_of[n,s]] = weights[n,s] * dout[n] ;  dweights[n,s] = <dout[n], y[row]>
+    void (*unpermute_backward)(float *dy, float *dweights, const float *dout, const float *y,
+                               const float *weights, const int *row_of, int N, int k, int C);
+
+    // Grouped matmul over expert segments: rows offsets[e]..offsets[e+1] of inp
+    // use w[e] ([OC, C]). out[R,OC].
+    void (*grouped_matmul_forward)(float *out, const float *inp, const float *w,
+                                   const int *offsets, int E, int C, int OC);
+    // dinp (=) and dw (+=); either may be NULL.
+    void (*grouped_matmul_backward)(float *dinp, float *dw, const float *dout,
+                                    const float *inp, const float *w, const int *offsets,
+                                    int E, int C, int OC);
+
+    // --- loss -------------------------------------------------------------
+    // losses[N] = -log softmax(logits[n])[targets[n]] (0 where target < 0).
+    void (*crossentropy_forward)(float *losses, const float *logits, const int *targets,
+                                 int N, int V);
+    // dlogits[N,V] = dloss * (softmax(logits) - onehot) for valid rows, 0 elsewhere.
+    // dlogits may alias logits (the fused classifier case).
+    void (*crossentropy_backward)(float *dlogits, const float *logits, const int *targets,
+                                  float dloss, int N, int V);
+
+    // --- elementwise --------------------------------------------------------
+    void (*add_inplace)(float *y, const float *x, size_t n);   // y += x
+    void (*zero)(float *x, size_t n);
+    void (*copy)(float *dst, const float *src, size_t n);
+
+    // --- optimizer ----------------------------------------------------------
+    // One AdamW step on n elements; step t >= 1 (bias correction); wd is
+    // decoupled: p -= lr * wd * p. grad_scale multiplies the grads first
+    // (clipping).
+    void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+    // sum of squares, in double
+    double (*sum_squares)(const float *x, size_t n);
+} Ops;
+
+extern const Ops ops_cpu;
+
+// RoPE tables [T, hd/2], computed in double on the host.
+void rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta);

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Invalid model configs are refused with a message naming the field and a
+# non-zero exit; valid ones are accepted.
+set -u
+cd "$(dirname "$0")/.."
+bin=build/moecore
+fails=0
+expect_error() { # field, args...
+  local field=$1; shift
+  local out rc
+  out=$("$bin" params "$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 0 ]; then echo "FAIL: accepted $*"; fails=$((fails+1)); return; fi
+  if ! grep -q -- "$field" <<<"$out"; then
+    echo "FAIL: $* -> message does not name $field: $out"; fails=$((fails+1)); return
+  fi
+  echo "ok: $* -> rc $rc: $out"
+}
+expect_ok() {
+  if "$bin" params "$@" >/dev/null 2>&1; then echo "ok: accepted $*"; else echo "FAIL: refused $*"; fails=$((fails+1)); fi
+}
+expect_error model.d_model --model.d_model=65 --model.n_heads=4
+expect_error model.n_kv_heads --model.n_heads=4 --model.n_kv_heads=3
+expect_error model.top_k --model.n_experts=4 --model.top_k=5
+expect_error model.d_model --model.d_model=0
+expect_error model.n_layers --model.n_layers=-1
+expect_error model.n_heads --model.n_heads=0
+expect_error model.vocab_size --model.vocab_size=-5
+expect_error model.expert_hidden --model.expert_hidden=0
+expect_error model.top_k --model.top_k=0
+expect_error model.seq_len --model.seq_len=0
+expect_error model.shared_hidden --model.n_shared=1 --model.shared_hidden=0
+expect_error model.head_dim --model.head_dim=7
+expect_error model.norm --model.norm=middle
+expect_error model.d_model --model.d_model=abc
+expect_error model.rope_theta --model.rope_theta=-1
+expect_error model.dense_layers --model.dense_layers=9 --model.n_layers=4
+expect_error "did you mean model.d_model" --model.d_modle=64
+expect_ok --model.d_model=64 --model.n_heads=4 --model.n_kv_heads=2
+expect_ok --model.n_experts=8 --model.top_k=8
+expect_ok --model.d_model=96 --model.n_heads=4 --model.head_dim=32
+echo "$fails failures"
+[ $fails -eq 0 ]
