@@ -104,13 +104,48 @@ void st_free(StFile *f)
     free(f->tensors);
     free(f->meta_keys);
     free(f->meta_vals);
+    free(f->slots);
     st_init(f);
+}
+
+// Open addressing over tensor indices (slot value idx + 1, 0 empty), so
+// loading 10^4 expert tensors by name stays linear.
+static uint32_t name_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+static void slot_insert(int *slots, int n_slots, const StFile *f, int idx)
+{
+    uint32_t m = (uint32_t)n_slots - 1, i = name_hash(f->tensors[idx].name) & m;
+    while (slots[i]) i = (i + 1) & m;
+    slots[i] = idx + 1;
+}
+
+// Indexes the last tensor, growing the table to keep it at most half full.
+static int index_last(StFile *f)
+{
+    if (2 * f->n > f->n_slots) {
+        int n_slots = f->n_slots ? 2 * f->n_slots : 64;
+        int *slots = calloc((size_t)n_slots, sizeof *slots);
+        if (!slots) return -1;
+        for (int i = 0; i < f->n - 1; i++) slot_insert(slots, n_slots, f, i);
+        free(f->slots);
+        f->slots = slots;
+        f->n_slots = n_slots;
+    }
+    slot_insert(f->slots, f->n_slots, f, f->n - 1);
+    return 0;
 }
 
 int st_find(const StFile *f, const char *name)
 {
-    for (int i = 0; i < f->n; i++)
-        if (strcmp(f->tensors[i].name, name) == 0) return i;
+    if (!f->n_slots) return -1;
+    uint32_t m = (uint32_t)f->n_slots - 1, i = name_hash(name) & m;
+    for (; f->slots[i]; i = (i + 1) & m)
+        if (strcmp(f->tensors[f->slots[i] - 1].name, name) == 0) return f->slots[i] - 1;
     return -1;
 }
 
@@ -140,6 +175,7 @@ static int push_tensor(StFile *f, char *name, StDtype dt, int ndim, const int64_
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
     t->begin = begin;
     t->end = end;
+    if (index_last(f)) { f->n--; return -1; }
     return f->n - 1;
 }
 
@@ -340,7 +376,7 @@ int st_save(const char *path, StFile *f, const void *const *datas, char *err, si
     int rc = st_write_header(fd, path, f, err, errlen);
     for (int i = 0; !rc && i < f->n; i++) {
         uint64_t n = st_nbytes(&f->tensors[i]);
-        if (n && !datas[i]) rc = fail(err, errlen, "%s: st_save: no data for tensor %s", path, f->tensors[i].name);
+        if (n && (!datas || !datas[i])) rc = fail(err, errlen, "%s: st_save: no data for tensor %s", path, f->tensors[i].name);
         else if (n) rc = st_write_range(fd, path, f, i, 0, datas[i], n, err, errlen);
     }
     if (!rc && fsync(fd)) rc = fail(err, errlen, "%s: fsync: %s", path, strerror(errno));
@@ -651,7 +687,6 @@ int st_parse_header(const char *json, size_t len, uint64_t file_size, const char
         rc = fail(err, errlen, "%s: unexpected bytes after the header JSON at offset %zu", path, sc.p);
 
     if (!rc) {
-        f->header_len = len;
         f->data_size = file_size - 8 - len;
         json_object_object_foreach(root, name, val) {
             if (strcmp(name, "__metadata__") == 0) rc = parse_metadata(path, val, f, err, errlen);
@@ -660,6 +695,7 @@ int st_parse_header(const char *json, size_t len, uint64_t file_size, const char
         }
     }
     if (!rc) rc = check_tiling(path, f, err, errlen);
+    f->header_len = len;    // after parse_metadata, whose st_set_meta clears it
     json_object_put(root);
     json_tokener_free(tok);
     if (rc) st_free(f);

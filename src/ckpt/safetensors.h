@@ -53,6 +53,7 @@ typedef struct {
     int n_meta;
     uint64_t header_len;           // N: JSON bytes incl. padding; 0 = not finalized
     uint64_t data_size;            // bytes in the data buffer
+    int *slots, n_slots;           // private: name hash index for st_find
 } StFile;
 
 size_t st_dtype_size(StDtype dt);          // bytes per element; 0 if invalid
@@ -69,7 +70,7 @@ int st_set_meta(StFile *f, const char *key, const char *val, char *err, size_t e
 // Serialises the header to fix header_len, the data start 8 + header_len.
 // Needed before st_write_range on ranks that do not call st_write_header.
 int st_finalize(StFile *f, char *err, size_t errlen);
-int st_find(const StFile *f, const char *name);           // index or -1; O(n)
+int st_find(const StFile *f, const char *name);           // index or -1
 const char *st_get_meta(const StFile *f, const char *key);  // NULL if absent
 void st_free(StFile *f);                                  // leaves f as st_init does
 

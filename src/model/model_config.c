@@ -194,6 +194,20 @@ char *model_config_to_json(const ModelConfig *c) {
     return s;
 }
 
+void model_config_write_yaml(const ModelConfig *c, FILE *f) {
+    fprintf(f, "model:\n");
+    for (int i = 0; i < NKEYS; i++) {
+        const char *p = (const char *)c + keys[i].offset;
+        fprintf(f, "  %s: ", keys[i].name);
+        switch (keys[i].type) {
+        case K_INT: fprintf(f, "%d\n", *(const int *)p); break;
+        case K_FLOAT: fprintf(f, "%.9g\n", *(const float *)p); break;
+        case K_BOOL: fprintf(f, "%s\n", *(const int *)p ? "true" : "false"); break;
+        case K_ENUM: fprintf(f, "%s\n", keys[i].enum_names[*(const int *)p]); break;
+        }
+    }
+}
+
 int model_config_from_json(ModelConfig *c, const char *json, char *err, size_t errlen) {
     json_object *o = json_tokener_parse(json);
     if (!o || !json_object_is_type(o, json_type_object)) {

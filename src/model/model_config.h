@@ -4,6 +4,7 @@
 // on the command line as --model.KEY=VALUE.
 #pragma once
 #include <stddef.h>
+#include <stdio.h>
 #include "ops/ops.h"
 
 typedef enum { NORM_PRE = 0, NORM_POST = 1, NORM_PERI = 2 } NormPlacement;
@@ -50,6 +51,8 @@ int model_config_validate(ModelConfig *c, char *err, size_t errlen);
 // Writes the config as a JSON object (every key, derived ones included).
 // Returns a malloc'd string.
 char *model_config_to_json(const ModelConfig *c);
+// Writes a "model:" YAML section with every key.
+void model_config_write_yaml(const ModelConfig *c, FILE *f);
 // Reads a config from the JSON object model_config_to_json writes.
 int model_config_from_json(ModelConfig *c, const char *json, char *err, size_t errlen);
 // For the nearest-key hint of unknown keys: the list of key names.

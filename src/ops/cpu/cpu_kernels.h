@@ -381,18 +381,31 @@ static void cpu_lb_loss_backward(real *dprobs, const real *probs, const float *c
     }
 }
 
+// Reductions sum fixed chunks in a fixed order, so results do not depend
+// on the thread count or schedule (bit-exact resume needs that).
+#define CPU_CHUNKS 64
+
+static double cpu_lse(const real *l, int E) {
+    real mx = l[0];
+    for (int e = 1; e < E; e++) if (l[e] > mx) mx = l[e];
+    double s = 0;
+    for (int e = 0; e < E; e++) s += exp((double)(l[e] - mx));
+    return mx + log(s);
+}
+
 static real cpu_zloss_forward(const real *logits, int N, int E) {
-    double total = 0;
-#pragma omp parallel for reduction(+ : total)
-    for (int n = 0; n < N; n++) {
-        const real *l = logits + (size_t)n * E;
-        real mx = l[0];
-        for (int e = 1; e < E; e++) if (l[e] > mx) mx = l[e];
+    double part[CPU_CHUNKS];
+#pragma omp parallel for
+    for (int c = 0; c < CPU_CHUNKS; c++) {
         double s = 0;
-        for (int e = 0; e < E; e++) s += exp((double)(l[e] - mx));
-        double lse = mx + log(s);
-        total += lse * lse;
+        for (int n = (int)((int64_t)N * c / CPU_CHUNKS); n < (int)((int64_t)N * (c + 1) / CPU_CHUNKS); n++) {
+            double lse = cpu_lse(logits + (size_t)n * E, E);
+            s += lse * lse;
+        }
+        part[c] = s;
     }
+    double total = 0;
+    for (int c = 0; c < CPU_CHUNKS; c++) total += part[c];
     return (real)(total / N);
 }
 
@@ -540,20 +553,26 @@ static void cpu_copy(real *dst, const real *src, size_t n) { memcpy(dst, src, n 
 static void cpu_adamw_update(real *p, const real *g, real *m, real *v, size_t n, float lr,
                              float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
     double bc1 = 1 - pow(beta1, t), bc2 = 1 - pow(beta2, t);
-    real step = (real)(lr / bc1), bc2_sqrt = (real)sqrt(bc2);
+    real step = (real)(lr / bc1), bc2_sqrt = (real)sqrt(bc2), decay = 1 - (real)lr * (real)wd;
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         real gi = g[i] * grad_scale;
         m[i] = beta1 * m[i] + (1 - beta1) * gi;
         v[i] = beta2 * v[i] + (1 - beta2) * gi * gi;
-        p[i] *= 1 - lr * wd;
+        p[i] *= decay;
         p[i] -= step * m[i] / ((real)sqrt(v[i]) / bc2_sqrt + eps);
     }
 }
 
 static double cpu_sum_squares(const real *x, size_t n) {
-    double s = 0;
-#pragma omp parallel for reduction(+ : s)
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-    return s;
+    double part[CPU_CHUNKS];
+#pragma omp parallel for
+    for (int c = 0; c < CPU_CHUNKS; c++) {
+        double s = 0;
+        for (size_t i = n * c / CPU_CHUNKS; i < n * (c + 1) / CPU_CHUNKS; i++) s += (double)x[i] * x[i];
+        part[c] = s;
+    }
+    double total = 0;
+    for (int c = 0; c < CPU_CHUNKS; c++) total += part[c];
+    return total;
 }

@@ -1,0 +1,443 @@
+// Run config: key table, YAML reader, overrides, validation, YAML writer.
+#include <stdio.h>
+
+#include "config/config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+#include "util/check.h"
+#include "util/text.h"
+
+typedef enum { T_INT, T_I64, T_U64, T_DOUBLE, T_FLOAT, T_BOOL, T_ENUM, T_STR, T_LIST, T_MODEL } KType;
+typedef struct {
+    const char *key;   // "section.name"
+    KType type;
+    size_t offset;
+    const char *const *enums;
+} Key;
+
+static const char *const dtype_names[] = {"uint16", "uint32", NULL};
+static const char *const sched_names[] = {"cosine", "wsd", "constant", NULL};
+static const char *const device_names[] = {"cpu", "cuda", NULL};
+
+#define F(field, type) {#field, type, offsetof(RunConfig, field), NULL}
+#define FE(field, names) {#field, T_ENUM, offsetof(RunConfig, field), names}
+static const Key table[] = {
+    F(data.train, T_LIST), F(data.train_weights, T_LIST), F(data.eval, T_LIST),
+    FE(data.dtype, dtype_names), F(data.validate, T_BOOL),
+    F(train.global_batch, T_INT), F(train.micro_batch, T_INT), F(train.steps, T_I64),
+    F(train.tokens, T_I64), FE(train.lr_schedule, sched_names), F(train.warmup_steps, T_I64),
+    F(train.decay_fraction, T_DOUBLE), F(train.min_lr_ratio, T_DOUBLE), F(train.clip_grad, T_DOUBLE),
+    F(train.skip_window, T_INT), F(train.skip_sigmas, T_DOUBLE), F(train.eval_interval, T_I64),
+    F(train.eval_batches, T_INT), F(train.seed, T_U64),
+    F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
+    F(optim.weight_decay, T_FLOAT), F(optim.decay_norms, T_BOOL), F(optim.decay_embeddings, T_BOOL),
+    {"optim.sharded", T_BOOL, offsetof(RunConfig, optim_sharded), NULL},
+    F(checkpoint.dir, T_STR), F(checkpoint.interval, T_I64), F(checkpoint.keep, T_INT),
+    F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
+    F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT),
+    FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE),
+};
+#define NTABLE ((int)(sizeof(table) / sizeof(table[0])))
+
+const char *const *run_config_keys(void) {
+    static const char *keys[NTABLE + 64];
+    if (!keys[0]) {
+        int n = 0;
+        for (int i = 0; model_config_keys[i]; i++) {
+            static char buf[64][40];
+            snprintf(buf[i], sizeof buf[i], "model.%s", model_config_keys[i]);
+            keys[n++] = buf[i];
+        }
+        for (int i = 0; i < NTABLE; i++) keys[n++] = table[i].key;
+        keys[n] = NULL;
+    }
+    return keys;
+}
+
+void run_config_defaults(RunConfig *c) {
+    memset(c, 0, sizeof(*c));
+    model_config_defaults(&c->model);
+    optim_config_defaults(&c->optim);
+    c->data.dtype = 0;
+    c->train.global_batch = 8;
+    c->train.micro_batch = 8;
+    c->train.steps = 100;
+    c->train.lr_schedule = LR_COSINE;
+    c->train.warmup_steps = 10;
+    c->train.decay_fraction = 0.2;
+    c->train.min_lr_ratio = 0.1;
+    c->train.clip_grad = 1.0;
+    c->train.skip_window = 0;
+    c->train.skip_sigmas = 6.0;
+    c->train.eval_interval = 0;
+    c->train.eval_batches = 4;
+    c->train.seed = 1;
+    c->checkpoint.interval = 0;
+    c->checkpoint.keep = 3;
+    snprintf(c->logging.run_dir, CFG_PATH_MAX, "runs/default");
+    c->logging.log_interval = 10;
+    c->logging.gerrymander_window = 50;
+    c->parallel.dp = c->parallel.ep = c->parallel.pp = 1;
+}
+
+static void list_clear(StrList *l) {
+    for (int i = 0; i < l->n; i++) free(l->items[i]);
+    l->n = 0;
+}
+
+void run_config_free(RunConfig *c) {
+    list_clear(&c->data.train);
+    list_clear(&c->data.train_weights);
+    list_clear(&c->data.eval);
+}
+
+static const Key *find(const char *key) {
+    for (int i = 0; i < NTABLE; i++)
+        if (!strcmp(table[i].key, key)) return &table[i];
+    return NULL;
+}
+
+static int unknown_key(const char *key, char *err, size_t errlen) {
+    const char *hint = nearest_key(key, run_config_keys());
+    if (hint) snprintf(err, errlen, "unknown key %s (did you mean %s?)", key, hint);
+    else snprintf(err, errlen, "unknown key %s", key);
+    return -1;
+}
+
+static int list_append(StrList *l, const char *key, const char *v, char *err, size_t errlen) {
+    if (l->n == CFG_MAX_LIST) {
+        snprintf(err, errlen, "%s: more than %d entries", key, CFG_MAX_LIST);
+        return -1;
+    }
+    l->items[l->n++] = strdup(v);
+    return 0;
+}
+
+// Sets a scalar key (lists: one entry appended when append, else replaced by
+// the comma-separated value).
+static int set_key(RunConfig *c, const char *key, const char *value, int append, char *err,
+                   size_t errlen) {
+    if (!strncmp(key, "model.", 6)) return model_config_set(&c->model, key, value, err, errlen);
+    const Key *k = find(key);
+    if (!k) return unknown_key(key, err, errlen);
+    char *p = (char *)c + k->offset, *end = NULL;
+    errno = 0;
+    switch (k->type) {
+    case T_INT: case T_I64: {
+        long long v = strtoll(value, &end, 10);
+        if (end == value || *end || errno || (k->type == T_INT && (v > 2147483647LL || v < -2147483647LL))) {
+            snprintf(err, errlen, "%s: expected an integer, got '%s'", key, value);
+            return -1;
+        }
+        if (k->type == T_INT) *(int *)p = (int)v; else *(int64_t *)p = v;
+        return 0;
+    }
+    case T_U64: {
+        unsigned long long v = strtoull(value, &end, 10);
+        if (end == value || *end || errno || value[0] == '-') {
+            snprintf(err, errlen, "%s: expected a non-negative integer, got '%s'", key, value);
+            return -1;
+        }
+        *(uint64_t *)p = v;
+        return 0;
+    }
+    case T_DOUBLE: case T_FLOAT: {
+        double v = strtod(value, &end);
+        if (end == value || *end || errno || !isfinite(v)) {
+            snprintf(err, errlen, "%s: expected a number, got '%s'", key, value);
+            return -1;
+        }
+        if (k->type == T_FLOAT) *(float *)p = (float)v; else *(double *)p = v;
+        return 0;
+    }
+    case T_BOOL:
+        if (!strcasecmp(value, "true") || !strcmp(value, "1")) { *(int *)p = 1; return 0; }
+        if (!strcasecmp(value, "false") || !strcmp(value, "0")) { *(int *)p = 0; return 0; }
+        snprintf(err, errlen, "%s: expected true or false, got '%s'", key, value);
+        return -1;
+    case T_ENUM: {
+        for (int i = 0; k->enums[i]; i++)
+            if (!strcmp(value, k->enums[i])) { *(int *)p = i; return 0; }
+        int n = snprintf(err, errlen, "%s: '%s' is not one of", key, value);
+        for (int i = 0; k->enums[i] && n > 0 && (size_t)n < errlen; i++)
+            n += snprintf(err + n, errlen - n, " %s", k->enums[i]);
+        return -1;
+    }
+    case T_STR:
+        if (strlen(value) >= CFG_PATH_MAX) {
+            snprintf(err, errlen, "%s: longer than %d characters", key, CFG_PATH_MAX - 1);
+            return -1;
+        }
+        snprintf(p, CFG_PATH_MAX, "%s", value);
+        return 0;
+    case T_LIST: {
+        StrList *l = (StrList *)p;
+        if (append) return list_append(l, key, value, err, errlen);
+        list_clear(l);
+        char *copy = strdup(value), *save = NULL;
+        int rc = 0;
+        for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save))
+            if (*tok) rc = list_append(l, key, tok, err, errlen);
+        free(copy);
+        return rc;
+    }
+    case T_MODEL: break;
+    }
+    return -1;
+}
+
+int run_config_set(RunConfig *c, const char *key, const char *value, char *err, size_t errlen) {
+    return set_key(c, key, value, 0, err, errlen);
+}
+
+// ---- YAML -------------------------------------------------------------------------------
+
+// Accepts a two-level document: sections mapping keys to scalars or to
+// sequences of scalars (list keys). Anything else is an error with its line.
+int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, const char *name,
+                                char *err, size_t errlen) {
+    yaml_parser_t parser;
+    yaml_event_t ev;
+    if (!yaml_parser_initialize(&parser)) {
+        snprintf(err, errlen, "%s: cannot initialise the YAML parser", name);
+        return -1;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    enum { TOP, IN_SECTION, IN_LIST } state = TOP;
+    int depth = 0, rc = 0, done = 0;
+    char section[128] = "", key[256] = "", full[400], msg[512];
+    int have_key = 0, list_started = 0;
+    while (!done && !rc) {
+        if (!yaml_parser_parse(&parser, &ev)) {
+            snprintf(err, errlen, "%s:%zu: YAML syntax error: %s", name, parser.problem_mark.line + 1,
+                     parser.problem ? parser.problem : "unknown");
+            rc = -1;
+            break;
+        }
+        size_t line = ev.start_mark.line + 1;
+        switch (ev.type) {
+        case YAML_STREAM_END_EVENT: done = 1; break;
+        case YAML_STREAM_START_EVENT: case YAML_DOCUMENT_START_EVENT: case YAML_DOCUMENT_END_EVENT: break;
+        case YAML_MAPPING_START_EVENT:
+            depth++;
+            if (depth == 2 && !section[0]) { rc = -1; snprintf(err, errlen, "%s:%zu: expected a section name", name, line); }
+            else if (depth == 2) state = IN_SECTION;
+            else if (depth > 2) { rc = -1; snprintf(err, errlen, "%s:%zu: %s.%s: nested mappings are not supported", name, line, section, key); }
+            break;
+        case YAML_MAPPING_END_EVENT:
+            depth--;
+            if (depth == 1) { state = TOP; section[0] = 0; have_key = 0; }
+            break;
+        case YAML_SEQUENCE_START_EVENT:
+            if (state != IN_SECTION || !have_key) {
+                rc = -1;
+                snprintf(err, errlen, "%s:%zu: unexpected list%s%s", name, line, section[0] ? " in section " : "", section);
+                break;
+            }
+            state = IN_LIST;
+            list_started = 0;
+            snprintf(full, sizeof full, "%s.%s", section, key);
+            {
+                const Key *k = find(full);
+                if (!k && strncmp(full, "model.", 6)) { rc = unknown_key(full, msg, sizeof msg); snprintf(err, errlen, "%s:%zu: %s", name, line, msg); break; }
+                if (!k || k->type != T_LIST) { rc = -1; snprintf(err, errlen, "%s:%zu: %s: expected a single value, got a list", name, line, full); break; }
+                list_clear((StrList *)((char *)c + k->offset));
+            }
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+            state = IN_SECTION;
+            have_key = 0;
+            (void)list_started;
+            break;
+        case YAML_ALIAS_EVENT:
+            rc = -1;
+            snprintf(err, errlen, "%s:%zu: YAML aliases are not supported", name, line);
+            break;
+        case YAML_SCALAR_EVENT: {
+            const char *v = (const char *)ev.data.scalar.value;
+            if (depth == 1) {
+                // a section name; an empty section ("optim:" alone) is a null scalar next
+                if (!section[0]) {
+                    if (strlen(v) >= sizeof section) { rc = -1; snprintf(err, errlen, "%s:%zu: section name too long", name, line); break; }
+                    static const char *const sections[] = {"model", "data", "train", "optim", "checkpoint", "logging", "parallel", "device", NULL};
+                    int ok = 0;
+                    for (int i = 0; sections[i]; i++) ok |= !strcmp(v, sections[i]);
+                    if (!ok) {
+                        const char *hint = nearest_key(v, sections);
+                        rc = -1;
+                        snprintf(err, errlen, "%s:%zu: unknown section '%s'%s%s%s", name, line, v,
+                                 hint ? " (did you mean " : "", hint ? hint : "", hint ? "?)" : "");
+                        break;
+                    }
+                    snprintf(section, sizeof section, "%s", v);
+                } else if (!v[0]) {
+                    section[0] = 0; // "section:" with no body
+                } else {
+                    rc = -1;
+                    snprintf(err, errlen, "%s:%zu: section '%s' must be a mapping of keys", name, line, section);
+                }
+                break;
+            }
+            if (depth == 0) { rc = -1; snprintf(err, errlen, "%s:%zu: the config must be a mapping of sections", name, line); break; }
+            if (state == IN_LIST) {
+                rc = set_key(c, full, v, 1, msg, sizeof msg);
+                if (rc) snprintf(err, errlen, "%s:%zu: %s", name, line, msg);
+                break;
+            }
+            if (!have_key) {
+                if (strlen(v) >= sizeof key) { rc = -1; snprintf(err, errlen, "%s:%zu: key too long", name, line); break; }
+                snprintf(key, sizeof key, "%s", v);
+                have_key = 1;
+                break;
+            }
+            snprintf(full, sizeof full, "%s.%s", section, key);
+            rc = set_key(c, full, v, 0, msg, sizeof msg);
+            if (rc) snprintf(err, errlen, "%s:%zu: %s", name, line, msg);
+            have_key = 0;
+            break;
+        }
+        default: break;
+        }
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+int run_config_load_yaml(RunConfig *c, const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open config %s: %s", path, strerror(errno));
+        return -1;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (1 << 24)) {
+        fclose(f);
+        snprintf(err, errlen, "config %s: unreadable or larger than 16 MiB", path);
+        return -1;
+    }
+    char *buf = mallocCheck(n + 1);
+    size_t got = fread(buf, 1, n, f);
+    fclose(f);
+    int rc = got == (size_t)n ? run_config_load_yaml_string(c, buf, n, path, err, errlen) : -1;
+    if (got != (size_t)n) snprintf(err, errlen, "config %s: short read", path);
+    free(buf);
+    return rc;
+}
+
+// ---- validation ----------------------------------------------------------------------------
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+
+int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
+    char msg[400];
+    if (model_config_validate(&c->model, msg, sizeof msg)) FAIL("%s", msg);
+    TrainSection *t = &c->train;
+    if (c->data.train.n == 0) FAIL("data.train: no training data given (a list of token files or globs)");
+    if (c->data.train_weights.n && c->data.train_weights.n != c->data.train.n)
+        FAIL("data.train_weights: %d weights for %d data.train entries", c->data.train_weights.n, c->data.train.n);
+    for (int i = 0; i < c->data.train_weights.n; i++) {
+        char *end;
+        double w = strtod(c->data.train_weights.items[i], &end);
+        if (*end || !(w > 0)) FAIL("data.train_weights[%d]: expected a positive number, got '%s'", i, c->data.train_weights.items[i]);
+    }
+    if (t->global_batch <= 0) FAIL("train.global_batch must be positive, got %d", t->global_batch);
+    if (t->micro_batch <= 0) FAIL("train.micro_batch must be positive, got %d", t->micro_batch);
+    if (t->steps < 0) FAIL("train.steps must be >= 0, got %lld", (long long)t->steps);
+    if (t->tokens < 0) FAIL("train.tokens must be >= 0, got %lld", (long long)t->tokens);
+    if (t->steps == 0 && t->tokens == 0) FAIL("train.steps or train.tokens must be set");
+    int64_t tokens_per_step = (int64_t)t->global_batch * c->model.seq_len;
+    if (t->steps == 0) t->steps = (t->tokens + tokens_per_step - 1) / tokens_per_step;
+    if (t->warmup_steps < 0) FAIL("train.warmup_steps must be >= 0");
+    if (!(t->decay_fraction >= 0 && t->decay_fraction <= 1)) FAIL("train.decay_fraction must be in [0, 1], got %g", t->decay_fraction);
+    if (!(t->min_lr_ratio >= 0 && t->min_lr_ratio <= 1)) FAIL("train.min_lr_ratio must be in [0, 1], got %g", t->min_lr_ratio);
+    if (t->clip_grad < 0) FAIL("train.clip_grad must be >= 0 (0 turns clipping off)");
+    if (t->skip_window < 0) FAIL("train.skip_window must be >= 0 (0 turns skip-step off)");
+    if (t->skip_window > 0 && t->skip_window < 2) FAIL("train.skip_window must be at least 2 steps");
+    if (!(t->skip_sigmas > 0)) FAIL("train.skip_sigmas must be positive");
+    if (t->eval_interval < 0) FAIL("train.eval_interval must be >= 0");
+    if (t->eval_batches <= 0) FAIL("train.eval_batches must be positive");
+    if (t->eval_interval > 0 && c->data.eval.n == 0) FAIL("train.eval_interval is set but data.eval lists no files");
+    OptimConfig *o = &c->optim;
+    if (!(o->lr > 0)) FAIL("optim.lr must be positive, got %g", o->lr);
+    if (!(o->beta1 >= 0 && o->beta1 < 1)) FAIL("optim.beta1 must be in [0, 1), got %g", o->beta1);
+    if (!(o->beta2 >= 0 && o->beta2 < 1)) FAIL("optim.beta2 must be in [0, 1), got %g", o->beta2);
+    if (!(o->eps > 0)) FAIL("optim.eps must be positive, got %g", o->eps);
+    if (o->weight_decay < 0) FAIL("optim.weight_decay must be >= 0, got %g", o->weight_decay);
+    if (c->checkpoint.interval < 0) FAIL("checkpoint.interval must be >= 0");
+    if (c->checkpoint.keep < 0) FAIL("checkpoint.keep must be >= 0 (0 keeps all)");
+    if (!c->logging.run_dir[0]) FAIL("logging.run_dir must be set");
+    if (c->logging.log_interval <= 0) FAIL("logging.log_interval must be positive");
+    if (c->logging.gerrymander_window < 4) FAIL("logging.gerrymander_window must be at least 4 steps");
+    if (!c->checkpoint.dir[0]) {
+        if (strlen(c->logging.run_dir) + 13 > CFG_PATH_MAX) FAIL("logging.run_dir is too long");
+        memcpy(c->checkpoint.dir, c->logging.run_dir, strlen(c->logging.run_dir));
+        strcat(c->checkpoint.dir, "/checkpoints");
+    }
+    ParallelSection *p = &c->parallel;
+    if (p->dp <= 0 || p->ep <= 0 || p->pp <= 0) FAIL("parallel.dp, parallel.ep and parallel.pp must be positive");
+    if (p->dp % p->ep) FAIL("parallel.ep (%d) must divide parallel.dp (%d): dp = ep x ep_dp", p->ep, p->dp);
+    if ((int64_t)p->dp * p->pp != world)
+        FAIL("parallel.dp (%d) x parallel.pp (%d) = %d must equal the number of ranks (%d)", p->dp, p->pp, p->dp * p->pp, world);
+    if (c->model.n_experts > 0 && c->model.n_experts % p->ep)
+        FAIL("parallel.ep (%d) must divide model.n_experts (%d)", p->ep, c->model.n_experts);
+    if (t->global_batch % (t->micro_batch * p->dp))
+        FAIL("train.global_batch (%d) must be a multiple of train.micro_batch (%d) x parallel.dp (%d)",
+             t->global_batch, t->micro_batch, p->dp);
+    if (c->device.peak_tflops < 0) FAIL("device.peak_tflops must be >= 0");
+    return 0;
+}
+
+// ---- writing ----------------------------------------------------------------------------------
+
+static void yaml_quoted(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+void run_config_write_yaml(const RunConfig *c, FILE *f) {
+    model_config_write_yaml(&c->model, f);
+    const char *section = "";
+    for (int i = 0; i < NTABLE; i++) {
+        const Key *k = &table[i];
+        const char *dot = strchr(k->key, '.');
+        if (strncmp(section, k->key, dot - k->key) || section[dot - k->key] != 0) {
+            static char sec[32];
+            snprintf(sec, sizeof sec, "%.*s", (int)(dot - k->key), k->key);
+            section = sec;
+            fprintf(f, "%s:\n", section);
+        }
+        const char *p = (const char *)c + k->offset;
+        fprintf(f, "  %s: ", dot + 1);
+        switch (k->type) {
+        case T_INT: fprintf(f, "%d\n", *(const int *)p); break;
+        case T_I64: fprintf(f, "%lld\n", (long long)*(const int64_t *)p); break;
+        case T_U64: fprintf(f, "%llu\n", (unsigned long long)*(const uint64_t *)p); break;
+        case T_DOUBLE: fprintf(f, "%.17g\n", *(const double *)p); break;
+        case T_FLOAT: fprintf(f, "%.9g\n", *(const float *)p); break;
+        case T_BOOL: fprintf(f, "%s\n", *(const int *)p ? "true" : "false"); break;
+        case T_ENUM: fprintf(f, "%s\n", k->enums[*(const int *)p]); break;
+        case T_STR: yaml_quoted(f, p); fputc('\n', f); break;
+        case T_LIST: {
+            const StrList *l = (const StrList *)p;
+            fprintf(f, "[");
+            for (int j = 0; j < l->n; j++) { if (j) fprintf(f, ", "); yaml_quoted(f, l->items[j]); }
+            fprintf(f, "]\n");
+            break;
+        }
+        case T_MODEL: break;
+        }
+    }
+}
