@@ -41,11 +41,13 @@ test: deps
 	@$(MAKE) --no-print-directory build/moecore $(TEST_BIN) $(TOOL_BIN)
 	@bash tests/run.sh
 
+# The main job: the byte-level corpus from Debian's own text, then
+# configs/tiny.yaml (about 2 minutes on 2 cores). Run it again to start over;
+# add ARGS=--resume to continue from the last checkpoint.
 run: deps
 	@$(MAKE) --no-print-directory build/moecore
-	./build/moecore --version
-	./build/moecore params --model.vocab_size=256 --model.d_model=128 --model.n_layers=4 \
-	    --model.n_heads=4 --model.n_experts=8 --model.top_k=2 --model.expert_hidden=256
+	bash scripts/prepare-corpus.sh data/corpus
+	./build/moecore train configs/tiny.yaml $(ARGS)
 
 clean:
 	rm -rf build

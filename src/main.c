@@ -2,8 +2,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "data/tokenizer.h"
 #include "model/model.h"
+#include "train/train.h"
 
 #ifndef MOECORE_VERSION
 #define MOECORE_VERSION "dev"
@@ -14,6 +17,10 @@ static void usage(FILE *f) {
             "usage: moecore COMMAND [ARGS]\n"
             "\n"
             "commands:\n"
+            "  train CONFIG.yaml [--resume] [--section.key=value ...]\n"
+            "                                    train a model (see configs/reference.yaml)\n"
+            "  tokenize --out OUT.bin FILE...    byte-level tokenize text files (see --help)\n"
+            "  detokenize FILE.bin               print token files as text\n"
             "  params [--model.KEY=VALUE ...]   validate a model config, print its parameter\n"
             "                                    table and counts\n"
             "  --version                        version and compiled backends\n"
@@ -77,6 +84,14 @@ static int cmd_params(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    // OpenMP threads that spin while idle starve OpenBLAS's own threads (3x
+    // slower on 2 cores). The OpenMP runtime reads its settings when it is
+    // loaded, before main, so set the policy and start again once.
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        execv("/proc/self/exe", argv);
+        // exec failed: carry on with the spinning default
+    }
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -86,6 +101,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "params")) return cmd_params(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "train")) return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(argc - 2, argv + 2);
     fprintf(stderr, "moecore: error: unknown command '%s' (see moecore --help)\n", argv[1]);
     return 2;
 }

@@ -41,7 +41,8 @@
 // thread-safe: use one per thread.
 //
 // Errors: functions that can fail return -1 (NULL for data_open) with a
-// message "what and where" in err (err may be NULL); nothing exits.
+// message "what and where" in err (err may be NULL); nothing exits but
+// running out of memory (mallocCheck).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -99,7 +100,7 @@ void data_close(DataLoader *d);
 int data_read(DataLoader *d, int64_t g_start, int count, int *tokens, int *targets,
               char *err, size_t errlen);
 
-// Where global instance g comes from: file index and its first token's
+// Where global instance g (>= 0) comes from: file index and its first token's
 // index in that file (byte offset = token * dtype size).
 void data_locate(const DataLoader *d, int64_t g, int *file, int64_t *token);
 const char *data_file_path(const DataLoader *d, int file);   // NULL if out of range

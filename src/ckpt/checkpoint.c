@@ -1,0 +1,387 @@
+// Checkpoint directories: atomic save, latest-committed lookup, strict load.
+#include "ckpt/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/safetensors.h"
+#include "util/check.h"
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
+
+// Model-config keys that may change between a checkpoint and a resumed run:
+// training-time options, not the architecture.
+static const char *const mutable_keys[] = {"lb_coef", "z_coef", "lb_global", "aux_free_rate",
+                                           "routing", "seq_len", "init_std", NULL};
+
+static int write_file(const char *path, const char *text, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
+    size_t len = strlen(text), off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            snprintf(err, errlen, "write %s: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    if (fsync(fd) || close(fd)) { snprintf(err, errlen, "fsync/close %s: %s", path, strerror(errno)); return -1; }
+    return 0;
+}
+
+static void fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+static int mkdir_p(const char *path, char *err, size_t errlen) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) { snprintf(err, errlen, "mkdir %s: %s", buf, strerror(errno)); return -1; }
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) && errno != EEXIST) { snprintf(err, errlen, "mkdir %s: %s", buf, strerror(errno)); return -1; }
+    return 0;
+}
+
+static int remove_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    char p[4096];
+    int rc = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        rc |= unlink(p);
+    }
+    closedir(d);
+    return rc | rmdir(path);
+}
+
+// The byte range of a tensor this rank owns. One rank owns everything until
+// the distributed runtime assigns slices (experts by ep rank, optimizer
+// shards by dp rank); the writer below already writes by ranges.
+static void owned_range(const ParamEntry *e, size_t *begin, size_t *end) {
+    *begin = 0;
+    *end = e->numel;
+}
+
+// Writes one safetensors file of the model's tensors: for each table entry
+// and prefix, the tensor from bufs[prefix][class] + offset.
+static int save_tensors(const char *path, const Model *m, int nbufs, const char *const *prefixes,
+                        float *const *const *bufs, const float *extra, const int64_t *extra_shape,
+                        const char *extra_name, char *err, size_t errlen) {
+    StFile st;
+    st_init(&st);
+    int fd = -1, rc = -1;
+    char name[PARAM_NAME_MAX + 32];
+    for (int b = 0; b < nbufs; b++)
+        for (int i = 0; i < m->table.n; i++) {
+            const ParamEntry *e = &m->table.entries[i];
+            snprintf(name, sizeof name, "%s%s", prefixes[b], e->name);
+            if (st_add(&st, name, ST_F32, e->ndim, e->shape, err, errlen) < 0) goto done;
+        }
+    if (extra && st_add(&st, extra_name, ST_F32, 2, extra_shape, err, errlen) < 0) goto done;
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); goto done; }
+    if (st_write_header(fd, path, &st, err, errlen)) goto done;
+    int idx = 0;
+    for (int b = 0; b < nbufs; b++)
+        for (int i = 0; i < m->table.n; i++, idx++) {
+            const ParamEntry *e = &m->table.entries[i];
+            size_t lo, hi;
+            owned_range(e, &lo, &hi);
+            const float *src = bufs[b][e->cls] + e->offset + lo;
+            if (hi > lo && st_write_range(fd, path, &st, idx, lo * 4, src, (hi - lo) * 4, err, errlen)) goto done;
+        }
+    if (extra && st_write_range(fd, path, &st, idx, 0, extra, (uint64_t)extra_shape[0] * extra_shape[1] * 4, err, errlen))
+        goto done;
+    if (fsync(fd)) { snprintf(err, errlen, "fsync %s: %s", path, strerror(errno)); goto done; }
+    rc = 0;
+done:
+    if (fd >= 0 && close(fd) && rc == 0) { snprintf(err, errlen, "close %s: %s", path, strerror(errno)); rc = -1; }
+    st_free(&st);
+    return rc;
+}
+
+static char *state_json(const Model *m, const AdamW *opt, const TrainState *s) {
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "format", json_object_new_string("moecore-checkpoint-1"));
+    json_object_object_add(o, "step", json_object_new_int64(s->step));
+    json_object_object_add(o, "tokens_seen", json_object_new_int64(s->tokens_seen));
+    json_object_object_add(o, "data_position", json_object_new_int64(s->data_position));
+    json_object_object_add(o, "skipped_steps", json_object_new_int64(s->skipped_steps));
+    json_object_object_add(o, "optimizer_step", json_object_new_int(opt->t));
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
+    json_object_object_add(o, "seed", json_object_new_string(seed));
+    json_object *hl = json_object_new_array(), *hg = json_object_new_array();
+    for (int i = 0; i < s->hist_n; i++) {
+        // %.17g text round-trips doubles exactly
+        char b[40];
+        snprintf(b, sizeof b, "%.17g", s->hist_loss[i]);
+        json_object_array_add(hl, json_object_new_string(b));
+        snprintf(b, sizeof b, "%.17g", s->hist_gnorm[i]);
+        json_object_array_add(hg, json_object_new_string(b));
+    }
+    json_object_object_add(o, "skip_hist_loss", hl);
+    json_object_object_add(o, "skip_hist_gnorm", hg);
+    char *mc = model_config_to_json(&m->cfg);
+    json_object_object_add(o, "model", json_tokener_parse(mc));
+    free(mc);
+    char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY));
+    json_object_put(o);
+    return out;
+}
+
+static int step_of(const char *name, int64_t *step) {
+    long long v;
+    char tail;
+    if (sscanf(name, "step-%lld%c", &v, &tail) != 1) return 0;
+    *step = v;
+    return 1;
+}
+
+static int is_committed(const char *dir, const char *name) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s/COMMITTED", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+// Deletes all but the newest keep committed checkpoints.
+static void prune(const char *dir, int keep) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int64_t steps[4096];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 4096) {
+        int64_t s;
+        if (step_of(e->d_name, &s) && is_committed(dir, e->d_name)) steps[n++] = s;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        int newer = 0;
+        for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
+        if (newer >= keep) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/step-%08lld", dir, (long long)steps[i]);
+            // COMMITTED goes first so a half-deleted directory is never taken for a checkpoint
+            char c[4200];
+            snprintf(c, sizeof c, "%s/COMMITTED", p);
+            unlink(c);
+            remove_dir(p);
+        }
+    }
+}
+
+int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainState *s,
+              const char *config_yaml, int keep, char *err, size_t errlen) {
+    char final[4096], tmp[4200], path[4400];
+    char *js = NULL;
+    snprintf(final, sizeof final, "%s/step-%08lld", dir, (long long)s->step);
+    snprintf(tmp, sizeof tmp, "%s.tmp", final);
+    if (mkdir_p(dir, err, errlen)) return -1;
+    snprintf(path, sizeof path, "%s/COMMITTED", final);
+    if (access(path, F_OK) == 0) return 0; // this step is already saved
+    if (remove_dir(tmp) && errno != ENOENT) FAIL("cannot remove stale %s: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755)) FAIL("mkdir %s: %s", tmp, strerror(errno));
+
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    {
+        const char *pre[1] = {""};
+        float *const *bufs[1] = {m->params};
+        if (save_tensors(path, m, 1, pre, bufs, NULL, NULL, NULL, err, errlen)) goto fail;
+    }
+    snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
+    {
+        const char *pre[2] = {"exp_avg.", "exp_avg_sq."};
+        float *const *bufs[2] = {opt->m, opt->v};
+        int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
+        if (save_tensors(path, m, 2, pre, bufs, m->n_moe ? m->router_bias : NULL, bshape,
+                         "router_bias", err, errlen))
+            goto fail;
+    }
+    js = state_json(m, opt, s);
+    snprintf(path, sizeof path, "%s/train_state.json", tmp);
+    if (write_file(path, js, err, errlen)) goto fail;
+    if (config_yaml) {
+        snprintf(path, sizeof path, "%s/config.yaml", tmp);
+        if (write_file(path, config_yaml, err, errlen)) goto fail;
+    }
+    snprintf(path, sizeof path, "%s/COMMITTED", tmp);
+    if (write_file(path, "ok\n", err, errlen)) goto fail;
+    fsync_dir(tmp);
+    remove_dir(final); // an uncommitted leftover of the same step
+    if (rename(tmp, final)) FAIL("rename %s -> %s: %s", tmp, final, strerror(errno));
+    fsync_dir(dir);
+    free(js);
+    if (keep > 0) prune(dir, keep);
+    return 0;
+fail:
+    free(js);
+    remove_dir(tmp);
+    return -1;
+}
+
+int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, errlen, "cannot read checkpoint directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int64_t best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s;
+        if (step_of(e->d_name, &s) && s > best && is_committed(dir, e->d_name)) best = s;
+    }
+    closedir(d);
+    if (best < 0) return 0;
+    snprintf(path, pathlen, "%s/step-%08lld", dir, (long long)best);
+    return 1;
+}
+
+// Reads every tensor of the table under prefix into bufs (only this rank's ranges).
+static int load_tensors(const char *path, const StFile *st, int fd, const Model *m, const char *prefix,
+                        float *const *bufs, char *err, size_t errlen) {
+    char name[PARAM_NAME_MAX + 32];
+    for (int i = 0; i < m->table.n; i++) {
+        const ParamEntry *e = &m->table.entries[i];
+        snprintf(name, sizeof name, "%s%s", prefix, e->name);
+        int idx = st_expect(st, path, name, ST_F32, e->ndim, e->shape, err, errlen);
+        if (idx < 0) return -1;
+        size_t lo, hi;
+        owned_range(e, &lo, &hi);
+        if (hi > lo && st_read_range(fd, path, st, idx, lo * 4, bufs[e->cls] + e->offset + lo, (hi - lo) * 4, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+static int check_model_config(const char *path, json_object *saved, const ModelConfig *cur, char *err,
+                              size_t errlen) {
+    char *cj = model_config_to_json(cur);
+    json_object *now = json_tokener_parse(cj);
+    free(cj);
+    int rc = 0;
+    json_object_object_foreach(now, key, val) {
+        int skip = 0;
+        for (int i = 0; mutable_keys[i]; i++) skip |= !strcmp(key, mutable_keys[i]);
+        if (skip) continue;
+        json_object *sv = NULL;
+        if (!json_object_object_get_ex(saved, key, &sv)) {
+            snprintf(err, errlen, "%s: checkpoint has no model.%s", path, key);
+            rc = -1;
+            break;
+        }
+        const char *a = json_object_to_json_string(sv), *b = json_object_to_json_string(val);
+        if (strcmp(a, b)) {
+            snprintf(err, errlen, "%s: checkpoint was written with model.%s = %s, this config has %s",
+                     path, key, a, b);
+            rc = -1;
+            break;
+        }
+    }
+    json_object_put(now);
+    return rc;
+}
+
+int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, size_t errlen) {
+    char path[4400];
+    json_object *js = NULL;
+    StFile sm, so;
+    st_init(&sm);
+    st_init(&so);
+    int fdm = -1, fdo = -1, rc = -1;
+    size_t dn = m->table.class_numel[CLASS_DENSE], en = m->table.class_numel[CLASS_EXPERT];
+    // stage into fresh buffers so that a failure leaves the model untouched
+    float *p[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
+    float *mm[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
+    float *vv[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
+    float *bias = mallocCheck((size_t)m->n_moe * m->cfg.n_experts * 4 + 4);
+    TrainState ns;
+    memset(&ns, 0, sizeof ns);
+
+    snprintf(path, sizeof path, "%s/train_state.json", dir);
+    js = json_object_from_file(path);
+    if (!js || !json_object_is_type(js, json_type_object)) FAIL("%s: missing or not a JSON object", path);
+    json_object *v;
+#define GET(key, type) (json_object_object_get_ex(js, key, &v) && json_object_is_type(v, type))
+    if (!GET("format", json_type_string) || strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
+        FAIL("%s: not a moecore checkpoint (format)", path);
+    if (!GET("model", json_type_object)) FAIL("%s: no model config", path);
+    if (check_model_config(path, v, &m->cfg, err, errlen)) goto fail;
+    if (!GET("step", json_type_int)) FAIL("%s: missing step", path);
+    ns.step = json_object_get_int64(v);
+    if (!GET("tokens_seen", json_type_int)) FAIL("%s: missing tokens_seen", path);
+    ns.tokens_seen = json_object_get_int64(v);
+    if (!GET("data_position", json_type_int)) FAIL("%s: missing data_position", path);
+    ns.data_position = json_object_get_int64(v);
+    if (!GET("skipped_steps", json_type_int)) FAIL("%s: missing skipped_steps", path);
+    ns.skipped_steps = json_object_get_int64(v);
+    if (!GET("optimizer_step", json_type_int)) FAIL("%s: missing optimizer_step", path);
+    int adam_t = json_object_get_int(v);
+    if (!GET("seed", json_type_string)) FAIL("%s: missing seed", path);
+    ns.seed = strtoull(json_object_get_string(v), NULL, 10);
+    json_object *hg;
+    if (!GET("skip_hist_loss", json_type_array) ||
+        !json_object_object_get_ex(js, "skip_hist_gnorm", &hg) || !json_object_is_type(hg, json_type_array) ||
+        json_object_array_length(v) != json_object_array_length(hg) || json_object_array_length(v) > SKIP_WINDOW_MAX)
+        FAIL("%s: bad skip-step history", path);
+    ns.hist_n = (int)json_object_array_length(v);
+    for (int i = 0; i < ns.hist_n; i++) {
+        ns.hist_loss[i] = strtod(json_object_get_string(json_object_array_get_idx(v, i)), NULL);
+        ns.hist_gnorm[i] = strtod(json_object_get_string(json_object_array_get_idx(hg, i)), NULL);
+    }
+    if (ns.step < 0 || ns.data_position < 0 || adam_t < 0) FAIL("%s: negative counters", path);
+
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_open(path, &fdm, &sm, err, errlen)) goto fail;
+    if (load_tensors(path, &sm, fdm, m, "", p, err, errlen)) goto fail;
+    snprintf(path, sizeof path, "%s/optim.safetensors", dir);
+    if (st_open(path, &fdo, &so, err, errlen)) goto fail;
+    if (load_tensors(path, &so, fdo, m, "exp_avg.", mm, err, errlen)) goto fail;
+    if (load_tensors(path, &so, fdo, m, "exp_avg_sq.", vv, err, errlen)) goto fail;
+    if (m->n_moe) {
+        int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
+        int idx = st_expect(&so, path, "router_bias", ST_F32, 2, bshape, err, errlen);
+        if (idx < 0 || st_read_range(fdo, path, &so, idx, 0, bias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen))
+            goto fail;
+    }
+    // commit
+    for (int c = 0; c < N_CLASSES; c++) {
+        size_t n = m->table.class_numel[c] * 4;
+        memcpy(m->params[c], p[c], n);
+        memcpy(opt->m[c], mm[c], n);
+        memcpy(opt->v[c], vv[c], n);
+    }
+    if (m->n_moe) memcpy(m->router_bias, bias, (size_t)m->n_moe * m->cfg.n_experts * 4);
+    opt->t = adam_t;
+    *s = ns;
+    rc = 0;
+fail:
+    if (fdm >= 0) close(fdm);
+    if (fdo >= 0) close(fdo);
+    st_free(&sm);
+    st_free(&so);
+    if (js) json_object_put(js);
+    for (int c = 0; c < N_CLASSES; c++) { free(p[c]); free(mm[c]); free(vv[c]); }
+    free(bias);
+    return rc;
+}

@@ -1,0 +1,46 @@
+// Checkpoints (DESIGN.md §7): a directory per step,
+//
+//   step-000100/
+//     model.safetensors   global FP32 weights, canonical names and shapes
+//     optim.safetensors   exp_avg.NAME / exp_avg_sq.NAME, router_bias
+//     train_state.json    step, tokens, data position, optimizer step, seed,
+//                         skip-step window, model config
+//     COMMITTED           written last
+//
+// Writing goes to step-N.tmp/ and is renamed when complete, so a crash
+// leaves either the previous checkpoint or a .tmp directory that readers
+// ignore. Tensors are in their global shape; each rank writes only the byte
+// ranges it owns (one rank owns everything until the distributed runtime),
+// so the files do not depend on the layout that wrote them.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "optim/adamw.h"
+
+#define SKIP_WINDOW_MAX 1024
+
+typedef struct {
+    int64_t step;           // optimizer steps completed
+    int64_t tokens_seen;
+    int64_t data_position;  // next global instance index of the train stream
+    int64_t skipped_steps;
+    uint64_t seed;
+    // skip-step statistics: the last n (loss, grad norm) of accepted steps
+    int hist_n;
+    double hist_loss[SKIP_WINDOW_MAX], hist_gnorm[SKIP_WINDOW_MAX];
+} TrainState;
+
+// Saves step state.step into dir/step-%08lld. keep > 0 deletes all but the
+// newest keep committed checkpoints afterwards. config_yaml is stored beside
+// the state for reference (may be NULL).
+int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainState *st,
+              const char *config_yaml, int keep, char *err, size_t errlen);
+// Finds the committed checkpoint with the highest step. Returns 1 and fills
+// path when found, 0 when there is none, -1 on error.
+int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
+// Loads a checkpoint into an initialised model and optimizer with the same
+// architecture; a mismatch (config, names, shapes, dtypes) is an error naming
+// the field or tensor, and nothing is modified in that case.
+int ckpt_load(const char *path, Model *m, AdamW *opt, TrainState *st, char *err, size_t errlen);
