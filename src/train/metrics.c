@@ -37,15 +37,25 @@ void gerrymander_free(Gerrymander *g) {
     memset(g, 0, sizeof(*g));
 }
 
-// Least-squares slope of ring r (oldest at head) over n points.
-static double slope(const double *r, int n, int head, int window) {
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+// Least-squares slope of ring r (oldest at head) over n points, and its
+// t statistic (slope / standard error), so that noise is not a trend.
+static double slope(const double *r, int n, int head, int window, double *tstat) {
+    double mx = (n - 1) / 2.0, my = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < n; i++) my += r[(head + i) % window];
+    my /= n;
     for (int i = 0; i < n; i++) {
-        double y = r[(head + i) % window];
-        sx += i; sy += y; sxx += (double)i * i; sxy += i * y;
+        double dx = i - mx, dy = r[(head + i) % window] - my;
+        sxx += dx * dx;
+        sxy += dx * dy;
     }
-    double d = n * sxx - sx * sx;
-    return d > 0 ? (n * sxy - sx * sy) / d : 0;
+    double b = sxy / sxx, rss = 0;
+    for (int i = 0; i < n; i++) {
+        double e = r[(head + i) % window] - my - b * (i - mx);
+        rss += e * e;
+    }
+    double se = sqrt(rss / (n - 2) / sxx);
+    *tstat = se > 0 ? b / se : (b != 0 ? copysign(INFINITY, b) : 0);
+    return b;
 }
 
 int gerrymander_push(Gerrymander *g, const double *lb, const double *maxload, int *flags) {
@@ -61,10 +71,14 @@ int gerrymander_push(Gerrymander *g, const double *lb, const double *maxload, in
         flags[l] = 0;
         if (g->n < g->window) continue;
         const double *rl = g->lb + (size_t)l * g->window, *rm = g->maxload + (size_t)l * g->window;
-        double sl = slope(rl, g->n, g->head, g->window), sm = slope(rm, g->n, g->head, g->window);
-        double first = rm[g->head];
+        double tl, tm;
+        slope(rl, g->n, g->head, g->window, &tl);
+        double sm = slope(rm, g->n, g->head, g->window, &tm);
+        double mean = 0;
+        for (int i = 0; i < g->n; i++) mean += rm[i];
+        mean /= g->n;
         double rise = sm * (g->n - 1);
-        if (sl < 0 && sm > 0 && first > 0 && rise / first >= 0.02) { flags[l] = 1; any++; }
+        if (tl < -3 && tm > 3 && mean > 0 && rise / mean >= 0.05) { flags[l] = 1; any++; }
     }
     return any;
 }

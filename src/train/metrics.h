@@ -15,8 +15,9 @@ void expert_load_stats(const float *counts, int E, ExpertLoad *out);
 
 // Token gerrymandering: the LB loss falls while the real imbalance
 // (max/mean load) rises. Keeps a window of both per MoE layer and flags a
-// layer whose least-squares slopes over a full window are negative for LB
-// and positive for max/mean, with max/mean up by at least 2% over it.
+// layer when, over a full window, the least-squares trend of LB falls and
+// that of max/mean rises, both clearly (|t| > 3 for the slope), with
+// max/mean up by at least 5% of its mean across the window.
 typedef struct {
     int layers, window, n, head;
     double *lb, *maxload;   // [layers][window] rings

@@ -99,7 +99,7 @@ static int mkdir_parents(const char *path) {
 
 // Skip-step: a step whose loss or grad norm exceeds mean + k sigma of the
 // last `window` accepted steps is not applied. Needs half a window of history.
-static int should_skip(const TrainState *s, const TrainSection *t, double loss, double gnorm) {
+int train_should_skip(const TrainState *s, const TrainSection *t, double loss, double gnorm) {
     if (t->skip_window <= 0 || s->hist_n < t->skip_window / 2 || s->hist_n < 2) return 0;
     const double *series[2] = {s->hist_loss, s->hist_gnorm};
     double value[2] = {loss, gnorm};
@@ -114,7 +114,7 @@ static int should_skip(const TrainState *s, const TrainSection *t, double loss, 
     return 0;
 }
 
-static void push_history(TrainState *s, int window, double loss, double gnorm) {
+void train_push_history(TrainState *s, int window, double loss, double gnorm) {
     if (window <= 0) return;
     if (window > SKIP_WINDOW_MAX) window = SKIP_WINDOW_MAX;
     if (s->hist_n == window) {
@@ -164,8 +164,10 @@ static double evaluate(Model *m, DataLoader *eval, int batches, int mb, int *tok
 }
 
 static const char *train_usage =
-    "usage: moecore train CONFIG.yaml [--resume] [--section.key=value ...]\n"
-    "  --resume   continue from the latest committed checkpoint in checkpoint.dir\n"
+    "usage: moecore train CONFIG.yaml [--resume] [--stop-after=N] [--section.key=value ...]\n"
+    "  --resume        continue from the latest committed checkpoint in checkpoint.dir\n"
+    "  --stop-after=N  run at most N steps in this process, save a checkpoint and exit\n"
+    "                  (for jobs with a time limit; resume with --resume)\n"
     "  overrides  any config key, e.g. --train.steps=500 --optim.lr=1e-3\n";
 
 int cmd_train(int argc, char **argv) {
@@ -182,9 +184,19 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
     int resume = 0;
+    int64_t stop_after = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--resume")) { resume = 1; continue; }
+        if (!strncmp(a, "--stop-after=", 13)) {
+            char *end;
+            stop_after = strtoll(a + 13, &end, 10);
+            if (*end || stop_after <= 0) {
+                fprintf(stderr, "moecore: error: --stop-after: expected a positive number of steps, got '%s'\n", a + 13);
+                return 2;
+            }
+            continue;
+        }
         const char *eq = strchr(a, '=');
         if (strncmp(a, "--", 2) || !eq) {
             fprintf(stderr, "moecore: error: argument '%s': expected --section.key=value or --resume\n%s", a, train_usage);
@@ -344,12 +356,12 @@ int cmd_train(int argc, char **argv) {
         double loss = ce + aux;
         // (data parallelism: grads reduce here)
         double gnorm = grad_norm(&m);
-        int skipped = should_skip(&st, t, loss, gnorm);
+        int skipped = train_should_skip(&st, t, loss, gnorm);
         double clip_scale = 1.0;
         if (!skipped) {
             if (t->clip_grad > 0 && gnorm > t->clip_grad) clip_scale = t->clip_grad / (gnorm + 1e-6);
             adamw_step(&opt, &m, (float)lr, (float)clip_scale);
-            push_history(&st, t->skip_window, loss, gnorm);
+            train_push_history(&st, t->skip_window, loss, gnorm);
         } else {
             st.skipped_steps++;
         }
@@ -431,7 +443,7 @@ int cmd_train(int argc, char **argv) {
             t_window = now;
             window_tokens = 0;
         }
-        int last = st.step == t->steps;
+        int last = st.step == t->steps || (stop_after > 0 && st.step - first_step >= stop_after);
         if ((cfg.checkpoint.interval > 0 && st.step % cfg.checkpoint.interval == 0) || last || stop_signal) {
             if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, err, sizeof err)) {
                 fprintf(stderr, "moecore: error: checkpoint: %s\n", err);
@@ -441,6 +453,7 @@ int cmd_train(int argc, char **argv) {
             printf("checkpoint: saved step %lld to %s\n", (long long)st.step, cfg.checkpoint.dir);
             fflush(stdout);
         }
+        if (last) break;
     }
     if (stop_signal && rc == 0) {
         // a signal before the first step of this process: save what we have
@@ -452,7 +465,8 @@ int cmd_train(int argc, char **argv) {
     } else if (rc == 0) {
         char d[32];
         fmt_duration(d, sizeof d, now_s() - t_start);
-        printf("done: %lld steps, %lld tokens, %s\n", (long long)st.step, (long long)st.tokens_seen, d);
+        printf("%s: step %lld of %lld, %lld tokens, %s\n", st.step < t->steps ? "stopped (--stop-after)" : "done",
+               (long long)st.step, (long long)t->steps, (long long)st.tokens_seen, d);
     }
     fclose(metrics);
     free(config_yaml);

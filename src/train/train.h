@@ -3,6 +3,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "ckpt/checkpoint.h"
 #include "config/config.h"
 
 // moecore train CONFIG.yaml [--resume] [--section.key=value ...]
@@ -12,3 +13,7 @@ int cmd_train(int argc, char **argv);
 double lr_at(const TrainSection *t, double base_lr, int64_t step);
 // Useful-model FLOPs per token (DESIGN.md §8).
 double flops_per_token(const ModelConfig *c);
+// Skip-step: whether a step with this loss and grad norm is skipped, given
+// the history of accepted steps; and adding an accepted step to it.
+int train_should_skip(const TrainState *s, const TrainSection *t, double loss, double gnorm);
+void train_push_history(TrainState *s, int window, double loss, double gnorm);

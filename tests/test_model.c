@@ -1,0 +1,210 @@
+// Model-level behaviour the PyTorch reference does not cover: gradient
+// accumulation over micro-batches, random and uniform routing (the router
+// still gets its gradient through the gathered weights), aux-loss-free bias
+// balancing and the global-batch LB counts.
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+static void small_config(ModelConfig *c) {
+    model_config_defaults(c);
+    c->vocab_size = 100; c->d_model = 32; c->n_layers = 2; c->n_heads = 2; c->n_experts = 4;
+    c->top_k = 2; c->expert_hidden = 16; c->seq_len = 8;
+}
+
+static void make_batch(int *tok, int *tgt, int n, int vocab, unsigned seed) {
+    for (int i = 0; i < n; i++) { seed = seed * 1103515245 + 12345; tok[i] = (seed >> 16) % vocab; }
+    for (int i = 0; i < n; i++) tgt[i] = (i % 8 == 7) ? -1 : tok[(i + 1) % n];
+}
+
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) { d += (double)(a[i] - b[i]) * (a[i] - b[i]); r += (double)b[i] * b[i]; }
+    return sqrt(d / r);
+}
+
+START_TEST(test_grad_accumulation) {
+    ModelConfig c;
+    small_config(&c);
+    c.lb_coef = 0; // the LB loss is not linear in the batch; CE and z-loss are
+    char err[256];
+    Model a, b;
+    ck_assert_int_eq(model_init(&a, &c, &ops_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(model_init(&b, &c, &ops_cpu, err, sizeof err), 0);
+    model_init_weights(&a, 5);
+    model_init_weights(&b, 5);
+    model_alloc_acts(&a, 4, 8);
+    model_alloc_acts(&b, 2, 8);
+    int tok[32], tgt[32];
+    make_batch(tok, tgt, 32, c.vocab_size, 3);
+    int valid = 0;
+    for (int i = 0; i < 32; i++) valid += tgt[i] >= 0;
+    model_zero_grads(&a); model_begin_step(&a);
+    model_forward(&a, tok, tgt, 1);
+    model_backward(&a, 1.0f / valid, 1.0f);
+    model_zero_grads(&b); model_begin_step(&b);
+    for (int mb = 0; mb < 2; mb++) {
+        model_forward(&b, tok + 16 * mb, tgt + 16 * mb, 1);
+        model_backward(&b, 1.0f / valid, 0.5f);
+    }
+    for (int cl = 0; cl < N_CLASSES; cl++) {
+        double d = rel_diff(b.grads[cl], a.grads[cl], a.table.class_numel[cl]);
+        ck_assert_msg(d < 1e-5, "class %d: accumulated grads differ by %g", cl, d);
+    }
+    model_free(&a); model_free(&b);
+}
+END_TEST
+
+// Directional derivative of the loss along the router gradient, by central
+// differences in FP32 (h chosen for float): the routing is fixed by the
+// seed, so the loss is smooth in the router weights.
+static void check_router_grad(int routing) {
+    ModelConfig c;
+    small_config(&c);
+    c.routing = routing;
+    c.lb_coef = 0.1f; c.z_coef = 0.01f;
+    char err[256];
+    Model m;
+    ck_assert_int_eq(model_init(&m, &c, &ops_cpu, err, sizeof err), 0);
+    model_init_weights(&m, 9);
+    model_alloc_acts(&m, 2, 8);
+    int tok[16], tgt[16];
+    make_batch(tok, tgt, 16, c.vocab_size, 11);
+    model_zero_grads(&m); model_begin_step(&m);
+    model_forward(&m, tok, tgt, 77);
+    model_backward(&m, 1.0f / m.n_valid, 1.0f);
+    int r = m.layers[1].router;
+    size_t n = m.table.entries[r].numel;
+    float *w = model_param(&m, r), *g = model_grad(&m, r);
+    double gg = 0;
+    for (size_t i = 0; i < n; i++) gg += (double)g[i] * g[i];
+    ck_assert_msg(gg > 0, "router got no gradient");
+    double gn = sqrt(gg), h = 1e-2;
+    float *w0 = malloc(n * sizeof(float));
+    memcpy(w0, w, n * sizeof(float));
+    double lp, lm;
+    for (size_t i = 0; i < n; i++) w[i] = w0[i] + (float)(h * g[i] / gn);
+    model_begin_step(&m); lp = model_forward(&m, tok, tgt, 77);
+    for (size_t i = 0; i < n; i++) w[i] = w0[i] - (float)(h * g[i] / gn);
+    model_begin_step(&m); lm = model_forward(&m, tok, tgt, 77);
+    double fd = (lp - lm) / (2 * h);
+    ck_assert_msg(fabs(fd - gn) / gn < 2e-2, "routing %d: directional derivative %g vs |grad| %g", routing, fd, gn);
+    free(w0);
+    model_free(&m);
+}
+START_TEST(test_router_grad_random) { check_router_grad(ROUTING_RANDOM); }
+END_TEST
+START_TEST(test_router_grad_uniform) { check_router_grad(ROUTING_UNIFORM); }
+END_TEST
+START_TEST(test_router_grad_learned) { check_router_grad(ROUTING_LEARNED); }
+END_TEST
+
+START_TEST(test_uniform_and_random_loads) {
+    ModelConfig c;
+    small_config(&c);
+    char err[256];
+    for (int routing = ROUTING_RANDOM; routing <= ROUTING_UNIFORM; routing++) {
+        c.routing = routing;
+        Model m;
+        ck_assert_int_eq(model_init(&m, &c, &ops_cpu, err, sizeof err), 0);
+        model_init_weights(&m, 1);
+        model_alloc_acts(&m, 4, 8);
+        int tok[32], tgt[32];
+        make_batch(tok, tgt, 32, c.vocab_size, 5);
+        model_begin_step(&m);
+        model_forward(&m, tok, tgt, 123);
+        for (int l = 0; l < m.n_moe; l++) {
+            const int *idx = m.acts[l + c.dense_layers].idx;
+            for (int t = 0; t < 32; t++) ck_assert_int_ne(idx[2 * t], idx[2 * t + 1]);
+            float total = 0;
+            for (int e = 0; e < 4; e++) {
+                float cnt = m.step_counts[l * 4 + e];
+                total += cnt;
+                if (routing == ROUTING_UNIFORM) ck_assert_float_eq(cnt, 16.0f); // 32 tokens * 2 / 4
+            }
+            ck_assert_float_eq(total, 64.0f);
+        }
+        model_free(&m);
+    }
+}
+END_TEST
+
+START_TEST(test_aux_free_bias) {
+    ModelConfig c;
+    small_config(&c);
+    c.aux_free_rate = 0.05f;
+    char err[256];
+    Model m;
+    ck_assert_int_eq(model_init(&m, &c, &ops_cpu, err, sizeof err), 0);
+    model_init_weights(&m, 2);
+    model_alloc_acts(&m, 4, 8);
+    int tok[32], tgt[32];
+    make_batch(tok, tgt, 32, c.vocab_size, 8);
+    model_begin_step(&m);
+    model_forward(&m, tok, tgt, 1);
+    float counts[4];
+    memcpy(counts, m.step_counts, sizeof counts);
+    model_end_step(&m);
+    float mean = 16;
+    for (int e = 0; e < 4; e++) {
+        float b = m.router_bias[e];
+        if (counts[e] > mean) ck_assert_float_eq_tol(b, -0.05f, 1e-7);
+        else if (counts[e] < mean) ck_assert_float_eq_tol(b, 0.05f, 1e-7);
+        else ck_assert_float_eq(b, 0.0f);
+    }
+    // a large bias on one expert makes every token pick it
+    for (int e = 0; e < 4; e++) m.router_bias[e] = e == 3 ? 10.0f : 0.0f;
+    model_begin_step(&m);
+    model_forward(&m, tok, tgt, 1);
+    ck_assert_float_eq(m.step_counts[3], 32.0f);
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_lb_global_counts) {
+    // with lb_global the second micro-batch's LB uses the counts of both
+    ModelConfig c;
+    small_config(&c);
+    c.lb_global = 1;
+    char err[256];
+    Model m;
+    ck_assert_int_eq(model_init(&m, &c, &ops_cpu, err, sizeof err), 0);
+    model_init_weights(&m, 4);
+    model_alloc_acts(&m, 2, 8);
+    int tok[32], tgt[32];
+    make_batch(tok, tgt, 32, c.vocab_size, 2);
+    model_begin_step(&m);
+    model_forward(&m, tok, tgt, 1);
+    float first[4];
+    memcpy(first, m.acts[0].counts, sizeof first);
+    model_forward(&m, tok + 16, tgt + 16, 1);
+    const LayerActs *a = &m.acts[0];
+    ck_assert_float_eq(a->lb_tokens, 32.0f);
+    for (int e = 0; e < 4; e++) ck_assert_float_eq(a->lb_counts[e], first[e] + a->counts[e]);
+    double expect = ops_cpu.lb_loss_forward(a->probs, a->lb_counts, 32.0f, 16, 4, 2, GATING_SOFTMAX);
+    ck_assert_double_eq_tol(m.lb[0], expect, 1e-7);
+    model_free(&m);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_grad_accumulation);
+    tcase_add_test(tc, test_router_grad_random);
+    tcase_add_test(tc, test_router_grad_uniform);
+    tcase_add_test(tc, test_router_grad_learned);
+    tcase_add_test(tc, test_uniform_and_random_loads);
+    tcase_add_test(tc, test_aux_free_bias);
+    tcase_add_test(tc, test_lb_global_counts);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,135 @@
+// Unit tests of the training loop's pieces: LR schedules, skip-step,
+// expert-load statistics, the token-gerrymandering flag, the FLOP count.
+#include <check.h>
+#include <math.h>
+#include <string.h>
+
+#include "train/metrics.h"
+#include "train/train.h"
+
+static TrainSection sched(int kind) {
+    RunConfig c;
+    run_config_defaults(&c);
+    TrainSection t = c.train;
+    t.steps = 100;
+    t.warmup_steps = 10;
+    t.lr_schedule = kind;
+    t.min_lr_ratio = 0.1;
+    t.decay_fraction = 0.2;
+    return t;
+}
+
+START_TEST(test_lr_schedules) {
+    TrainSection t = sched(LR_COSINE);
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 0), 0.1, 1e-12);       // warmup (step+1)/10
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 9), 1.0, 1e-12);
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 10), 1.0, 1e-12);      // cosine starts at the peak
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 55), 0.55, 1e-12);     // halfway: (1 + 0.1) / 2
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 100), 0.1, 1e-12);     // floor
+    for (int s = 11; s < 100; s++) ck_assert(lr_at(&t, 1.0, s) < lr_at(&t, 1.0, s - 1) + 1e-15);
+    t = sched(LR_WSD);
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 50), 1.0, 1e-12);      // stable
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 80), 1.0, 1e-12);      // decay starts at 80 of 100
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 90), 0.55, 1e-12);     // halfway down
+    ck_assert_double_eq_tol(lr_at(&t, 1.0, 100), 0.1, 1e-12);
+    t = sched(LR_CONSTANT);
+    ck_assert_double_eq_tol(lr_at(&t, 2.0, 4), 1.0, 1e-12);
+    ck_assert_double_eq_tol(lr_at(&t, 2.0, 99), 2.0, 1e-12);
+}
+END_TEST
+
+START_TEST(test_skip_step) {
+    TrainSection t = sched(LR_CONSTANT);
+    t.skip_window = 10;
+    t.skip_sigmas = 3;
+    TrainState s;
+    memset(&s, 0, sizeof s);
+    ck_assert(!train_should_skip(&s, &t, 1e9, 1e9)); // no history yet: never skip
+    for (int i = 0; i < 20; i++) train_push_history(&s, t.skip_window, 3.0 + 0.01 * (i % 3), 1.0 + 0.01 * (i % 2));
+    ck_assert_int_eq(s.hist_n, 10);                 // the window keeps the last 10
+    ck_assert(!train_should_skip(&s, &t, 3.01, 1.0));
+    ck_assert(train_should_skip(&s, &t, 4.0, 1.0));  // loss spike
+    ck_assert(train_should_skip(&s, &t, 3.0, 5.0));  // grad-norm spike
+    ck_assert(train_should_skip(&s, &t, NAN, 1.0));  // NaN loss
+    t.skip_window = 0;
+    ck_assert(!train_should_skip(&s, &t, 4.0, 5.0)); // off
+}
+END_TEST
+
+START_TEST(test_expert_load) {
+    float c[4] = {10, 10, 20, 0};
+    ExpertLoad el;
+    expert_load_stats(c, 4, &el);
+    ck_assert_double_eq_tol(el.max_over_mean, 2.0, 1e-12);
+    ck_assert_double_eq_tol(el.min_over_mean, 0.0, 1e-12);
+    ck_assert_int_eq(el.dead, 1);
+    ck_assert_double_eq_tol(el.cv, sqrt(50.0) / 10.0, 1e-12);
+    float u[3] = {5, 5, 5};
+    expert_load_stats(u, 3, &el);
+    ck_assert_double_eq_tol(el.max_over_mean, 1.0, 1e-12);
+    ck_assert_double_eq_tol(el.cv, 0.0, 1e-12);
+}
+END_TEST
+
+START_TEST(test_gerrymander) {
+    Gerrymander g;
+    gerrymander_init(&g, 2, 20);
+    int flags[2], any = 0;
+    unsigned r = 1;
+    for (int i = 0; i < 40; i++) {
+        r = r * 1103515245 + 12345;
+        double noise = ((r >> 16) % 1000) / 1000.0 - 0.5;
+        // layer 0: LB falls while max/mean rises (gerrymandering);
+        // layer 1: both fall, with noise (healthy)
+        double lb[2] = {1.5 - 0.01 * i + 0.001 * noise, 1.5 - 0.01 * i + 0.001 * noise};
+        double mx[2] = {1.2 + 0.02 * i + 0.002 * noise, 2.0 - 0.02 * i + 0.05 * noise};
+        any = gerrymander_push(&g, lb, mx, flags);
+        if (i < 19) ck_assert_int_eq(any, 0); // not before a full window
+    }
+    ck_assert_int_eq(flags[0], 1);
+    ck_assert_int_eq(flags[1], 0);
+    ck_assert_int_eq(any, 1);
+    // pure noise is never flagged
+    Gerrymander h;
+    gerrymander_init(&h, 1, 20);
+    for (int i = 0; i < 200; i++) {
+        r = r * 1103515245 + 12345;
+        double a = ((r >> 16) % 1000) / 1000.0;
+        r = r * 1103515245 + 12345;
+        double b = ((r >> 16) % 1000) / 1000.0;
+        double lb[1] = {1 + 0.1 * a}, mx[1] = {1.5 + 0.2 * b};
+        ck_assert_int_eq(gerrymander_push(&h, lb, mx, flags), 0);
+    }
+    gerrymander_free(&g);
+    gerrymander_free(&h);
+}
+END_TEST
+
+START_TEST(test_flops_per_token) {
+    ModelConfig c;
+    model_config_defaults(&c);
+    c.vocab_size = 128; c.d_model = 64; c.n_layers = 2; c.n_heads = 4; c.n_experts = 8; c.top_k = 2;
+    c.expert_hidden = 32; c.seq_len = 16;
+    char err[256];
+    ck_assert_int_eq(model_config_validate(&c, err, sizeof err), 0);
+    // per layer: qkvo 4*64*64 + router 8*64 + top-2 experts 2*3*64*32; LM head 128*64
+    double params = 2 * (4.0 * 64 * 64 + 8 * 64 + 2 * 3.0 * 64 * 32) + 128.0 * 64;
+    ck_assert_double_eq_tol(flops_per_token(&c), 6 * params + 6.0 * 2 * 16 * 64, 1e-6);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("train_units");
+    TCase *tc = tcase_create("units");
+    tcase_add_test(tc, test_lr_schedules);
+    tcase_add_test(tc, test_skip_step);
+    tcase_add_test(tc, test_expert_load);
+    tcase_add_test(tc, test_gerrymander);
+    tcase_add_test(tc, test_flops_per_token);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
