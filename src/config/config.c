@@ -245,7 +245,10 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
             snprintf(full, sizeof full, "%s.%s", section, key);
             {
                 const Key *k = find(full);
-                if (!k && strncmp(full, "model.", 6)) { rc = unknown_key(full, msg, sizeof msg); snprintf(err, errlen, "%s:%zu: %s", name, line, msg); break; }
+                int model_key = 0;
+                for (int i = 0; model_config_keys[i] && !strncmp(full, "model.", 6); i++)
+                    model_key |= !strcmp(full + 6, model_config_keys[i]);
+                if (!k && !model_key) { rc = unknown_key(full, msg, sizeof msg); snprintf(err, errlen, "%s:%zu: %s", name, line, msg); break; }
                 if (!k || k->type != T_LIST) { rc = -1; snprintf(err, errlen, "%s:%zu: %s: expected a single value, got a list", name, line, full); break; }
                 list_clear((StrList *)((char *)c + k->offset));
             }
@@ -355,7 +358,7 @@ int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (t->tokens < 0) FAIL("train.tokens must be >= 0, got %lld", (long long)t->tokens);
     if (t->steps == 0 && t->tokens == 0) FAIL("train.steps or train.tokens must be set");
     int64_t tokens_per_step = (int64_t)t->global_batch * c->model.seq_len;
-    if (t->steps == 0) t->steps = (t->tokens + tokens_per_step - 1) / tokens_per_step;
+    if (t->steps == 0) t->steps = t->tokens / tokens_per_step + (t->tokens % tokens_per_step != 0);
     if (t->warmup_steps < 0) FAIL("train.warmup_steps must be >= 0");
     if (!(t->decay_fraction >= 0 && t->decay_fraction <= 1)) FAIL("train.decay_fraction must be in [0, 1], got %g", t->decay_fraction);
     if (!(t->min_lr_ratio >= 0 && t->min_lr_ratio <= 1)) FAIL("train.min_lr_ratio must be in [0, 1], got %g", t->min_lr_ratio);
@@ -386,7 +389,8 @@ int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (p->dp <= 0 || p->ep <= 0 || p->pp <= 0) FAIL("parallel.dp, parallel.ep and parallel.pp must be positive");
     if (p->dp % p->ep) FAIL("parallel.ep (%d) must divide parallel.dp (%d): dp = ep x ep_dp", p->ep, p->dp);
     if ((int64_t)p->dp * p->pp != world)
-        FAIL("parallel.dp (%d) x parallel.pp (%d) = %d must equal the number of ranks (%d)", p->dp, p->pp, p->dp * p->pp, world);
+        FAIL("parallel.dp (%d) x parallel.pp (%d) = %lld must equal the number of ranks (%d)", p->dp, p->pp,
+             (long long)p->dp * p->pp, world);
     if (c->model.n_experts > 0 && c->model.n_experts % p->ep)
         FAIL("parallel.ep (%d) must divide model.n_experts (%d)", p->ep, c->model.n_experts);
     if (t->global_batch % (t->micro_batch * p->dp))

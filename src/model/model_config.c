@@ -127,6 +127,21 @@ int model_config_set(ModelConfig *c, const char *key, const char *value, char *e
 #define NONNEG(f) do { if (c->f < 0) FAIL("model." #f " must be >= 0, got %d", c->f); } while (0)
 
 int model_config_validate(ModelConfig *c, char *err, size_t errlen) {
+    // upper bounds keep every derived size far from integer overflow
+#define AT_MOST(f, lim) do { if (c->f > (lim)) FAIL("model." #f " (%d) is larger than %d", c->f, (lim)); } while (0)
+    AT_MOST(vocab_size, 1 << 30);
+    AT_MOST(d_model, 1 << 20);
+    AT_MOST(n_layers, 1 << 16);
+    AT_MOST(n_heads, 1 << 16);
+    AT_MOST(n_kv_heads, 1 << 16);
+    AT_MOST(head_dim, 1 << 16);
+    AT_MOST(dense_hidden, 1 << 22);
+    AT_MOST(n_experts, 1 << 16);
+    AT_MOST(top_k, 1 << 16);
+    AT_MOST(expert_hidden, 1 << 22);
+    AT_MOST(n_shared, 1 << 10);
+    AT_MOST(shared_hidden, 1 << 22);
+    AT_MOST(seq_len, 1 << 24);
     POSITIVE(vocab_size);
     POSITIVE(d_model);
     POSITIVE(n_layers);

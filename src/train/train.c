@@ -266,6 +266,14 @@ int cmd_train(int argc, char **argv) {
         }
     }
 
+    // the first batch is read once before anything is written, so that a bad
+    // token there (the common case of a wrong vocab or dtype) leaves no trace
+    int *tokens = mallocCheck((size_t)G * T * sizeof(int)), *targets = mallocCheck((size_t)G * T * sizeof(int));
+    if (st.step < t->steps && data_read(train, st.data_position, G, tokens, targets, err, sizeof err)) {
+        fprintf(stderr, "moecore: error: %s\n", err);
+        return 2;
+    }
+
     // only now, with a valid config, data and checkpoint, write anything
     if (mkdir_parents(cfg.logging.run_dir)) {
         fprintf(stderr, "moecore: error: cannot create logging.run_dir %s: %s\n", cfg.logging.run_dir, strerror(errno));
@@ -312,7 +320,6 @@ int cmd_train(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    int *tokens = mallocCheck((size_t)G * T * sizeof(int)), *targets = mallocCheck((size_t)G * T * sizeof(int));
     int E = m.cfg.n_experts, L = m.n_moe;
     double *lb_step = mallocCheck((L + 1) * sizeof(double)), *z_step = mallocCheck((L + 1) * sizeof(double));
     double *maxload = mallocCheck((L + 1) * sizeof(double));

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# configs/reference.yaml documents every run-config key, and the config
+# errors of `moecore train` are caught before anything is written:
+#  (a) the keys the binary knows (run_config_keys(), printed by a small C
+#      program built here against build/libmoecore.a) all appear in
+#      reference.yaml, and its values are the built-in defaults except the
+#      data paths and model.vocab_size;
+#  (b) reference.yaml loads, validates and trains one step;
+#  (c) each bad config, override or data file gives a non-zero exit, a
+#      message naming the key (YAML errors also FILE:LINE), and no run_dir.
+set -u
+cd "$(dirname "$0")/.."
+bin=build/moecore
+ref=configs/reference.yaml
+for f in "$bin" build/libmoecore.a; do
+  [ -f "$f" ] || { echo "FAIL: $f missing; run make build/moecore build/libmoecore.a"; exit 1; }
+done
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails+1)); }
+
+# ---- (a) every key is documented, with its default ------------------------------------
+cat > "$tmp/keys.c" <<'EOF'
+// keys: every "section.key"; dump [FILE]: the defaults, or FILE loaded over
+// them, as the run's resolved YAML (unvalidated, so nothing is derived).
+#include <stdio.h>
+#include <string.h>
+#include "config/config.h"
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "keys")) {
+        for (const char *const *k = run_config_keys(); *k; k++) puts(*k);
+        return 0;
+    }
+    RunConfig c;
+    char err[1024];
+    run_config_defaults(&c);
+    if (argc == 3 && run_config_load_yaml(&c, argv[2], err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    run_config_write_yaml(&c, stdout);
+    run_config_free(&c);
+    return 0;
+}
+EOF
+if ! gcc -std=c11 -D_GNU_SOURCE -Isrc $(pkg-config --cflags openblas yaml-0.1 json-c) "$tmp/keys.c" \
+     build/libmoecore.a $(pkg-config --libs openblas yaml-0.1 json-c) -fopenmp -lm -o "$tmp/keys"; then
+  echo "FAIL: cannot build the key-listing program"; exit 1
+fi
+"$tmp/keys" keys > "$tmp/keys.txt"
+nkeys=$(wc -l < "$tmp/keys.txt")
+[ "$nkeys" -gt 40 ] || fail "run_config_keys() gave only $nkeys keys"
+# reference.yaml's keys as section.key, from its two-level layout
+awk '/^[a-z0-9_]+:/ { sub(":.*", ""); sec = $0; next }
+     /^  [a-z0-9_]+:/ { k = $1; sub(":.*", "", k); print sec "." k }' "$ref" > "$tmp/ref_keys.txt"
+missing=$(grep -vxF -f "$tmp/ref_keys.txt" "$tmp/keys.txt")
+[ -z "$missing" ] || fail "keys missing from $ref: $(echo $missing)"
+extra=$(grep -vxF -f "$tmp/keys.txt" "$tmp/ref_keys.txt")
+[ -z "$extra" ] || fail "keys in $ref that the binary does not know: $(echo $extra)"
+dups=$(sort "$tmp/ref_keys.txt" | uniq -d)
+[ -z "$dups" ] || fail "keys given twice in $ref: $(echo $dups)"
+# each key line carries a comment
+nocomment=$(grep -E '^  [a-z0-9_]+:' "$ref" | grep -v '#' || true)
+[ -z "$nocomment" ] || fail "keys without a comment in $ref: $nocomment"
+echo "ok: $nkeys keys known to the binary, all in $ref"
+# values: only these may differ from the defaults
+"$tmp/keys" dump > "$tmp/defaults.yaml"
+if ! "$tmp/keys" dump "$ref" > "$tmp/ref.yaml"; then
+  fail "$ref does not load"
+else
+  changed=$(diff "$tmp/defaults.yaml" "$tmp/ref.yaml" | grep '^>' |
+            grep -vE '^>   (vocab_size|train|eval):' || true)
+  [ -z "$changed" ] || fail "values in $ref that are not the defaults: $changed"
+  echo "ok: $ref holds the default of every key but the data paths and model.vocab_size"
+fi
+
+# ---- (b) it loads, validates and runs --------------------------------------------------
+# 4096 uint16 tokens < 256: 16 instances of the default seq_len
+python3 -c "
+import random, struct, sys
+r = random.Random(1)
+open(sys.argv[1], 'wb').write(struct.pack('<4096H', *[r.randrange(256) for _ in range(4096)]))
+" "$tmp/tokens.bin"
+if out=$("$bin" train "$ref" --train.steps=1 --logging.run_dir="$tmp/ref_run" \
+         --data.train="$tmp/tokens.bin" --data.eval="$tmp/tokens.bin" 2>&1); then
+  grep -q 'step *1/1' <<<"$out" || fail "reference run printed no step 1/1: $out"
+  [ "$(wc -l < "$tmp/ref_run/metrics.jsonl" 2>/dev/null)" = 1 ] || fail "reference run: metrics.jsonl is not one line"
+  echo "ok: $ref trains one step"
+else
+  fail "reference run exited non-zero: $out"
+fi
+
+# ---- (c) errors: non-zero exit, the key (and FILE:LINE) named, nothing written --------
+# A small valid config; each case appends to it or overrides it.
+cat > "$tmp/base.yaml" <<EOF
+model:
+  vocab_size: 257
+  d_model: 32
+  n_layers: 1
+  n_heads: 2
+  n_experts: 4
+  top_k: 2
+  expert_hidden: 32
+  seq_len: 32
+data:
+  train: [$tmp/tokens.bin]
+train:
+  global_batch: 4
+  micro_batch: 4
+  steps: 1
+EOF
+base_lines=$(wc -l < "$tmp/base.yaml")
+run_dir=$tmp/err_run
+# expect_error NAME CONFIG PATTERN... -- ARGS...: every PATTERN (fixed string) in stderr.
+expect_error() {
+  local name=$1 config=$2; shift 2
+  local patterns=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do patterns+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  rm -rf "$run_dir"
+  local out rc
+  out=$("$bin" train "$config" --logging.run_dir="$run_dir" "$@" 2>&1 >/dev/null); rc=$?
+  local ok=1
+  if [ $rc -eq 0 ]; then fail "$name: exit 0"; ok=0; fi
+  for p in "${patterns[@]}"; do
+    grep -qF -- "$p" <<<"$out" || { fail "$name: message lacks '$p': $out"; ok=0; }
+  done
+  if [ -e "$run_dir" ]; then fail "$name: $run_dir was written: $(ls -A "$run_dir" | tr '\n' ' ')"; ok=0; fi
+  [ $ok = 1 ] && echo "ok: $name -> rc $rc: $out"
+}
+# bad_yaml NAME LINE TEXT PATTERN...: base.yaml plus TEXT, whose LINE-th line (from 1)
+# the message must name.
+bad_yaml() {
+  local name=$1 line=$2 text=$3; shift 3
+  { cat "$tmp/base.yaml"; printf '%s\n' "$text"; } > "$tmp/bad.yaml"
+  expect_error "$name" "$tmp/bad.yaml" "$tmp/bad.yaml:$((base_lines + line)):" "$@"
+}
+
+# the base config itself is valid: it fails only on an invalid override
+expect_error "train.steps and train.tokens both 0" "$tmp/base.yaml" train.steps train.tokens -- --train.steps=0
+
+bad_yaml "unknown key" 2 $'model:\n  d_modle: 64' model.d_modle "did you mean model.d_model"
+bad_yaml "unknown key (train)" 2 $'train:\n  stpes: 3' train.stpes "did you mean train.steps"
+bad_yaml "unknown section" 1 $'modle:\n  d_model: 64' "unknown section 'modle'" "did you mean model"
+bad_yaml "wrong type int" 2 $'model:\n  d_model: abc' model.d_model abc
+bad_yaml "wrong type i64" 2 $'train:\n  steps: 1.5' train.steps 1.5
+bad_yaml "wrong type float" 2 $'optim:\n  lr: fast' optim.lr fast
+bad_yaml "wrong type bool" 2 $'optim:\n  decay_norms: maybe' optim.decay_norms maybe
+bad_yaml "list for scalar" 2 $'train:\n  steps: [1, 2]' train.steps "expected a single value"
+bad_yaml "list for model scalar" 2 $'model:\n  d_model: [64]' model.d_model "expected a single value"
+bad_yaml "bad enum" 2 $'train:\n  lr_schedule: linear' train.lr_schedule linear cosine
+bad_yaml "bad model enum" 2 $'model:\n  norm: middle' model.norm middle pre
+bad_yaml "mapping for scalar" 2 $'train:\n  steps: {a: 1}' train.steps nested
+bad_yaml "YAML syntax error" 3 $'optim:\n  lr: 1\n  beta1: 0.9: 3' "YAML syntax error"
+expect_error "unknown override key" "$tmp/base.yaml" train.stpes "did you mean train.steps" -- --train.stpes=5
+expect_error "unknown override section" "$tmp/base.yaml" trian.steps -- --trian.steps=5
+expect_error "bad override value" "$tmp/base.yaml" train.steps ten -- --train.steps=ten
+expect_error "bad override enum" "$tmp/base.yaml" data.dtype int8 -- --data.dtype=int8
+expect_error "bad override model value" "$tmp/base.yaml" model.top_k x -- --model.top_k=x
+expect_error "missing config file" "$tmp/nope.yaml" "$tmp/nope.yaml"
+expect_error "missing data file" "$tmp/base.yaml" data.train "$tmp/missing.bin" -- --data.train="$tmp/missing.bin"
+expect_error "missing eval file" "$tmp/base.yaml" data.eval "$tmp/missing.bin" -- --data.eval="$tmp/missing.bin"
+expect_error "no data" "$tmp/base.yaml" data.train -- --data.train=
+expect_error "invalid value" "$tmp/base.yaml" train.global_batch -- --train.global_batch=6
+expect_error "parallel.dp on one process" "$tmp/base.yaml" parallel.dp -- --parallel.dp=2
+# token 300 >= vocab_size 257 at token 5 (byte offset 10) of a file of one instance
+python3 -c "
+import struct, sys
+t = [1] * 32; t[5] = 300
+open(sys.argv[1], 'wb').write(struct.pack('<32H', *t))
+" "$tmp/bad_token.bin"
+expect_error "token out of range (data.validate)" "$tmp/base.yaml" "$tmp/bad_token.bin" "byte offset 10" 300 \
+  -- --data.train="$tmp/bad_token.bin" --data.validate=true
+# Without data.validate the token is only seen by the first step's read, which
+# must also come before run_dir is created.
+expect_error "token out of range" "$tmp/base.yaml" "$tmp/bad_token.bin" "byte offset 10" 300 \
+  -- --data.train="$tmp/bad_token.bin"
+
+echo "$fails failures"
+[ $fails -eq 0 ]
