@@ -1,7 +1,7 @@
 # moecore build. `make` builds build/moecore; `make test` installs what is
 # missing, builds and runs every test; `make run` runs the main job.
 CC      ?= gcc
-PKGS    := openblas yaml-0.1 json-c
+PKGS    := openblas yaml-0.1 json-c ompi-c
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -Wall -Wextra -Wno-unused-parameter -fopenmp -D_GNU_SOURCE -Isrc \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)

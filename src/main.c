@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "data/tokenizer.h"
+#include "dist/comm.h"
 #include "model/model.h"
 #include "train/train.h"
 
@@ -101,7 +102,12 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "params")) return cmd_params(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "train")) return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "train")) {
+        comm_init(&argc, &argv);
+        int rc = cmd_train(argc - 2, argv + 2);
+        comm_finalize();
+        return rc;
+    }
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(argc - 2, argv + 2);
     fprintf(stderr, "moecore: error: unknown command '%s' (see moecore --help)\n", argv[1]);

@@ -19,7 +19,8 @@
 // Model-config keys that may change between a checkpoint and a resumed run:
 // training-time options, not the architecture.
 static const char *const mutable_keys[] = {"lb_coef", "z_coef", "lb_global", "aux_free_rate",
-                                           "routing", "seq_len", "init_std", NULL};
+                                           "routing", "seq_len", "init_std",
+                                           "capacity_factor", NULL};
 
 static int write_file(const char *path, const char *text, char *err, size_t errlen) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -72,49 +73,63 @@ static int remove_dir(const char *path) {
     return rc | rmdir(path);
 }
 
-// The byte range of a tensor this rank owns. One rank owns everything until
-// the distributed runtime assigns slices (experts by ep rank, optimizer
-// shards by dp rank); the writer below already writes by ranges.
-static void owned_range(const ParamEntry *e, size_t *begin, size_t *end) {
-    *begin = 0;
-    *end = e->numel;
+void ckpt_layout_single(CkptLayout *l, const Model *m) {
+    l->world = comm_world();
+    for (int c = 0; c < N_CLASSES; c++) {
+        l->own_begin[c] = 0;
+        l->own_end[c] = m->table.class_numel[c];
+    }
 }
 
-// Writes one safetensors file of the model's tensors: for each table entry
-// and prefix, the tensor from bufs[prefix][class] + offset.
-static int save_tensors(const char *path, const Model *m, int nbufs, const char *const *prefixes,
-                        float *const *const *bufs, const float *extra, const int64_t *extra_shape,
-                        const char *extra_name, char *err, size_t errlen) {
-    StFile st;
-    st_init(&st);
-    int fd = -1, rc = -1;
+// One file's tensor list: for each prefix, every table entry under its
+// global name and shape; then an optional extra [r, c] tensor.
+static int build_layout(StFile *st, const Model *m, int nbufs, const char *const *prefixes,
+                        const char *extra_name, const int64_t *extra_shape, char *err, size_t errlen) {
     char name[PARAM_NAME_MAX + 32];
     for (int b = 0; b < nbufs; b++)
         for (int i = 0; i < m->table.n; i++) {
             const ParamEntry *e = &m->table.entries[i];
             snprintf(name, sizeof name, "%s%s", prefixes[b], e->name);
-            if (st_add(&st, name, ST_F32, e->ndim, e->shape, err, errlen) < 0) goto done;
+            if (st_add(st, name, ST_F32, e->ndim, e->global_shape, err, errlen) < 0) return -1;
         }
-    if (extra && st_add(&st, extra_name, ST_F32, 2, extra_shape, err, errlen) < 0) goto done;
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); goto done; }
-    if (st_write_header(fd, path, &st, err, errlen)) goto done;
+    if (extra_name && st_add(st, extra_name, ST_F32, 2, extra_shape, err, errlen) < 0) return -1;
+    return st_finalize(st, err, errlen);
+}
+
+// Writes this rank's bytes: for prefix b and entry i, the elements of
+// [own_begin, own_end) held in bufs[b][class] starting at element base[b][class].
+static int write_own(const char *path, const StFile *st, const Model *m, int nbufs,
+                     float *const *const *bufs, const size_t (*base)[N_CLASSES], const size_t (*lim)[N_CLASSES],
+                     const CkptLayout *l, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY);
+    if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno)); return -1; }
     int idx = 0;
     for (int b = 0; b < nbufs; b++)
         for (int i = 0; i < m->table.n; i++, idx++) {
             const ParamEntry *e = &m->table.entries[i];
-            size_t lo, hi;
-            owned_range(e, &lo, &hi);
-            const float *src = bufs[b][e->cls] + e->offset + lo;
-            if (hi > lo && st_write_range(fd, path, &st, idx, lo * 4, src, (hi - lo) * 4, err, errlen)) goto done;
+            int c = e->cls;
+            size_t lo = e->offset, hi = e->offset + e->numel;
+            if (l->own_begin[c] > lo) lo = l->own_begin[c];
+            if (l->own_end[c] < hi) hi = l->own_end[c];
+            if (base[b][c] > lo) lo = base[b][c];
+            if (lim[b][c] < hi) hi = lim[b][c];
+            if (hi <= lo) continue;
+            uint64_t file_elem = param_global_offset(e) + (lo - e->offset);
+            if (st_write_range(fd, path, st, idx, file_elem * 4, bufs[b][c] + (lo - base[b][c]), (hi - lo) * 4, err, errlen)) {
+                close(fd);
+                return -1;
+            }
         }
-    if (extra && st_write_range(fd, path, &st, idx, 0, extra, (uint64_t)extra_shape[0] * extra_shape[1] * 4, err, errlen))
-        goto done;
-    if (fsync(fd)) { snprintf(err, errlen, "fsync %s: %s", path, strerror(errno)); goto done; }
-    rc = 0;
-done:
-    if (fd >= 0 && close(fd) && rc == 0) { snprintf(err, errlen, "close %s: %s", path, strerror(errno)); rc = -1; }
-    st_free(&st);
+    if (fsync(fd) || close(fd)) { snprintf(err, errlen, "fsync/close %s: %s", path, strerror(errno)); return -1; }
+    return 0;
+}
+
+// Rank 0 creates the file and writes the header (sizing the file).
+static int create_file(const char *path, StFile *st, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
+    int rc = st_write_header(fd, path, st, err, errlen);
+    if (close(fd) && !rc) { snprintf(err, errlen, "close %s: %s", path, strerror(errno)); rc = -1; }
     return rc;
 }
 
@@ -189,52 +204,97 @@ static void prune(const char *dir, int keep) {
     }
 }
 
+// Every rank agrees on rc: the worst of all.
+static int agree(const CkptLayout *l, int rc) {
+    int32_t v = rc ? 1 : 0;
+    comm_allreduce(l->world, &v, 1, COMM_I32);
+    return v ? -1 : 0;
+}
+
 int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainState *s,
-              const char *config_yaml, int keep, char *err, size_t errlen) {
-    char final[4096], tmp[4200], path[4400];
+              const char *config_yaml, int keep, const CkptLayout *l, char *err, size_t errlen) {
+    char final[4096], tmp[4200], path[4400], mpath[4400], opath[4400];
     char *js = NULL;
+    int rank0 = comm_rank(l->world) == 0, rc = 0;
+    StFile sm, so;
+    st_init(&sm);
+    st_init(&so);
     snprintf(final, sizeof final, "%s/step-%08lld", dir, (long long)s->step);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    if (mkdir_p(dir, err, errlen)) return -1;
-    snprintf(path, sizeof path, "%s/COMMITTED", final);
-    if (access(path, F_OK) == 0) return 0; // this step is already saved
-    if (remove_dir(tmp) && errno != ENOENT) FAIL("cannot remove stale %s: %s", tmp, strerror(errno));
-    if (mkdir(tmp, 0755)) FAIL("mkdir %s: %s", tmp, strerror(errno));
+    snprintf(mpath, sizeof mpath, "%s/model.safetensors", tmp);
+    snprintf(opath, sizeof opath, "%s/optim.safetensors", tmp);
+    snprintf(err, errlen, "another rank failed to save the checkpoint");
+    int32_t exists = 0;
+    if (rank0) {
+        rc = mkdir_p(dir, err, errlen);
+        snprintf(path, sizeof path, "%s/COMMITTED", final);
+        exists = access(path, F_OK) == 0;
+    }
+    if (agree(l, rc)) return -1;
+    comm_broadcast(l->world, &exists, 1, COMM_I32, 0);
+    if (exists) return 0; // this step is already saved
 
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    const char *mpre[1] = {""}, *opre[2] = {"exp_avg.", "exp_avg_sq."};
+    int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
+    rc = build_layout(&sm, m, 1, mpre, NULL, NULL, err, errlen);
+    if (!rc) rc = build_layout(&so, m, 2, opre, m->n_moe ? "router_bias" : NULL, bshape, err, errlen);
+    if (rank0 && !rc) {
+        if (remove_dir(tmp) && errno != ENOENT) { snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno)); rc = -1; }
+        else if (mkdir(tmp, 0755)) { snprintf(err, errlen, "mkdir %s: %s", tmp, strerror(errno)); rc = -1; }
+        if (!rc) rc = create_file(mpath, &sm, err, errlen);
+        if (!rc) rc = create_file(opath, &so, err, errlen);
+    }
+    if (agree(l, rc)) goto fail;
     {
-        const char *pre[1] = {""};
-        float *const *bufs[1] = {m->params};
-        if (save_tensors(path, m, 1, pre, bufs, NULL, NULL, NULL, err, errlen)) goto fail;
+        float *const *pb[1] = {m->params};
+        size_t zero[1][N_CLASSES] = {{0}}, full[1][N_CLASSES];
+        for (int c = 0; c < N_CLASSES; c++) full[0][c] = m->table.class_numel[c];
+        rc = write_own(mpath, &sm, m, 1, pb, zero, full, l, err, errlen);
+        float *const *ob[2] = {opt->m, opt->v};
+        size_t obase[2][N_CLASSES], olim[2][N_CLASSES];
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < N_CLASSES; c++) { obase[b][c] = opt->begin[c]; olim[b][c] = opt->end[c]; }
+        if (!rc) rc = write_own(opath, &so, m, 2, ob, obase, olim, l, err, errlen);
+        if (!rc && rank0 && m->n_moe) {
+            int fd = open(opath, O_WRONLY);
+            if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", opath, strerror(errno)); rc = -1; }
+            else {
+                rc = st_write_range(fd, opath, &so, so.n - 1, 0, m->router_bias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen);
+                if ((fsync(fd) | close(fd)) && !rc) { snprintf(err, errlen, "fsync %s: %s", opath, strerror(errno)); rc = -1; }
+            }
+        }
     }
-    snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
-    {
-        const char *pre[2] = {"exp_avg.", "exp_avg_sq."};
-        float *const *bufs[2] = {opt->m, opt->v};
-        int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
-        if (save_tensors(path, m, 2, pre, bufs, m->n_moe ? m->router_bias : NULL, bshape,
-                         "router_bias", err, errlen))
-            goto fail;
+    if (agree(l, rc)) goto fail;
+    if (rank0) {
+        js = state_json(m, opt, s);
+        snprintf(path, sizeof path, "%s/train_state.json", tmp);
+        rc = write_file(path, js, err, errlen);
+        if (!rc && config_yaml) {
+            snprintf(path, sizeof path, "%s/config.yaml", tmp);
+            rc = write_file(path, config_yaml, err, errlen);
+        }
+        if (!rc) {
+            snprintf(path, sizeof path, "%s/COMMITTED", tmp);
+            rc = write_file(path, "ok\n", err, errlen);
+        }
+        if (!rc) {
+            fsync_dir(tmp);
+            remove_dir(final); // an uncommitted leftover of the same step
+            if (rename(tmp, final)) { snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno)); rc = -1; }
+            else fsync_dir(dir);
+        }
+        if (!rc && keep > 0) prune(dir, keep);
     }
-    js = state_json(m, opt, s);
-    snprintf(path, sizeof path, "%s/train_state.json", tmp);
-    if (write_file(path, js, err, errlen)) goto fail;
-    if (config_yaml) {
-        snprintf(path, sizeof path, "%s/config.yaml", tmp);
-        if (write_file(path, config_yaml, err, errlen)) goto fail;
-    }
-    snprintf(path, sizeof path, "%s/COMMITTED", tmp);
-    if (write_file(path, "ok\n", err, errlen)) goto fail;
-    fsync_dir(tmp);
-    remove_dir(final); // an uncommitted leftover of the same step
-    if (rename(tmp, final)) FAIL("rename %s -> %s: %s", tmp, final, strerror(errno));
-    fsync_dir(dir);
+    if (agree(l, rc)) goto fail;
     free(js);
-    if (keep > 0) prune(dir, keep);
+    st_free(&sm);
+    st_free(&so);
     return 0;
 fail:
+    if (rank0) remove_dir(tmp);
     free(js);
-    remove_dir(tmp);
+    st_free(&sm);
+    st_free(&so);
     return -1;
 }
 
@@ -257,18 +317,22 @@ int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, siz
     return 1;
 }
 
-// Reads every tensor of the table under prefix into bufs (only this rank's ranges).
+// Reads, for every table entry under prefix, the elements of [lo, hi) of
+// its class buffer that this rank holds into dst[class] + (i - base[class]).
 static int load_tensors(const char *path, const StFile *st, int fd, const Model *m, const char *prefix,
-                        float *const *bufs, char *err, size_t errlen) {
+                        float *const *dst, const size_t *base, const size_t *lim, char *err, size_t errlen) {
     char name[PARAM_NAME_MAX + 32];
     for (int i = 0; i < m->table.n; i++) {
         const ParamEntry *e = &m->table.entries[i];
         snprintf(name, sizeof name, "%s%s", prefix, e->name);
-        int idx = st_expect(st, path, name, ST_F32, e->ndim, e->shape, err, errlen);
+        int idx = st_expect(st, path, name, ST_F32, e->ndim, e->global_shape, err, errlen);
         if (idx < 0) return -1;
-        size_t lo, hi;
-        owned_range(e, &lo, &hi);
-        if (hi > lo && st_read_range(fd, path, st, idx, lo * 4, bufs[e->cls] + e->offset + lo, (hi - lo) * 4, err, errlen))
+        int c = e->cls;
+        size_t lo = e->offset > base[c] ? e->offset : base[c];
+        size_t hi = e->offset + e->numel < lim[c] ? e->offset + e->numel : lim[c];
+        if (hi <= lo) continue;
+        uint64_t file_elem = param_global_offset(e) + (lo - e->offset);
+        if (st_read_range(fd, path, st, idx, file_elem * 4, dst[c] + (lo - base[c]), (hi - lo) * 4, err, errlen))
             return -1;
     }
     return 0;
@@ -311,9 +375,11 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, s
     int fdm = -1, fdo = -1, rc = -1;
     size_t dn = m->table.class_numel[CLASS_DENSE], en = m->table.class_numel[CLASS_EXPERT];
     // stage into fresh buffers so that a failure leaves the model untouched
+    size_t od = opt->end[CLASS_DENSE] - opt->begin[CLASS_DENSE], oe = opt->end[CLASS_EXPERT] - opt->begin[CLASS_EXPERT];
     float *p[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
-    float *mm[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
-    float *vv[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
+    float *mm[N_CLASSES] = {mallocCheck(od * 4), mallocCheck(oe * 4)};
+    float *vv[N_CLASSES] = {mallocCheck(od * 4), mallocCheck(oe * 4)};
+    size_t zero[N_CLASSES] = {0, 0}, full[N_CLASSES] = {dn, en};
     float *bias = mallocCheck((size_t)m->n_moe * m->cfg.n_experts * 4 + 4);
     TrainState ns;
     memset(&ns, 0, sizeof ns);
@@ -353,11 +419,11 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, s
 
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (st_open(path, &fdm, &sm, err, errlen)) goto fail;
-    if (load_tensors(path, &sm, fdm, m, "", p, err, errlen)) goto fail;
+    if (load_tensors(path, &sm, fdm, m, "", p, zero, full, err, errlen)) goto fail;
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     if (st_open(path, &fdo, &so, err, errlen)) goto fail;
-    if (load_tensors(path, &so, fdo, m, "exp_avg.", mm, err, errlen)) goto fail;
-    if (load_tensors(path, &so, fdo, m, "exp_avg_sq.", vv, err, errlen)) goto fail;
+    if (load_tensors(path, &so, fdo, m, "exp_avg.", mm, opt->begin, opt->end, err, errlen)) goto fail;
+    if (load_tensors(path, &so, fdo, m, "exp_avg_sq.", vv, opt->begin, opt->end, err, errlen)) goto fail;
     if (m->n_moe) {
         int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
         int idx = st_expect(&so, path, "router_bias", ST_F32, 2, bshape, err, errlen);
@@ -366,10 +432,9 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, s
     }
     // commit
     for (int c = 0; c < N_CLASSES; c++) {
-        size_t n = m->table.class_numel[c] * 4;
-        memcpy(m->params[c], p[c], n);
-        memcpy(opt->m[c], mm[c], n);
-        memcpy(opt->v[c], vv[c], n);
+        memcpy(m->params[c], p[c], m->table.class_numel[c] * 4);
+        memcpy(opt->m[c], mm[c], (opt->end[c] - opt->begin[c]) * 4);
+        memcpy(opt->v[c], vv[c], (opt->end[c] - opt->begin[c]) * 4);
     }
     if (m->n_moe) memcpy(m->router_bias, bias, (size_t)m->n_moe * m->cfg.n_experts * 4);
     opt->t = adam_t;

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dist/comm.h"
 #include "model/model.h"
 #include "optim/adamw.h"
 
@@ -32,15 +33,29 @@ typedef struct {
     double hist_loss[SKIP_WINDOW_MAX], hist_gnorm[SKIP_WINDOW_MAX];
 } TrainState;
 
+// Which bytes this rank writes: elements [own_begin, own_end) of each class
+// buffer (the shards of the data-parallel groups partition the global
+// tensors, so every byte has exactly one writer). All ranks of world call
+// save and load together; rank 0 writes headers, state and the marker.
+typedef struct {
+    Comm *world;
+    size_t own_begin[N_CLASSES], own_end[N_CLASSES];
+} CkptLayout;
+
+// A one-rank layout that owns everything.
+void ckpt_layout_single(CkptLayout *l, const Model *m);
+
 // Saves step state.step into dir/step-%08lld. keep > 0 deletes all but the
 // newest keep committed checkpoints afterwards. config_yaml is stored beside
 // the state for reference (may be NULL).
 int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainState *st,
-              const char *config_yaml, int keep, char *err, size_t errlen);
+              const char *config_yaml, int keep, const CkptLayout *layout, char *err, size_t errlen);
 // Finds the committed checkpoint with the highest step. Returns 1 and fills
 // path when found, 0 when there is none, -1 on error.
 int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
 // Loads a checkpoint into an initialised model and optimizer with the same
 // architecture; a mismatch (config, names, shapes, dtypes) is an error naming
-// the field or tensor, and nothing is modified in that case.
+// the field or tensor, and nothing is modified in that case. Each rank reads
+// the global-tensor ranges of what it holds (its experts, its optimizer
+// range), so the checkpoint may come from any layout.
 int ckpt_load(const char *path, Model *m, AdamW *opt, TrainState *st, char *err, size_t errlen);

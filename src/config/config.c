@@ -40,7 +40,7 @@ static const Key table[] = {
     {"optim.sharded", T_BOOL, offsetof(RunConfig, optim_sharded), NULL},
     F(checkpoint.dir, T_STR), F(checkpoint.interval, T_I64), F(checkpoint.keep, T_INT),
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
-    F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT),
+    F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE),
 };
 #define NTABLE ((int)(sizeof(table) / sizeof(table[0])))
@@ -84,6 +84,7 @@ void run_config_defaults(RunConfig *c) {
     c->logging.log_interval = 10;
     c->logging.gerrymander_window = 50;
     c->parallel.dp = c->parallel.ep = c->parallel.pp = 1;
+    c->parallel.bucket_mb = 16;
 }
 
 static void list_clear(StrList *l) {
@@ -387,6 +388,8 @@ int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
     }
     ParallelSection *p = &c->parallel;
     if (p->dp <= 0 || p->ep <= 0 || p->pp <= 0) FAIL("parallel.dp, parallel.ep and parallel.pp must be positive");
+    if (p->pp > 1) FAIL("parallel.pp (%d): pipeline parallelism is not implemented yet; use parallel.pp: 1", p->pp);
+    if (!(p->bucket_mb > 0)) FAIL("parallel.bucket_mb must be positive, got %g", p->bucket_mb);
     if (p->dp % p->ep) FAIL("parallel.ep (%d) must divide parallel.dp (%d): dp = ep x ep_dp", p->ep, p->dp);
     if ((int64_t)p->dp * p->pp != world)
         FAIL("parallel.dp (%d) x parallel.pp (%d) = %lld must equal the number of ranks (%d)", p->dp, p->pp,

@@ -58,7 +58,10 @@ typedef struct {
     int gerrymander_window;  // steps in the token-gerrymandering check
 } LoggingSection;
 
-typedef struct { int dp, ep, pp; } ParallelSection;
+typedef struct {
+    int dp, ep, pp;          // world = pp x dp, dp = ep x ep_dp
+    double bucket_mb;        // gradient-reduction bucket size, MiB of FP32 grads
+} ParallelSection;
 
 typedef struct {
     int type;                // 0 cpu, 1 cuda

@@ -42,6 +42,7 @@ static void build_table(Model *m) {
     for (int l = 0; l < c->n_layers; l++) {
         LayerParams *L = &m->layers[l];
         memset(L, -1, sizeof(*L));
+        L->first_entry = m->table.n;
         if (pre) L->attn_norm = NORM("layers.%d.attn_norm", l, D);
         L->wq = DENSE("layers.%d.attn.wq", l, 2, qd, D, 0);
         L->wk = DENSE("layers.%d.attn.wk", l, 2, kvd, D, 0);
@@ -62,12 +63,17 @@ static void build_table(Model *m) {
             L->mlp_up = DENSE("layers.%d.mlp.w_up", l, 2, F, D, 0);
             L->mlp_down = DENSE("layers.%d.mlp.w_down", l, 2, D, F, 0);
         } else {
-            int E = c->n_experts, Fe = c->expert_hidden;
+            int E = c->n_experts, El = m->E_local, Fe = c->expert_hidden;
             L->moe_index = m->n_moe++;
             L->router = DENSE("layers.%d.moe.router", l, 2, E, D, 0);
-            L->exp_gate = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_gate", l, 3, E, Fe, D);
-            L->exp_up = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_up", l, 3, E, Fe, D);
-            L->exp_down = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_down", l, 3, E, D, Fe);
+            // this rank's slice of the [E, ...] expert tensors
+            L->exp_gate = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_gate", l, 3, El, Fe, D);
+            L->exp_up = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_up", l, 3, El, Fe, D);
+            L->exp_down = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_down", l, 3, El, D, Fe);
+            for (int i = L->exp_gate; i <= L->exp_down; i++) {
+                m->table.entries[i].global_shape[0] = E;
+                m->table.entries[i].slice0 = (int64_t)m->par.ep_rank * El;
+            }
             if (c->n_shared > 0) {
                 int Fs = c->n_shared * c->shared_hidden;
                 L->sh_gate = DENSE("layers.%d.moe.shared.w_gate", l, 2, Fs, D, 0);
@@ -76,16 +82,28 @@ static void build_table(Model *m) {
             }
         }
         if (post) L->ffn_post_norm = NORM("layers.%d.ffn_post_norm", l, D);
+        L->end_entry = m->table.n;
     }
     m->final_norm = NORM("final_norm", 0, D);
     m->lm_head = DENSE("lm_head", 0, 2, c->padded_vocab, D, 0);
 }
 
 int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size_t errlen) {
+    return model_init_parallel(m, cfg, ops, NULL, err, errlen);
+}
+
+int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const ModelParallel *par,
+                        char *err, size_t errlen) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     if (model_config_validate(&m->cfg, err, errlen)) return -1;
     m->ops = ops;
+    m->par = par ? *par : (ModelParallel){0, 1, comm_world()};
+    if (m->par.ep_size > 1 && (m->cfg.n_experts == 0 || m->cfg.n_experts % m->par.ep_size)) {
+        snprintf(err, errlen, "parallel.ep (%d) must divide model.n_experts (%d)", m->par.ep_size, m->cfg.n_experts);
+        return -1;
+    }
+    m->E_local = m->cfg.n_experts / m->par.ep_size;
     build_table(m);
     for (int c = 0; c < N_CLASSES; c++) {
         m->params[c] = mallocCheck(m->table.class_numel[c] * sizeof(float));
@@ -95,6 +113,8 @@ int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size
     m->router_bias = mallocCheck((size_t)m->n_moe * E * sizeof(float));
     m->step_counts = mallocCheck((size_t)m->n_moe * E * sizeof(float));
     m->lb = mallocCheck((m->n_moe + 1) * sizeof(float));
+    m->step_dropped = mallocCheck((m->n_moe + 1) * sizeof(float));
+    m->step_rows = mallocCheck((m->n_moe + 1) * sizeof(float));
     m->z = mallocCheck((m->n_moe + 1) * sizeof(float));
     return 0;
 }
@@ -145,6 +165,9 @@ static void carve(Model *m, Carver *cv) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
     size_t E = c->n_experts, k = c->top_k, R = N * k, Fe = c->expert_hidden;
+    int ep = m->par.ep_size, El = m->E_local;
+    size_t Rl = (size_t)ep * R; // dropless bound on the rows an expert rank receives
+    m->max_rows_local = (int)Rl;
     size_t Fs = (size_t)c->n_shared * c->shared_hidden, F = c->dense_hidden;
     size_t Vp = c->padded_vocab;
     int pre = c->norm != NORM_POST, post = c->norm != NORM_PRE;
@@ -174,8 +197,12 @@ static void carve(Model *m, Carver *cv) {
         a->idx = itake(cv, N * k); a->row_of = itake(cv, R); a->token_of_row = itake(cv, R);
         a->offsets = itake(cv, E + 1);
         a->counts = take(cv, E); a->lb_counts = take(cv, E);
-        a->xp = take(cv, R * D); a->eg = take(cv, R * Fe); a->eu = take(cv, R * Fe);
-        a->ea = take(cv, R * Fe); a->ey = take(cv, R * D);
+        a->xp = take(cv, R * D); a->ey = take(cv, R * D);
+        a->xl = ep > 1 ? take(cv, Rl * D) : a->xp;
+        a->yl = ep > 1 ? take(cv, Rl * D) : a->ey;
+        a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe); a->ea = take(cv, Rl * Fe);
+        int *plan_ints = itake(cv, ep_plan_ints(ep, El, (int)Rl));
+        if (!cv->measure) ep_plan_carve(&a->plan, ep, El, plan_ints, m->plan_sizes + (size_t)l * 2 * ep);
         if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = take(cv, N * Fs); a->so = take(cv, N * D); }
     }
     m->xf = take(cv, N * D); m->xf_rstd = take(cv, N);
@@ -190,8 +217,12 @@ static void carve(Model *m, Carver *cv) {
     m->att_scratch = take(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads));
     if (F) { m->da = take(cv, N * F); m->dg = take(cv, N * F); m->du = take(cv, N * F); }
     if (m->n_moe) {
-        m->dey = take(cv, R * D); m->dea = take(cv, R * Fe); m->deg = take(cv, R * Fe);
-        m->deu = take(cv, R * Fe); m->dxp = take(cv, R * D); m->dxp2 = take(cv, R * D);
+        m->dey = take(cv, R * D); m->dxp = take(cv, R * D);
+        m->dyl = ep > 1 ? take(cv, Rl * D) : m->dey;
+        m->dxl = ep > 1 ? take(cv, Rl * D) : m->dxp;
+        m->dxl2 = take(cv, Rl * D);
+        m->dea = take(cv, Rl * Fe); m->deg = take(cv, Rl * Fe); m->deu = take(cv, Rl * Fe);
+        m->ep_scratch = ep > 1 ? take(cv, Rl * D) : NULL;
         m->dweights = take(cv, N * k); m->dprobs = take(cv, N * E); m->dlogits = take(cv, N * E);
         if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
     }
@@ -202,6 +233,8 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->B = B;
     m->T = T;
     m->acts = mallocCheck(m->cfg.n_layers * sizeof(LayerActs));
+    free(m->plan_sizes);
+    m->plan_sizes = mallocCheck((size_t)m->cfg.n_layers * 2 * m->par.ep_size * sizeof(size_t));
     m->resid = mallocCheck((m->cfg.n_layers + 1) * sizeof(float *));
     Carver cv = {.measure = 1};
     carve(m, &cv);
@@ -217,6 +250,7 @@ void model_free(Model *m) {
     for (int c = 0; c < N_CLASSES; c++) { free(m->params[c]); free(m->grads[c]); }
     free(m->layers); free(m->arena); free(m->iarena); free(m->acts); free(m->resid);
     free(m->router_bias); free(m->step_counts); free(m->lb); free(m->z);
+    free(m->step_dropped); free(m->step_rows); free(m->plan_sizes);
     param_table_free(&m->table);
     memset(m, 0, sizeof(*m));
 }
@@ -227,6 +261,8 @@ void model_zero_grads(Model *m) {
 
 void model_begin_step(Model *m) {
     m->ops->zero(m->step_counts, (size_t)m->n_moe * m->cfg.n_experts);
+    m->ops->zero(m->step_dropped, m->n_moe);
+    m->ops->zero(m->step_rows, m->n_moe);
     m->step_tokens = 0;
 }
 
@@ -299,13 +335,23 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     m->lb[li] = ops->lb_loss_forward(a->probs, a->lb_counts, a->lb_tokens, N, E, k, c->gating);
     m->z[li] = ops->zloss_forward(a->logits, N, E);
 
-    int R = N * k;
+    int R = N * k, El = m->E_local, ep = m->par.ep_size;
     ops->moe_route_index(a->offsets, a->row_of, a->token_of_row, a->idx, N, E, k);
     ops->permute_forward(a->xp, in, a->token_of_row, R, D);
-    ops->grouped_matmul_forward(a->eg, a->xp, P(L->exp_gate), a->offsets, E, D, Fe);
-    ops->grouped_matmul_forward(a->eu, a->xp, P(L->exp_up), a->offsets, E, D, Fe);
-    ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)R * Fe);
-    ops->grouped_matmul_forward(a->ey, a->ea, P(L->exp_down), a->offsets, E, Fe, D);
+    // dispatch to the experts' ranks (a no-op for one rank), run the local
+    // experts on their segments, combine back; capacity drops the tail
+    int capacity = c->capacity_factor > 0 ? (int)ceil((double)c->capacity_factor * N * ep * k / E) : 0;
+    Comm *epc = m->par.ep_comm;
+    ep_plan(epc, &a->plan, a->offsets, capacity);
+    int Rl = a->plan.rows;
+    ep_dispatch(epc, &a->plan, a->xp, a->xl, m->ep_scratch, D);
+    ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->plan.local_offsets, El, D, Fe);
+    ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), a->plan.local_offsets, El, D, Fe);
+    ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
+    ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->plan.local_offsets, El, Fe, D);
+    ep_combine(epc, &a->plan, a->yl, a->ey, m->ep_scratch, D);
+    m->step_dropped[li] += a->plan.dropped;
+    m->step_rows[li] += R;
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
     if (c->n_shared > 0) {
         int Fs = c->n_shared * c->shared_hidden;
@@ -397,12 +443,19 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, float *di
                             L->sh_gate, L->sh_up, L->sh_down, N, Fs, accumulate);
         accumulate = 1;
     }
+    int El = m->E_local, Rl = a->plan.rows;
+    const int *lo = a->plan.local_offsets;
+    Comm *epc = m->par.ep_comm;
     ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
-    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->dey, a->ea, P(L->exp_down), a->offsets, E, Fe, D);
-    ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)R * Fe);
-    ops->grouped_matmul_backward(m->dxp, G(L->exp_gate), m->deg, a->xp, P(L->exp_gate), a->offsets, E, D, Fe);
-    ops->grouped_matmul_backward(m->dxp2, G(L->exp_up), m->deu, a->xp, P(L->exp_up), a->offsets, E, D, Fe);
-    ops->add_inplace(m->dxp, m->dxp2, (size_t)R * D);
+    // the grad of combine is a dispatch, and the grad of dispatch a combine
+    ep_dispatch(epc, &a->plan, m->dey, m->dyl, m->ep_scratch, D);
+    ep_zero_dropped(&a->plan, m->dyl, D);
+    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->dyl, a->ea, P(L->exp_down), lo, El, Fe, D);
+    ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
+    ops->grouped_matmul_backward(m->dxl, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe);
+    ops->grouped_matmul_backward(m->dxl2, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe);
+    ops->add_inplace(m->dxl, m->dxl2, (size_t)Rl * D);
+    ep_combine(epc, &a->plan, m->dxl, m->dxp, m->ep_scratch, D);
     ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
     // router: weights <- probs <- logits, plus the aux losses
     ops->router_weights_backward(m->dprobs, m->dweights, a->probs, a->idx, N, E, k, c->renorm_topk, 0);
@@ -450,6 +503,7 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
     ops->matmul_backward(m->d1, G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, Vp, 0);
     ops->rmsnorm_backward(m->dres, G(m->final_norm), m->d1, m->resid[c->n_layers],
                           P(m->final_norm), m->xf_rstd, N, D, 0);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, m->final_norm, m->table.n);
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const LayerParams *L = &m->layers[l];
         LayerActs *a = &m->acts[l];
@@ -469,8 +523,10 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
         din = L->attn_norm >= 0 ? m->d2 : m->dres;
         attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);
         input_norm_backward(m, m->d2, x, a->ln1_rstd, L->attn_norm, N);
+        if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, L->first_entry, L->end_entry);
     }
     ops->embedding_backward(G(m->embed), m->dres, m->tokens, N, D);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, m->embed, m->embed + 1);
 }
 
 void model_end_step(Model *m) {

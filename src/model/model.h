@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dist/comm.h"
+#include "dist/ep.h"
 #include "model/model_config.h"
 #include "model/params.h"
 #include "ops/ops.h"
@@ -22,7 +24,20 @@ typedef struct {
     int router, exp_gate, exp_up, exp_down;           // MoE layers
     int sh_gate, sh_up, sh_down;                      // shared experts
     int moe_index;                                    // among MoE layers, or -1
+    int first_entry, end_entry;                       // its table entries [first, end)
 } LayerParams;
+
+// Expert parallelism: this rank holds experts [ep_rank*E/ep, (ep_rank+1)*E/ep)
+// and exchanges routed rows inside ep_comm. NULL in model_init = one rank.
+typedef struct {
+    int ep_rank, ep_size;
+    Comm *ep_comm;
+} ModelParallel;
+
+// Called during backward when the grads of table entries [first, end) are
+// final for this micro-batch (top of the model first); DDP starts bucket
+// reductions from it during the last micro-batch.
+typedef void (*GradsReadyFn)(void *ctx, int first_entry, int end_entry);
 
 // What one block keeps from forward for backward.
 typedef struct {
@@ -44,13 +59,19 @@ typedef struct {
     float *counts;                    // [E] this micro-batch
     float *lb_counts;                 // [E] counts the LB loss used
     float lb_tokens;                  // tokens those counts cover
-    float *xp, *eg, *eu, *ea, *ey;    // grouped rows [R,D], [R,Fe] x3, [R,D]
+    float *xp, *ey;                   // routed rows sorted by global expert [R,D]
+    EpPlan plan;                      // dispatch to the experts' ranks
+    float *xl, *eg, *eu, *ea, *yl;    // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
     float *sg, *su, *sa, *so;         // shared experts [N,Fs] x3, [N,D]
 } LayerActs;
 
 typedef struct {
     ModelConfig cfg;
     const Ops *ops;
+    ModelParallel par;
+    int E_local;                      // experts held here
+    GradsReadyFn grads_ready;         // optional backward hook
+    void *grads_ready_ctx;
     ParamTable table;
     float *params[N_CLASSES];
     float *grads[N_CLASSES];
@@ -70,13 +91,17 @@ typedef struct {
     float *rope_cos, *rope_sin;
     // backward scratch
     float *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao, *att_scratch;
-    float *da, *dg, *du, *dey, *dea, *deg, *deu, *dxp, *dxp2;
-    float *dweights, *dprobs, *dlogits, *dsa, *dsg, *dsu;
+    float *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxl2, *dxp;
+    size_t *plan_sizes;
+    float *dweights, *dprobs, *dlogits, *dsa, *dsg, *dsu, *ep_scratch;
+    int max_rows_local;               // bound on rows an expert rank receives
 
     // router state across micro-batches and steps
     float *router_bias;               // [n_moe, E] aux-loss-free bias
     float *step_counts;               // [n_moe, E] counts summed over the step
     float step_tokens;                // tokens those counts cover
+    float *step_dropped;              // [n_moe] rows dropped by capacity this step (at the experts)
+    float *step_rows;                 // [n_moe] rows routed from this rank this step
 
     // results of the last forward
     double ce_sum;                    // sum of per-token CE over valid targets
@@ -89,6 +114,9 @@ typedef struct {
 // Builds the table and allocates parameters and grads (zeroed); validates cfg.
 // Returns -1 with a message on an invalid config.
 int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size_t errlen);
+// Same with expert parallelism (par may be NULL).
+int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const ModelParallel *par,
+                        char *err, size_t errlen);
 // Matrices ~ normal(0, init_std), norms 1, from a seeded generator.
 void model_init_weights(Model *m, uint64_t seed);
 void model_alloc_acts(Model *m, int B, int T);

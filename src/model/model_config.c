@@ -35,7 +35,7 @@ static const KeyDesc keys[] = {
     KEY(n_shared, K_INT),        KEY(shared_hidden, K_INT),   KEYE(gating, gating_names),
     KEY(renorm_topk, K_BOOL),    KEY(lb_coef, K_FLOAT),       KEY(z_coef, K_FLOAT),
     KEY(lb_global, K_BOOL),      KEY(aux_free_rate, K_FLOAT), KEYE(routing, routing_names),
-    KEY(seq_len, K_INT),         KEY(init_std, K_FLOAT),
+    KEY(seq_len, K_INT),         KEY(init_std, K_FLOAT),      KEY(capacity_factor, K_FLOAT),
 };
 #define NKEYS ((int)(sizeof(keys) / sizeof(keys[0])))
 
@@ -43,7 +43,7 @@ const char *const model_config_keys[] = {
     "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "rope_theta",
     "norm_eps", "norm", "qk_norm", "dense_layers", "dense_hidden", "n_experts", "top_k",
     "expert_hidden", "n_shared", "shared_hidden", "gating", "renorm_topk", "lb_coef", "z_coef",
-    "lb_global", "aux_free_rate", "routing", "seq_len", "init_std", NULL};
+    "lb_global", "aux_free_rate", "routing", "seq_len", "init_std", "capacity_factor", NULL};
 
 void model_config_defaults(ModelConfig *c) {
     // OLMoE-1B-7B's architecture at a small size
@@ -169,6 +169,7 @@ int model_config_validate(ModelConfig *c, char *err, size_t errlen) {
     if (!(c->init_std > 0)) FAIL("model.init_std must be positive, got %g", c->init_std);
     if (c->lb_coef < 0) FAIL("model.lb_coef must be >= 0, got %g", c->lb_coef);
     if (c->z_coef < 0) FAIL("model.z_coef must be >= 0, got %g", c->z_coef);
+    if (c->capacity_factor < 0) FAIL("model.capacity_factor must be >= 0 (0 = dropless), got %g", c->capacity_factor);
     if (c->aux_free_rate < 0) FAIL("model.aux_free_rate must be >= 0, got %g", c->aux_free_rate);
     int has_moe = c->n_experts > 0 && c->dense_layers < c->n_layers;
     if (c->dense_layers > c->n_layers)

@@ -35,6 +35,7 @@ typedef struct {
     int lb_global;        // bool: counts over the micro-batches of the step
     float aux_free_rate;  // > 0 turns on aux-loss-free bias balancing
     int routing;          // RoutingMode
+    float capacity_factor;  // 0: dropless; else each expert keeps ceil(cf*tokens*k/E) rows
     int seq_len;
     float init_std;
     // derived by model_config_validate

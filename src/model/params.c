@@ -16,7 +16,7 @@ int param_add(ParamTable *t, const char *name, int cls, int kind, int ndim, cons
     e->ndim = ndim;
     e->numel = 1;
     for (int i = 0; i < ndim; i++) {
-        e->shape[i] = shape[i];
+        e->shape[i] = e->global_shape[i] = shape[i];
         e->numel *= (size_t)shape[i];
     }
     e->cls = cls;
@@ -41,4 +41,12 @@ size_t param_total(const ParamTable *t) {
 void param_table_free(ParamTable *t) {
     free(t->entries);
     memset(t, 0, sizeof(*t));
+}
+
+size_t param_global_numel(const ParamEntry *e) {
+    return e->ndim ? e->numel / (size_t)e->shape[0] * (size_t)e->global_shape[0] : e->numel;
+}
+
+size_t param_global_offset(const ParamEntry *e) {
+    return e->ndim ? e->numel / (size_t)e->shape[0] * (size_t)e->slice0 : 0;
 }

@@ -20,6 +20,10 @@ typedef struct {
     size_t offset;  // in elements, into its class buffer
     int cls;        // ShardClass
     int kind;       // ParamKind
+    // Global tensor (checkpoint) view: expert tensors hold a slice of their
+    // experts along dim 0 on each expert-parallel rank.
+    int64_t global_shape[PARAM_MAX_DIMS];
+    int64_t slice0;  // first global index along dim 0 held here
 } ParamEntry;
 
 typedef struct {
@@ -30,6 +34,9 @@ typedef struct {
 
 // Appends a tensor at the end of its class buffer; returns its index.
 int param_add(ParamTable *t, const char *name, int cls, int kind, int ndim, const int64_t *shape);
+// Elements of the global tensor; and the element offset of this rank's slice in it.
+size_t param_global_numel(const ParamEntry *e);
+size_t param_global_offset(const ParamEntry *e);
 int param_find(const ParamTable *t, const char *name);
 void param_table_free(ParamTable *t);
 size_t param_total(const ParamTable *t);

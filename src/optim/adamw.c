@@ -15,13 +15,23 @@ void optim_config_defaults(OptimConfig *c) {
     c->decay_embeddings = 0;
 }
 
-void adamw_init(AdamW *o, const OptimConfig *cfg, const Model *model) {
+void adamw_init_range(AdamW *o, const OptimConfig *cfg, const Model *model, const size_t *begin,
+                      const size_t *end) {
     memset(o, 0, sizeof(*o));
     o->cfg = *cfg;
     for (int c = 0; c < N_CLASSES; c++) {
-        o->m[c] = mallocCheck(model->table.class_numel[c] * sizeof(float));
-        o->v[c] = mallocCheck(model->table.class_numel[c] * sizeof(float));
+        o->begin[c] = begin[c];
+        o->end[c] = end[c];
+        o->m[c] = mallocCheck((end[c] - begin[c]) * sizeof(float));
+        o->v[c] = mallocCheck((end[c] - begin[c]) * sizeof(float));
     }
+    (void)model;
+}
+
+void adamw_init(AdamW *o, const OptimConfig *cfg, const Model *model) {
+    size_t begin[N_CLASSES] = {0}, end[N_CLASSES];
+    for (int c = 0; c < N_CLASSES; c++) end[c] = model->table.class_numel[c];
+    adamw_init_range(o, cfg, model, begin, end);
 }
 
 void adamw_free(AdamW *o) {
@@ -35,16 +45,27 @@ int adamw_decays(const OptimConfig *c, const ParamEntry *e) {
     return 1;
 }
 
-void adamw_step(AdamW *o, Model *model, float lr, float grad_scale) {
+void adamw_step_grads(AdamW *o, Model *model, float *const *grads, float lr, float grad_scale) {
     o->t++;
     const OptimConfig *c = &o->cfg;
     for (int i = 0; i < model->table.n; i++) {
         const ParamEntry *e = &model->table.entries[i];
+        int k = e->cls;
+        // the part of this tensor inside the optimizer's range
+        size_t lo = e->offset > o->begin[k] ? e->offset : o->begin[k];
+        size_t hi = e->offset + e->numel < o->end[k] ? e->offset + e->numel : o->end[k];
+        if (hi <= lo) continue;
         float wd = adamw_decays(c, e) ? c->weight_decay : 0.0f;
-        model->ops->adamw_update(model->params[e->cls] + e->offset, model->grads[e->cls] + e->offset,
-                                 o->m[e->cls] + e->offset, o->v[e->cls] + e->offset, e->numel, lr,
-                                 c->beta1, c->beta2, c->eps, wd, grad_scale, o->t);
+        size_t r = lo - o->begin[k];
+        model->ops->adamw_update(model->params[k] + lo, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,
+                                 lr, c->beta1, c->beta2, c->eps, wd, grad_scale, o->t);
     }
+}
+
+void adamw_step(AdamW *o, Model *model, float lr, float grad_scale) {
+    float *g[N_CLASSES];
+    for (int c = 0; c < N_CLASSES; c++) g[c] = model->grads[c] + o->begin[c];
+    adamw_step_grads(o, model, g, lr, grad_scale);
 }
 
 double grad_norm(const Model *model) {

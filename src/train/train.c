@@ -18,6 +18,9 @@
 
 #include "ckpt/checkpoint.h"
 #include "data/data.h"
+#include "dist/comm.h"
+#include "dist/ddp.h"
+#include "dist/mesh.h"
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "train/metrics.h"
@@ -148,19 +151,23 @@ static DataLoader *open_loader(const RunConfig *c, const StrList *paths, const S
                      c->train.seed, shuffle, err, errlen);
 }
 
-static double evaluate(Model *m, DataLoader *eval, int batches, int mb, int *tokens, int *targets,
-                       uint64_t seed, char *err, size_t errlen) {
-    double ce = 0;
-    int64_t valid = 0;
+// Eval CE over the eval set: each data-parallel rank takes every dp-th
+// micro-batch; sums are reduced over the dp group.
+static double evaluate(Model *m, DataLoader *eval, const Mesh *mesh, int batches, int mb, int *tokens,
+                       int *targets, uint64_t seed, char *err, size_t errlen) {
+    double acc[2] = {0, 0}; // CE sum, valid targets
     int64_t n_inst = data_instances_per_epoch(eval);
-    for (int b = 0; b < batches; b++) {
-        int64_t g = ((int64_t)b * mb) % n_inst;
+    int rounds = (batches + mesh->dp - 1) / mesh->dp;
+    for (int i = 0; i < rounds; i++) {
+        int b = i * mesh->dp + mesh->dp_rank;
+        int64_t g = ((int64_t)(b < batches ? b : 0) * mb) % n_inst;
         if (data_read(eval, g, mb, tokens, targets, err, errlen)) return NAN;
+        // every rank runs the forward (expert parallelism needs all of them)
         model_forward(m, tokens, targets, mix(seed, 0xe7a1 + b));
-        ce += m->ce_sum;
-        valid += m->n_valid;
+        if (b < batches) { acc[0] += m->ce_sum; acc[1] += m->n_valid; }
     }
-    return valid ? ce / valid : NAN;
+    comm_allreduce(mesh->dp_comm, acc, 2, COMM_F64);
+    return acc[1] > 0 ? acc[0] / acc[1] : NAN;
 }
 
 static const char *train_usage =
@@ -168,19 +175,41 @@ static const char *train_usage =
     "  --resume        continue from the latest committed checkpoint in checkpoint.dir\n"
     "  --stop-after=N  run at most N steps in this process, save a checkpoint and exit\n"
     "                  (for jobs with a time limit; resume with --resume)\n"
-    "  overrides  any config key, e.g. --train.steps=500 --optim.lr=1e-3\n";
+    "  overrides       any config key, e.g. --train.steps=500 --optim.lr=1e-3\n"
+    "Several processes: mpirun -np N moecore train CONFIG --parallel.dp=N [--parallel.ep=E]\n";
+
+static int rank0 = 1, world_size = 1;
+#define SAY(...) do { if (rank0) { printf(__VA_ARGS__); fflush(stdout); } } while (0)
+
+// An error on this rank ends the job: alone, return the exit code; in a
+// parallel run, abort every rank so that none waits forever in a collective.
+static int fatal(const char *fmt, const char *msg) {
+    fprintf(stderr, "moecore: error: ");
+    fprintf(stderr, fmt, msg);
+    fprintf(stderr, "\n");
+    if (world_size > 1) {
+        fprintf(stderr, "moecore: rank %d failed; ending the job\n", comm_rank(comm_world()));
+        comm_abort(2);
+    }
+    return 2;
+}
 
 int cmd_train(int argc, char **argv) {
+    Comm *world = comm_world();
+    world_size = comm_size(world);
+    rank0 = comm_rank(world) == 0;
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
-        fputs(train_usage, argc < 1 ? stderr : stdout);
+        if (rank0) fputs(train_usage, argc < 1 ? stderr : stdout);
         return argc < 1 ? 2 : 0;
     }
-    char err[1024];
+    char err[2400];
     RunConfig cfg;
     run_config_defaults(&cfg);
     const char *config_path = argv[0];
+    // config errors are the same on every rank: each exits with the message
+    // (printed once), no abort needed
     if (run_config_load_yaml(&cfg, config_path, err, sizeof err)) {
-        fprintf(stderr, "moecore: error: %s\n", err);
+        if (rank0) fprintf(stderr, "moecore: error: %s\n", err);
         return 2;
     }
     int resume = 0;
@@ -192,59 +221,77 @@ int cmd_train(int argc, char **argv) {
             char *end;
             stop_after = strtoll(a + 13, &end, 10);
             if (*end || stop_after <= 0) {
-                fprintf(stderr, "moecore: error: --stop-after: expected a positive number of steps, got '%s'\n", a + 13);
+                if (rank0) fprintf(stderr, "moecore: error: --stop-after: expected a positive number of steps, got '%s'\n", a + 13);
                 return 2;
             }
             continue;
         }
         const char *eq = strchr(a, '=');
         if (strncmp(a, "--", 2) || !eq) {
-            fprintf(stderr, "moecore: error: argument '%s': expected --section.key=value or --resume\n%s", a, train_usage);
+            if (rank0) fprintf(stderr, "moecore: error: argument '%s': expected --section.key=value or --resume\n%s", a, train_usage);
             return 2;
         }
         char key[256];
         snprintf(key, sizeof key, "%.*s", (int)(eq - a - 2), a + 2);
         if (run_config_set(&cfg, key, eq + 1, err, sizeof err)) {
-            fprintf(stderr, "moecore: error: command line: %s\n", err);
+            if (rank0) fprintf(stderr, "moecore: error: command line: %s\n", err);
             return 2;
         }
     }
-    if (run_config_validate(&cfg, 1, err, sizeof err)) {
-        fprintf(stderr, "moecore: error: %s: %s\n", config_path, err);
+    if (run_config_validate(&cfg, world_size, err, sizeof err)) {
+        if (rank0) fprintf(stderr, "moecore: error: %s: %s\n", config_path, err);
         return 2;
     }
     if (cfg.device.type != 0) {
-        fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (only cpu)\n");
+        if (rank0) fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (only cpu)\n");
         return 2;
     }
     const TrainSection *t = &cfg.train;
-    int T = cfg.model.seq_len, G = t->global_batch, MB = t->micro_batch, M = G / MB;
+    Mesh mesh;
+    mesh_init(&mesh, world, cfg.parallel.dp, cfg.parallel.ep, cfg.parallel.pp);
+    int T = cfg.model.seq_len, G = t->global_batch, MB = t->micro_batch;
+    int G_local = G / mesh.dp, M = G_local / MB, M_total = G / MB;
 
     // data: every file is checked before anything is written
     DataLoader *train = open_loader(&cfg, &cfg.data.train, &cfg.data.train_weights, 1, err, sizeof err);
-    if (!train) { fprintf(stderr, "moecore: error: data.train: %s\n", err); return 2; }
+    if (!train) return fatal("data.train: %s", err);
     DataLoader *eval = NULL;
     if (cfg.data.eval.n) {
         eval = open_loader(&cfg, &cfg.data.eval, NULL, 0, err, sizeof err);
-        if (!eval) { fprintf(stderr, "moecore: error: data.eval: %s\n", err); data_close(train); return 2; }
+        if (!eval) return fatal("data.eval: %s", err);
     }
     if (cfg.data.validate) {
-        printf("validating every token of the data ...\n");
-        if (data_validate_all(train, err, sizeof err) || (eval && data_validate_all(eval, err, sizeof err))) {
-            fprintf(stderr, "moecore: error: %s\n", err);
-            return 2;
-        }
+        SAY("validating every token of the data ...\n");
+        if (data_validate_all(train, err, sizeof err) || (eval && data_validate_all(eval, err, sizeof err)))
+            return fatal("%s", err);
     }
 
     Model m;
-    if (model_init(&m, &cfg.model, &ops_cpu, err, sizeof err)) {
-        fprintf(stderr, "moecore: error: %s\n", err);
-        return 2;
+    ModelParallel par = {mesh.ep_rank, mesh.ep, mesh.ep_comm};
+    if (model_init_parallel(&m, &cfg.model, &ops_cpu, &par, err, sizeof err)) return fatal("%s", err);
+    // every rank draws the same full model and keeps its slice of the experts
+    {
+        Model full;
+        if (model_init(&full, &cfg.model, &ops_cpu, err, sizeof err)) return fatal("%s", err);
+        model_init_weights(&full, t->seed);
+        for (int i = 0; i < m.table.n; i++) {
+            const ParamEntry *e = &m.table.entries[i];
+            memcpy(model_param(&m, i), model_param(&full, i) + param_global_offset(e), e->numel * sizeof(float));
+        }
+        model_free(&full);
     }
-    model_init_weights(&m, t->seed);
     model_alloc_acts(&m, MB, T);
+    Ddp ddp;
+    ddp_init(&ddp, &m, mesh.dp_comm, mesh.ep_dp_comm, world, cfg.optim_sharded,
+             (size_t)(cfg.parallel.bucket_mb * 1024 * 1024 / 4));
     AdamW opt;
-    adamw_init(&opt, &cfg.optim, &m);
+    if (cfg.optim_sharded) adamw_init_range(&opt, &cfg.optim, &m, ddp.shard_begin, ddp.shard_end);
+    else adamw_init(&opt, &cfg.optim, &m);
+    CkptLayout layout = {.world = world};
+    for (int c = 0; c < N_CLASSES; c++) {
+        layout.own_begin[c] = ddp.shard_begin[c];
+        layout.own_end[c] = ddp.shard_end[c];
+    }
     TrainState st;
     memset(&st, 0, sizeof st);
     st.seed = t->seed;
@@ -252,51 +299,53 @@ int cmd_train(int argc, char **argv) {
     if (resume) {
         char path[CFG_PATH_MAX + 64];
         int found = ckpt_find_latest(cfg.checkpoint.dir, path, sizeof path, err, sizeof err);
-        if (found < 0) { fprintf(stderr, "moecore: error: %s\n", err); return 2; }
+        if (found < 0) return fatal("%s", err);
         if (found == 0) {
-            printf("resume: no committed checkpoint in %s, starting from step 0\n", cfg.checkpoint.dir);
+            SAY("resume: no committed checkpoint in %s, starting from step 0\n", cfg.checkpoint.dir);
         } else {
-            if (ckpt_load(path, &m, &opt, &st, err, sizeof err)) {
-                fprintf(stderr, "moecore: error: cannot resume: %s\n", err);
-                return 2;
-            }
-            if (st.seed != t->seed) printf("resume: note: the checkpoint's seed %llu differs from train.seed %llu; using the checkpoint's\n",
-                                           (unsigned long long)st.seed, (unsigned long long)t->seed);
-            printf("resume: loaded %s (step %lld, %lld tokens seen)\n", path, (long long)st.step, (long long)st.tokens_seen);
+            if (ckpt_load(path, &m, &opt, &st, err, sizeof err)) return fatal("cannot resume: %s", err);
+            if (st.seed != t->seed)
+                SAY("resume: note: the checkpoint's seed %llu differs from train.seed %llu; using the checkpoint's\n",
+                    (unsigned long long)st.seed, (unsigned long long)t->seed);
+            SAY("resume: loaded %s (step %lld, %lld tokens seen)\n", path, (long long)st.step, (long long)st.tokens_seen);
         }
     }
 
     // the first batch is read once before anything is written, so that a bad
     // token there (the common case of a wrong vocab or dtype) leaves no trace
-    int *tokens = mallocCheck((size_t)G * T * sizeof(int)), *targets = mallocCheck((size_t)G * T * sizeof(int));
-    if (st.step < t->steps && data_read(train, st.data_position, G, tokens, targets, err, sizeof err)) {
-        fprintf(stderr, "moecore: error: %s\n", err);
-        return 2;
-    }
+    int *tokens = mallocCheck((size_t)G_local * T * sizeof(int)), *targets = mallocCheck((size_t)G_local * T * sizeof(int));
+    if (st.step < t->steps &&
+        data_read(train, st.data_position + (int64_t)mesh.dp_rank * G_local, G_local, tokens, targets, err, sizeof err))
+        return fatal("%s", err);
 
     // only now, with a valid config, data and checkpoint, write anything
-    if (mkdir_parents(cfg.logging.run_dir)) {
-        fprintf(stderr, "moecore: error: cannot create logging.run_dir %s: %s\n", cfg.logging.run_dir, strerror(errno));
-        return 2;
-    }
     char *config_yaml = NULL;
     size_t config_len = 0;
+    FILE *metrics = NULL;
     {
         FILE *mf = open_memstream(&config_yaml, &config_len);
         run_config_write_yaml(&cfg, mf);
         fclose(mf);
+    }
+    if (rank0) {
+        if (mkdir_parents(cfg.logging.run_dir)) {
+            snprintf(err, sizeof err, "cannot create logging.run_dir %s: %s", cfg.logging.run_dir, strerror(errno));
+            return fatal("%s", err);
+        }
         char p[CFG_PATH_MAX + 32];
         snprintf(p, sizeof p, "%s/config.yaml", cfg.logging.run_dir);
         FILE *f = fopen(p, "w");
         if (!f || fputs(config_yaml, f) < 0 || fclose(f)) {
-            fprintf(stderr, "moecore: error: cannot write %s: %s\n", p, strerror(errno));
-            return 2;
+            snprintf(err, sizeof err, "cannot write %s: %s", p, strerror(errno));
+            return fatal("%s", err);
+        }
+        snprintf(p, sizeof p, "%s/metrics.jsonl", cfg.logging.run_dir);
+        metrics = fopen(p, st.step > 0 ? "a" : "w");
+        if (!metrics) {
+            snprintf(err, sizeof err, "cannot open %s: %s", p, strerror(errno));
+            return fatal("%s", err);
         }
     }
-    char metrics_path[CFG_PATH_MAX + 32];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", cfg.logging.run_dir);
-    FILE *metrics = fopen(metrics_path, st.step > 0 ? "a" : "w");
-    if (!metrics) { fprintf(stderr, "moecore: error: cannot open %s: %s\n", metrics_path, strerror(errno)); return 2; }
 
     double peak = cfg.device.peak_tflops;
     const char *peak_name = "device.peak_tflops";
@@ -304,15 +353,32 @@ int cmd_train(int argc, char **argv) {
     double fpt = flops_per_token(&m.cfg);
     char desc[1024];
     data_describe(train, desc, sizeof desc);
-    printf("moecore train: %s\n", config_path);
-    printf("model: %zu parameters (%zu dense, %zu expert), %d layers (%d MoE, E=%d top-%d), vocab %d (padded %d)\n",
-           param_total(&m.table), m.table.class_numel[CLASS_DENSE], m.table.class_numel[CLASS_EXPERT],
-           m.cfg.n_layers, m.n_moe, m.cfg.n_experts, m.cfg.top_k, m.cfg.vocab_size, m.cfg.padded_vocab);
-    printf("data: %s\n", desc);
-    printf("batch: %d x %d tokens per step (%d micro-batches of %d), %lld steps; %.3g FLOP/token; MFU denominator %.3f TFLOP/s (%s)\n",
-           G, T, M, MB, (long long)t->steps, fpt, peak, peak_name);
-    printf("run dir: %s, checkpoints: %s\n", cfg.logging.run_dir, cfg.checkpoint.dir);
-    fflush(stdout);
+    SAY("moecore train: %s\n", config_path);
+    SAY("model: %zu parameters (%zu dense, %zu expert), %d layers (%d MoE, E=%d top-%d), vocab %d (padded %d)\n",
+        m.table.class_numel[CLASS_DENSE] + m.table.class_numel[CLASS_EXPERT] * mesh.ep,
+        m.table.class_numel[CLASS_DENSE], m.table.class_numel[CLASS_EXPERT] * mesh.ep,
+        m.cfg.n_layers, m.n_moe, m.cfg.n_experts, m.cfg.top_k, m.cfg.vocab_size, m.cfg.padded_vocab);
+    SAY("data: %s\n", desc);
+    SAY("batch: %d x %d tokens per step (%d ranks x %d micro-batches of %d), %lld steps; %.3g FLOP/token; "
+        "MFU denominator %.3f TFLOP/s per device (%s)\n",
+        G, T, mesh.dp, M, MB, (long long)t->steps, fpt, peak, peak_name);
+    SAY("parallel: %d ranks, dp %d = ep %d x ep_dp %d, pp %d; optimizer %s\n", world_size, mesh.dp, mesh.ep,
+        mesh.ep_dp, mesh.pp, cfg.optim_sharded ? "sharded over the data-parallel groups" : "replicated");
+    {
+        // memory accounting of this rank; on CPU the FP32 compute weights are
+        // the main weights, so a parameter costs 4 (weight) + 4 (grad) + 8/D
+        // (Adam moments of this rank's 1/D shard); the BF16 GPU layout is 6 + 12/D
+        size_t pd = m.table.class_numel[CLASS_DENSE], pe = m.table.class_numel[CLASS_EXPERT], nopt = 0;
+        for (int c = 0; c < N_CLASSES; c++) nopt += opt.end[c] - opt.begin[c];
+        int dd = cfg.optim_sharded ? mesh.dp : 1, de = cfg.optim_sharded ? mesh.ep_dp : 1;
+        printf("rank %d: holds %zu dense + %zu expert parameters: weights %zu B + grads %zu B + optimizer state "
+               "%zu B (moments of 1/%d of dense, 1/%d of expert) = %.4f B/param\n",
+               comm_rank(world), pd, pe, (pd + pe) * 4, (pd + pe) * 4, nopt * 8, dd, de,
+               (double)((pd + pe) * 8 + nopt * 8) / (pd + pe));
+        fflush(stdout);
+    }
+    comm_barrier(world);
+    SAY("run dir: %s, checkpoints: %s\n", cfg.logging.run_dir, cfg.checkpoint.dir);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -321,6 +387,7 @@ int cmd_train(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
 
     int E = m.cfg.n_experts, L = m.n_moe;
+    double *red = mallocCheck((size_t)(4 + 2 * L + 2 * L + (size_t)L * E) * sizeof(double));
     double *lb_step = mallocCheck((L + 1) * sizeof(double)), *z_step = mallocCheck((L + 1) * sizeof(double));
     double *maxload = mallocCheck((L + 1) * sizeof(double));
     int *gflags = mallocCheck((L + 1) * sizeof(int));
@@ -329,30 +396,51 @@ int cmd_train(int argc, char **argv) {
     int rc = 0;
     double t_start = now_s(), t_window = t_start;
     int64_t first_step = st.step, window_tokens = 0;
+    float *opt_grads[N_CLASSES];
+    int32_t stop = 0;
 
-    while (st.step < t->steps && !stop_signal) {
+    while (st.step < t->steps && !stop) {
         double t0 = now_s();
         int64_t step = st.step;
         double lr = lr_at(t, cfg.optim.lr, step);
-        // the whole global batch is read first: the CE normalisation needs its
-        // count of valid targets before the first backward
-        if (data_read(train, st.data_position, G, tokens, targets, err, sizeof err)) {
-            fprintf(stderr, "moecore: error: step %lld: %s\n", (long long)step + 1, err);
-            rc = 2;
+        // this rank's slice of the global batch, read whole: the CE
+        // normalisation needs the global count of valid targets first
+        if (data_read(train, st.data_position + (int64_t)mesh.dp_rank * G_local, G_local, tokens, targets, err, sizeof err)) {
+            char msg[2600];
+            snprintf(msg, sizeof msg, "step %lld: %s", (long long)step + 1, err);
+            rc = fatal("%s", msg);
             break;
         }
         int64_t valid = 0;
-        for (size_t i = 0; i < (size_t)G * T; i++) valid += targets[i] >= 0;
+        for (size_t i = 0; i < (size_t)G_local * T; i++) valid += targets[i] >= 0;
+        comm_allreduce(mesh.dp_comm, &valid, 1, COMM_I64);
         model_zero_grads(&m);
         model_begin_step(&m);
         double ce_sum = 0;
         for (int l = 0; l < L; l++) lb_step[l] = z_step[l] = 0;
         for (int mi = 0; mi < M; mi++) {
             size_t off = (size_t)mi * MB * T;
-            model_forward(&m, tokens + off, targets + off, mix(st.seed, (uint64_t)step * 1024 + mi));
-            model_backward(&m, valid ? 1.0f / (float)valid : 0.0f, 1.0f / M);
+            if (mi == M - 1) ddp_arm(&ddp); // grads become final in this backward
+            uint64_t micro = (uint64_t)mesh.dp_rank * M + mi;
+            model_forward(&m, tokens + off, targets + off, mix(st.seed, (uint64_t)step * 1024 + micro));
+            model_backward(&m, valid ? 1.0f / (float)valid : 0.0f, 1.0f / M_total);
             ce_sum += m.ce_sum;
-            for (int l = 0; l < L; l++) { lb_step[l] += m.lb[l] / M; z_step[l] += m.z[l] / M; }
+            for (int l = 0; l < L; l++) { lb_step[l] += m.lb[l]; z_step[l] += m.z[l]; }
+        }
+        ddp_finish(&ddp);
+        // statistics over the dp group: CE, aux losses, expert counts, drops
+        {
+            int k = 0;
+            red[k++] = ce_sum;
+            for (int l = 0; l < L; l++) { red[k++] = lb_step[l]; red[k++] = z_step[l]; }
+            for (int l = 0; l < L; l++) { red[k++] = m.step_dropped[l]; red[k++] = m.step_rows[l]; }
+            for (size_t i = 0; i < (size_t)L * E; i++) red[k++] = m.step_counts[i];
+            comm_allreduce(mesh.dp_comm, red, k, COMM_F64);
+            k = 0;
+            ce_sum = red[k++];
+            for (int l = 0; l < L; l++) { lb_step[l] = red[k++] / M_total; z_step[l] = red[k++] / M_total; }
+            for (int l = 0; l < L; l++) { m.step_dropped[l] = (float)red[k++]; m.step_rows[l] = (float)red[k++]; }
+            for (size_t i = 0; i < (size_t)L * E; i++) m.step_counts[i] = (float)red[k++];
         }
         double ce = valid ? ce_sum / valid : 0, aux = 0, lb_raw = 0, z_raw = 0;
         for (int l = 0; l < L; l++) {
@@ -361,13 +449,14 @@ int cmd_train(int argc, char **argv) {
             z_raw += z_step[l];
         }
         double loss = ce + aux;
-        // (data parallelism: grads reduce here)
-        double gnorm = grad_norm(&m);
+        double gnorm = ddp_grad_norm(&ddp);
         int skipped = train_should_skip(&st, t, loss, gnorm);
         double clip_scale = 1.0;
         if (!skipped) {
             if (t->clip_grad > 0 && gnorm > t->clip_grad) clip_scale = t->clip_grad / (gnorm + 1e-6);
-            adamw_step(&opt, &m, (float)lr, (float)clip_scale);
+            ddp_optimizer_grads(&ddp, opt_grads);
+            adamw_step_grads(&opt, &m, opt_grads, (float)lr, (float)clip_scale);
+            ddp_gather_params(&ddp);
             train_push_history(&st, t->skip_window, loss, gnorm);
         } else {
             st.skipped_steps++;
@@ -377,10 +466,12 @@ int cmd_train(int argc, char **argv) {
         st.data_position += G;
         st.tokens_seen += (int64_t)G * T;
         window_tokens += (int64_t)G * T;
+        // a signal may reach the ranks at different steps: agree on it
+        stop = stop_signal != 0;
+        comm_allreduce(world, &stop, 1, COMM_I32);
         double dt = now_s() - t0;
 
-        // metrics: one JSON object per step
-        double tps = (double)G * T / dt, tflops = tps * fpt / 1e12;
+        double tps = (double)G * T / dt, tflops = tps * fpt / 1e12 / world_size;
         json_object *o = json_object_new_object();
         json_object_object_add(o, "step", json_object_new_int64(st.step));
         json_object_object_add(o, "loss", json_object_new_double(loss));
@@ -396,19 +487,21 @@ int cmd_train(int argc, char **argv) {
         json_object_object_add(o, "skipped_total", json_object_new_int64(st.skipped_steps));
         json_object_object_add(o, "tokens", json_object_new_int64(st.tokens_seen));
         json_object_object_add(o, "tokens_per_s", json_object_new_double(tps));
-        json_object_object_add(o, "tokens_per_s_device", json_object_new_double(tps));
+        json_object_object_add(o, "tokens_per_s_device", json_object_new_double(tps / world_size));
         json_object_object_add(o, "tflops_per_device", json_object_new_double(tflops));
         json_object_object_add(o, "mfu", json_object_new_double(tflops / peak));
         json_object_object_add(o, "mfu_denominator_tflops", json_object_new_double(peak));
         json_object_object_add(o, "peak_mem_mib", json_object_new_double(peak_rss_mib()));
         json_object_object_add(o, "step_time_s", json_object_new_double(dt));
         json_object *layers = json_object_new_array();
-        double worst_max = 0;
+        double worst_max = 0, dropped_total = 0, rows_total = 0;
         for (int l = 0; l < L; l++) {
             ExpertLoad el;
             expert_load_stats(m.step_counts + (size_t)l * E, E, &el);
             maxload[l] = el.max_over_mean;
             if (el.max_over_mean > worst_max) worst_max = el.max_over_mean;
+            dropped_total += m.step_dropped[l];
+            rows_total += m.step_rows[l];
             json_object *lo = json_object_new_object();
             json_object_object_add(lo, "lb_raw", json_object_new_double(lb_step[l]));
             json_object_object_add(lo, "z_raw", json_object_new_double(z_step[l]));
@@ -416,24 +509,30 @@ int cmd_train(int argc, char **argv) {
             json_object_object_add(lo, "load_min_over_mean", json_object_new_double(el.min_over_mean));
             json_object_object_add(lo, "load_cv", json_object_new_double(el.cv));
             json_object_object_add(lo, "dead_experts", json_object_new_int(el.dead));
-            json_object_object_add(lo, "dropped_fraction", json_object_new_double(0.0));
+            json_object_object_add(lo, "dropped_rows", json_object_new_double(m.step_dropped[l]));
+            json_object_object_add(lo, "routed_rows", json_object_new_double(m.step_rows[l]));
+            json_object_object_add(lo, "dropped_fraction",
+                                   json_object_new_double(m.step_rows[l] > 0 ? m.step_dropped[l] / m.step_rows[l] : 0));
             json_object_array_add(layers, lo);
         }
         int flagged = L ? gerrymander_push(&gm, lb_step, maxload, gflags) : 0;
         for (int l = 0; l < L; l++)
             json_object_object_add(json_object_array_get_idx(layers, l), "gerrymander_flag", json_object_new_boolean(gflags[l]));
         json_object_object_add(o, "moe_layers", layers);
+        json_object_object_add(o, "dropped_fraction", json_object_new_double(rows_total > 0 ? dropped_total / rows_total : 0));
         json_object_object_add(o, "gerrymander_flag", json_object_new_boolean(flagged > 0));
 
         int do_eval = eval && t->eval_interval > 0 && (st.step % t->eval_interval == 0 || st.step == t->steps);
         if (do_eval) {
-            double ev = evaluate(&m, eval, t->eval_batches, MB, tokens, targets, st.seed, err, sizeof err);
-            if (isnan(ev)) { fprintf(stderr, "moecore: error: eval: %s\n", err); rc = 2; json_object_put(o); break; }
+            double ev = evaluate(&m, eval, &mesh, t->eval_batches, MB, tokens, targets, st.seed, err, sizeof err);
+            if (isnan(ev)) { json_object_put(o); rc = fatal("eval: %s", err); break; }
             json_object_object_add(o, "eval_ce", json_object_new_double(ev));
-            printf("eval  step %lld | eval ce %.4f\n", (long long)st.step, ev);
+            SAY("eval  step %lld | eval ce %.4f\n", (long long)st.step, ev);
         }
-        fprintf(metrics, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-        fflush(metrics);
+        if (metrics) {
+            fprintf(metrics, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+            fflush(metrics);
+        }
         json_object_put(o);
 
         if (st.step % cfg.logging.log_interval == 0 || st.step == t->steps || st.step == first_step + 1) {
@@ -441,46 +540,48 @@ int cmd_train(int argc, char **argv) {
             double avg_tps = wt > 0 ? window_tokens / wt : tps;
             char eta[32];
             fmt_duration(eta, sizeof eta, (now - t_start) / (st.step - first_step) * (t->steps - st.step));
-            printf("step %5lld/%lld | loss %.4f | ce %.4f | lb %.4f | z %.4f | lr %.2e | gnorm %.3f%s | "
-                   "%.0f tok/s | %.3f TFLOP/s | MFU %.1f%% | load max/mean %.2f%s | ETA %s\n",
-                   (long long)st.step, (long long)t->steps, loss, ce, lb_raw, z_raw, lr, gnorm,
-                   skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12, 100 * avg_tps * fpt / 1e12 / peak,
-                   worst_max, flagged ? " GERRYMANDER?" : "", eta);
-            fflush(stdout);
+            char drop[48] = "";
+            if (dropped_total > 0) snprintf(drop, sizeof drop, " | dropped %.2f%%", 100 * dropped_total / rows_total);
+            SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb %.4f | z %.4f | lr %.2e | gnorm %.3f%s | "
+                "%.0f tok/s | %.3f TFLOP/s/dev | MFU %.1f%% | load max/mean %.2f%s%s | ETA %s\n",
+                (long long)st.step, (long long)t->steps, loss, ce, lb_raw, z_raw, lr, gnorm,
+                skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / world_size,
+                100 * avg_tps * fpt / 1e12 / world_size / peak, worst_max, drop, flagged ? " GERRYMANDER?" : "", eta);
             t_window = now;
             window_tokens = 0;
         }
         int last = st.step == t->steps || (stop_after > 0 && st.step - first_step >= stop_after);
-        if ((cfg.checkpoint.interval > 0 && st.step % cfg.checkpoint.interval == 0) || last || stop_signal) {
-            if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, err, sizeof err)) {
-                fprintf(stderr, "moecore: error: checkpoint: %s\n", err);
-                rc = 2;
+        if ((cfg.checkpoint.interval > 0 && st.step % cfg.checkpoint.interval == 0) || last || stop) {
+            if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err)) {
+                rc = fatal("checkpoint: %s", err);
                 break;
             }
-            printf("checkpoint: saved step %lld to %s\n", (long long)st.step, cfg.checkpoint.dir);
-            fflush(stdout);
+            SAY("checkpoint: saved step %lld to %s\n", (long long)st.step, cfg.checkpoint.dir);
         }
         if (last) break;
     }
-    if (stop_signal && rc == 0) {
+    if (rc == 0 && (stop_signal || stop) && st.step == first_step) {
         // a signal before the first step of this process: save what we have
-        if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, err, sizeof err)) {
-            fprintf(stderr, "moecore: error: checkpoint: %s\n", err);
-            rc = 2;
-        }
-        printf("stopped by signal %d after step %lld; checkpoint committed\n", (int)stop_signal, (long long)st.step);
+        if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err))
+            rc = fatal("checkpoint: %s", err);
+    }
+    if (rc == 0 && stop) {
+        SAY("stopped by signal %d after step %lld; checkpoint committed\n", stop_signal ? (int)stop_signal : SIGTERM,
+            (long long)st.step);
     } else if (rc == 0) {
         char d[32];
         fmt_duration(d, sizeof d, now_s() - t_start);
-        printf("%s: step %lld of %lld, %lld tokens, %s\n", st.step < t->steps ? "stopped (--stop-after)" : "done",
-               (long long)st.step, (long long)t->steps, (long long)st.tokens_seen, d);
+        SAY("%s: step %lld of %lld, %lld tokens, %s\n", st.step < t->steps ? "stopped (--stop-after)" : "done",
+            (long long)st.step, (long long)t->steps, (long long)st.tokens_seen, d);
     }
-    fclose(metrics);
+    if (metrics) fclose(metrics);
     free(config_yaml);
-    free(tokens); free(targets); free(lb_step); free(z_step); free(maxload); free(gflags);
+    free(tokens); free(targets); free(lb_step); free(z_step); free(maxload); free(gflags); free(red);
     gerrymander_free(&gm);
     adamw_free(&opt);
+    ddp_free(&ddp);
     model_free(&m);
+    mesh_free(&mesh);
     data_close(train);
     if (eval) data_close(eval);
     run_config_free(&cfg);

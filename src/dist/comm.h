@@ -1,0 +1,49 @@
+// The communicator interface (DESIGN.md §6): collectives over rank groups,
+// blocking and non-blocking, on host buffers. The MPI implementation
+// (comm_mpi.c) is used when the process was started by mpirun; a process
+// started alone gets a one-rank world with no MPI at all, so single-process
+// runs and tests never depend on an MPI launcher. A NCCL implementation of
+// the same calls comes with the CUDA backend.
+//
+// Sums are in the buffer's type; counts are in elements. Every failure of an
+// MPI call aborts the whole job with the call, file and line (a rank that
+// fails must not leave the others hanging).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Comm Comm;
+typedef struct CommReq CommReq;
+
+typedef enum { COMM_F32, COMM_F64, COMM_I32, COMM_I64, COMM_BYTE } CommType;
+
+// Starts MPI when launched by mpirun (or srun with PMI); returns the world.
+Comm *comm_init(int *argc, char ***argv);
+void comm_finalize(void);
+Comm *comm_world(void);
+int comm_rank(const Comm *c);
+int comm_size(const Comm *c);
+int comm_is_mpi(void);
+// Ranks with the same color form a group, ordered by key.
+Comm *comm_split(Comm *parent, int color, int key);
+void comm_free(Comm *c);
+
+void comm_allreduce(Comm *c, void *buf, size_t n, CommType t);          // sum, in place
+CommReq *comm_iallreduce(Comm *c, void *buf, size_t n, CommType t);
+// Sum over ranks of send[0..sum(counts)), rank r receives block r (counts[r]
+// elements, blocks in rank order) into recv.
+void comm_reduce_scatter(Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+CommReq *comm_ireduce_scatter(Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+// In place: buf holds rank r's block at displacement sum(counts[0..r)).
+void comm_all_gather(Comm *c, void *buf, const size_t *counts, CommType t);
+// send holds send_counts[r] elements for each rank r in rank order; recv
+// gets recv_counts[r] from each. Each element is elem_bytes bytes.
+void comm_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, void *recv,
+                       const size_t *recv_counts, size_t elem_bytes);
+void comm_send(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag);
+void comm_recv(Comm *c, void *buf, size_t n, CommType t, int src, int tag);
+void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root);
+void comm_barrier(Comm *c);
+void comm_wait(CommReq *r);      // completes and frees the request; NULL is a no-op
+// Ends every rank of the job (after a fatal error on this one).
+void comm_abort(int code);

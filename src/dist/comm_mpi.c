@@ -1,0 +1,210 @@
+// Comm over MPI (Open MPI), with a no-MPI path for one-rank groups.
+#include "dist/comm.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/check.h"
+
+struct Comm {
+    MPI_Comm mpi;
+    int rank, size;
+};
+struct CommReq {
+    MPI_Request req;
+    MPI_Datatype tmp_type;  // freed on wait when not MPI_DATATYPE_NULL
+    int *ints;              // count arrays kept alive until completion
+};
+
+static int use_mpi = 0;
+static Comm world = {0, 0, 1};
+
+static void mpi_fail(int rc, const char *call, const char *file, int line) {
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    fprintf(stderr, "moecore: MPI error in %s at %s:%d: %s\n", call, file, line, msg);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    exit(3);
+}
+#define MPI_CHECK(call) do { int rc_ = (call); if (rc_ != MPI_SUCCESS) mpi_fail(rc_, #call, __FILE__, __LINE__); } while (0)
+
+static int launched_by_mpi(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", NULL};
+    for (int i = 0; vars[i]; i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
+
+Comm *comm_init(int *argc, char ***argv) {
+    if (!launched_by_mpi()) return &world;
+    MPI_CHECK(MPI_Init(argc, argv));
+    use_mpi = 1;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    world.mpi = MPI_COMM_WORLD;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world.rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world.size));
+    return &world;
+}
+
+void comm_finalize(void) {
+    if (use_mpi) MPI_Finalize();
+    use_mpi = 0;
+}
+
+Comm *comm_world(void) { return &world; }
+int comm_rank(const Comm *c) { return c->rank; }
+int comm_size(const Comm *c) { return c->size; }
+int comm_is_mpi(void) { return use_mpi; }
+
+Comm *comm_split(Comm *parent, int color, int key) {
+    Comm *c = mallocCheck(sizeof(Comm));
+    if (parent->size == 1 || !use_mpi) {
+        c->rank = 0;
+        c->size = 1;
+        return c;
+    }
+    MPI_CHECK(MPI_Comm_split(parent->mpi, color, key, &c->mpi));
+    MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
+    MPI_CHECK(MPI_Comm_rank(c->mpi, &c->rank));
+    MPI_CHECK(MPI_Comm_size(c->mpi, &c->size));
+    return c;
+}
+
+void comm_free(Comm *c) {
+    if (!c || c == &world) return;
+    if (c->size > 1) MPI_Comm_free(&c->mpi);
+    free(c);
+}
+
+static MPI_Datatype mpi_type(CommType t) {
+    switch (t) {
+    case COMM_F32: return MPI_FLOAT;
+    case COMM_F64: return MPI_DOUBLE;
+    case COMM_I32: return MPI_INT;
+    case COMM_I64: return MPI_INT64_T;
+    default: return MPI_BYTE;
+    }
+}
+static size_t type_size(CommType t) {
+    switch (t) {
+    case COMM_F32: case COMM_I32: return 4;
+    case COMM_F64: case COMM_I64: return 8;
+    default: return 1;
+    }
+}
+static int as_int(size_t n, const char *what) {
+    if (n > INT_MAX) {
+        fprintf(stderr, "moecore: %s: %zu elements exceed MPI's int count\n", what, n);
+        comm_abort(3);
+    }
+    return (int)n;
+}
+
+void comm_allreduce(Comm *c, void *buf, size_t n, CommType t) {
+    if (c->size == 1) return;
+    // chunks keep each count within int
+    for (size_t off = 0; off < n; off += (size_t)1 << 30) {
+        size_t m = n - off < ((size_t)1 << 30) ? n - off : (size_t)1 << 30;
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * type_size(t), (int)m, mpi_type(t), MPI_SUM, c->mpi));
+    }
+}
+
+CommReq *comm_iallreduce(Comm *c, void *buf, size_t n, CommType t) {
+    if (c->size == 1) return NULL;
+    CommReq *r = mallocCheck(sizeof(CommReq));
+    r->tmp_type = MPI_DATATYPE_NULL;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(n, "iallreduce"), mpi_type(t), MPI_SUM, c->mpi, &r->req));
+    return r;
+}
+
+static int *int_counts(const Comm *c, const size_t *counts, const char *what) {
+    int *ic = mallocCheck(c->size * sizeof(int));
+    for (int i = 0; i < c->size; i++) ic[i] = as_int(counts[i], what);
+    return ic;
+}
+
+void comm_reduce_scatter(Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+    comm_wait(comm_ireduce_scatter(c, send, recv, counts, t));
+}
+
+CommReq *comm_ireduce_scatter(Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+    if (c->size == 1) {
+        if (send != recv) memmove(recv, send, counts[0] * type_size(t));
+        return NULL;
+    }
+    CommReq *r = mallocCheck(sizeof(CommReq));
+    r->tmp_type = MPI_DATATYPE_NULL;
+    r->ints = int_counts(c, counts, "reduce_scatter");
+    MPI_CHECK(MPI_Ireduce_scatter(send, recv, r->ints, mpi_type(t), MPI_SUM, c->mpi, &r->req));
+    return r;
+}
+
+void comm_all_gather(Comm *c, void *buf, const size_t *counts, CommType t) {
+    if (c->size == 1) return;
+    int *ic = int_counts(c, counts, "all_gather");
+    int *displ = mallocCheck(c->size * sizeof(int));
+    size_t d = 0;
+    for (int i = 0; i < c->size; i++) { displ[i] = as_int(d, "all_gather"); d += counts[i]; }
+    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, displ, mpi_type(t), c->mpi));
+    free(ic);
+    free(displ);
+}
+
+void comm_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, void *recv,
+                       const size_t *recv_counts, size_t elem_bytes) {
+    if (c->size == 1) {
+        if (send_counts[0] && send != recv) memmove(recv, send, send_counts[0] * elem_bytes);
+        return;
+    }
+    MPI_Datatype row;
+    MPI_CHECK(MPI_Type_contiguous(as_int(elem_bytes, "all_to_all_v row"), MPI_BYTE, &row));
+    MPI_CHECK(MPI_Type_commit(&row));
+    int *sc = int_counts(c, send_counts, "all_to_all_v"), *rc = int_counts(c, recv_counts, "all_to_all_v");
+    int *sd = mallocCheck(c->size * sizeof(int)), *rd = mallocCheck(c->size * sizeof(int));
+    size_t s = 0, q = 0;
+    for (int i = 0; i < c->size; i++) {
+        sd[i] = as_int(s, "all_to_all_v");
+        rd[i] = as_int(q, "all_to_all_v");
+        s += send_counts[i];
+        q += recv_counts[i];
+    }
+    MPI_CHECK(MPI_Alltoallv(send, sc, sd, row, recv, rc, rd, row, c->mpi));
+    MPI_Type_free(&row);
+    free(sc); free(rc); free(sd); free(rd);
+}
+
+void comm_send(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag) {
+    MPI_CHECK(MPI_Send(buf, as_int(n, "send"), mpi_type(t), dst, tag, c->mpi));
+}
+
+void comm_recv(Comm *c, void *buf, size_t n, CommType t, int src, int tag) {
+    MPI_CHECK(MPI_Recv(buf, as_int(n, "recv"), mpi_type(t), src, tag, c->mpi, MPI_STATUS_IGNORE));
+}
+
+void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {
+    if (c->size == 1) return;
+    MPI_CHECK(MPI_Bcast(buf, as_int(n, "broadcast"), mpi_type(t), root, c->mpi));
+}
+
+void comm_barrier(Comm *c) {
+    if (c->size > 1) MPI_CHECK(MPI_Barrier(c->mpi));
+}
+
+void comm_wait(CommReq *r) {
+    if (!r) return;
+    MPI_CHECK(MPI_Wait(&r->req, MPI_STATUS_IGNORE));
+    if (r->tmp_type != MPI_DATATYPE_NULL) MPI_Type_free(&r->tmp_type);
+    free(r->ints);
+    free(r);
+}
+
+void comm_abort(int code) {
+    fflush(stdout);
+    fflush(stderr);
+    if (use_mpi) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}

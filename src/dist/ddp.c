@@ -1,0 +1,148 @@
+#include "dist/ddp.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "util/check.h"
+
+static void on_ready(void *ctx, int first, int end);
+
+void ddp_init(Ddp *d, Model *m, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
+              size_t bucket_elems) {
+    memset(d, 0, sizeof(*d));
+    d->m = m;
+    d->group[CLASS_DENSE] = dense_group;
+    d->group[CLASS_EXPERT] = expert_group;
+    d->world = world;
+    d->sharded = sharded;
+    for (int c = 0; c < N_CLASSES; c++) {
+        int n = comm_size(d->group[c]), r = comm_rank(d->group[c]);
+        size_t total = m->table.class_numel[c];
+        d->shard_counts[c] = mallocCheck(n * sizeof(size_t));
+        for (int i = 0; i < n; i++) d->shard_counts[c][i] = total * (i + 1) / n - total * i / n;
+        d->shard_begin[c] = total * r / n;
+        d->shard_end[c] = total * (r + 1) / n;
+        if (sharded) d->grad_shard[c] = mallocCheck((d->shard_end[c] - d->shard_begin[c]) * sizeof(float) + 4);
+    }
+    // buckets: per class, whole tensors in reverse table order
+    const ParamTable *t = &m->table;
+    d->entry_bucket = mallocCheck(t->n * sizeof(int));
+    d->buckets = mallocCheck((t->n + 1) * sizeof(Bucket));
+    for (int c = 0; c < N_CLASSES; c++) {
+        Bucket *b = NULL;
+        for (int i = t->n - 1; i >= 0; i--) {
+            const ParamEntry *e = &t->entries[i];
+            if (e->cls != c) continue;
+            if (!b || b->hi - b->lo >= bucket_elems) {
+                b = &d->buckets[d->n_buckets++];
+                memset(b, 0, sizeof(*b));
+                b->cls = c;
+                b->lo = b->hi = e->offset + e->numel;
+                b->first = b->end = i + 1;
+            }
+            // tensors of a class are laid out in table order: contiguous going down
+            b->lo = e->offset;
+            b->first = i;
+            b->pending++;
+            d->entry_bucket[i] = (int)(b - d->buckets);
+        }
+    }
+    // launch order: by the highest table entry first (the order grads become final)
+    for (int i = 0; i < d->n_buckets; i++)
+        for (int j = i + 1; j < d->n_buckets; j++)
+            if (d->buckets[j].end > d->buckets[i].end) {
+                Bucket tmp = d->buckets[i]; d->buckets[i] = d->buckets[j]; d->buckets[j] = tmp;
+            }
+    for (int i = 0; i < d->n_buckets; i++)
+        for (int e = d->buckets[i].first; e < d->buckets[i].end; e++)
+            if (t->entries[e].cls == d->buckets[i].cls) d->entry_bucket[e] = i;
+}
+
+void ddp_free(Ddp *d) {
+    for (int c = 0; c < N_CLASSES; c++) { free(d->shard_counts[c]); free(d->grad_shard[c]); }
+    free(d->buckets);
+    free(d->entry_bucket);
+    memset(d, 0, sizeof(*d));
+}
+
+static void launch(Ddp *d, Bucket *b) {
+    Model *m = d->m;
+    Comm *g = d->group[b->cls];
+    float *grads = m->grads[b->cls];
+    b->launched = 1;
+    if (!d->sharded) {
+        b->req = comm_iallreduce(g, grads + b->lo, b->hi - b->lo, COMM_F32);
+        return;
+    }
+    // reduce-scatter the bucket: rank r gets the part inside its shard
+    int n = comm_size(g);
+    size_t counts[n], lo = b->lo, mine = 0;
+    size_t sb = d->shard_begin[b->cls];
+    for (int r = 0; r < n; r++) {
+        size_t rb = 0;
+        for (int q = 0; q < r; q++) rb += d->shard_counts[b->cls][q];
+        size_t re = rb + d->shard_counts[b->cls][r];
+        size_t a = lo > rb ? lo : rb, z = b->hi < re ? b->hi : re;
+        counts[r] = z > a ? z - a : 0;
+        if (r == comm_rank(g)) mine = a;
+    }
+    float *recv = d->grad_shard[b->cls] + (counts[comm_rank(g)] ? mine - sb : 0);
+    b->req = comm_ireduce_scatter(g, grads + b->lo, recv, counts, COMM_F32);
+}
+
+// Launches, in the fixed bucket order, every bucket whose tensors are final.
+static void launch_ready(Ddp *d) {
+    while (d->next_launch < d->n_buckets && d->buckets[d->next_launch].pending == 0)
+        launch(d, &d->buckets[d->next_launch++]);
+}
+
+static void on_ready(void *ctx, int first, int end) {
+    Ddp *d = ctx;
+    for (int e = first; e < end; e++) d->buckets[d->entry_bucket[e]].pending--;
+    launch_ready(d);
+}
+
+void ddp_arm(Ddp *d) {
+    d->next_launch = 0;
+    for (int i = 0; i < d->n_buckets; i++) {
+        Bucket *b = &d->buckets[i];
+        b->launched = 0;
+        b->req = NULL;
+        b->pending = 0;
+        for (int e = b->first; e < b->end; e++) b->pending += d->m->table.entries[e].cls == b->cls;
+    }
+    d->m->grads_ready = on_ready;
+    d->m->grads_ready_ctx = d;
+}
+
+void ddp_finish(Ddp *d) {
+    for (int i = 0; i < d->n_buckets; i++) d->buckets[i].pending = 0;
+    launch_ready(d);
+    for (int i = 0; i < d->n_buckets; i++) {
+        comm_wait(d->buckets[i].req);
+        d->buckets[i].req = NULL;
+    }
+    d->m->grads_ready = NULL;
+}
+
+void ddp_optimizer_grads(Ddp *d, float **grads) {
+    for (int c = 0; c < N_CLASSES; c++)
+        grads[c] = d->sharded ? d->grad_shard[c] : d->m->grads[c];
+}
+
+double ddp_grad_norm(Ddp *d) {
+    double s = 0;
+    for (int c = 0; c < N_CLASSES; c++) {
+        size_t n = d->shard_end[c] - d->shard_begin[c];
+        const float *g = d->sharded ? d->grad_shard[c] : d->m->grads[c] + d->shard_begin[c];
+        s += d->m->ops->sum_squares(g, n);
+    }
+    // shards partition the parameters across the world: sum once over it
+    comm_allreduce(d->world, &s, 1, COMM_F64);
+    return sqrt(s);
+}
+
+void ddp_gather_params(Ddp *d) {
+    if (!d->sharded) return;
+    for (int c = 0; c < N_CLASSES; c++) comm_all_gather(d->group[c], d->m->params[c], d->shard_counts[c], COMM_F32);
+}

@@ -1,0 +1,57 @@
+// Multi-group data parallelism (DESIGN.md §3): dense grads reduce over the
+// dp group, expert grads over ep_dp. Grads are reduced in fixed-size
+// buckets in reverse table order, each started (non-blocking) as soon as
+// the last micro-batch's backward has made all its tensors final, and all
+// waited for before the optimizer. Earlier micro-batches communicate
+// nothing.
+//
+// Each class buffer is split into one contiguous shard per rank of its
+// group. With the distributed optimizer (sharded) the buckets are
+// reduce-scattered, so a rank only receives the summed grads of its shard,
+// keeps FP32 moments for it alone, updates it, and all-gathers the updated
+// parameters. Without it the buckets are all-reduced and every rank
+// updates the whole buffer. Either way the shards partition the global
+// parameters, which makes the grad norm and checkpoint byte ranges a sum
+// over ranks with nothing counted twice.
+#pragma once
+#include <stddef.h>
+
+#include "dist/comm.h"
+#include "model/model.h"
+
+typedef struct {
+    int cls;
+    size_t lo, hi;            // element range of its class buffer
+    int first, end;           // table entries [first, end) it covers
+    int pending;              // entries not yet final
+    CommReq *req;
+    int launched;
+} Bucket;
+
+typedef struct {
+    Model *m;
+    Comm *group[N_CLASSES];   // dense: dp, expert: ep_dp
+    Comm *world;
+    int sharded;
+    size_t shard_begin[N_CLASSES], shard_end[N_CLASSES];
+    size_t *shard_counts[N_CLASSES];  // per rank of the class group
+    float *grad_shard[N_CLASSES];     // sharded: the reduced grads of this rank's shard
+    Bucket *buckets;
+    int n_buckets, next_launch;
+    int *entry_bucket;                // table entry -> bucket
+} Ddp;
+
+// bucket_elems: target bucket size in elements (tensors are never split).
+void ddp_init(Ddp *d, Model *m, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
+              size_t bucket_elems);
+void ddp_free(Ddp *d);
+// Before the last micro-batch's backward: arms the hook on the model.
+void ddp_arm(Ddp *d);
+// After it: starts what is left, waits for everything, disarms the hook.
+void ddp_finish(Ddp *d);
+// Global grad L2 norm (after ddp_finish).
+double ddp_grad_norm(Ddp *d);
+// The grads the optimizer reads for element begin of its range.
+void ddp_optimizer_grads(Ddp *d, float **grads);
+// After a sharded optimizer step: all-gathers the updated parameters.
+void ddp_gather_params(Ddp *d);
