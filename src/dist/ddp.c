@@ -15,6 +15,7 @@ void ddp_init(Ddp *d, Model *m, Comm *dense_group, Comm *expert_group, Comm *wor
     d->group[CLASS_EXPERT] = expert_group;
     d->world = world;
     d->sharded = sharded;
+    d->norm_acc = m->ops->alloc(sizeof(double));
     for (int c = 0; c < N_CLASSES; c++) {
         int n = comm_size(d->group[c]), r = comm_rank(d->group[c]);
         size_t total = m->table.class_numel[c];
@@ -22,7 +23,7 @@ void ddp_init(Ddp *d, Model *m, Comm *dense_group, Comm *expert_group, Comm *wor
         for (int i = 0; i < n; i++) d->shard_counts[c][i] = total * (i + 1) / n - total * i / n;
         d->shard_begin[c] = total * r / n;
         d->shard_end[c] = total * (r + 1) / n;
-        if (sharded) d->grad_shard[c] = mallocCheck((d->shard_end[c] - d->shard_begin[c]) * sizeof(float) + 4);
+        if (sharded) d->grad_shard[c] = m->ops->alloc((d->shard_end[c] - d->shard_begin[c]) * sizeof(float) + 4);
     }
     // buckets: per class, whole tensors in reverse table order
     const ParamTable *t = &m->table;
@@ -59,7 +60,11 @@ void ddp_init(Ddp *d, Model *m, Comm *dense_group, Comm *expert_group, Comm *wor
 }
 
 void ddp_free(Ddp *d) {
-    for (int c = 0; c < N_CLASSES; c++) { free(d->shard_counts[c]); free(d->grad_shard[c]); }
+    for (int c = 0; c < N_CLASSES; c++) {
+        free(d->shard_counts[c]);
+        if (d->grad_shard[c]) d->m->ops->free(d->grad_shard[c]);
+    }
+    d->m->ops->free(d->norm_acc);
     free(d->buckets);
     free(d->entry_bucket);
     memset(d, 0, sizeof(*d));
@@ -132,11 +137,13 @@ void ddp_optimizer_grads(Ddp *d, float **grads) {
 
 double ddp_grad_norm(Ddp *d) {
     double s = 0;
+    d->m->ops->zero(d->norm_acc, sizeof(double));
     for (int c = 0; c < N_CLASSES; c++) {
         size_t n = d->shard_end[c] - d->shard_begin[c];
         const float *g = d->sharded ? d->grad_shard[c] : d->m->grads[c] + d->shard_begin[c];
-        s += d->m->ops->sum_squares(g, n);
+        d->m->ops->sum_squares(d->norm_acc, g, n);
     }
+    d->m->ops->to_host(&s, d->norm_acc, sizeof(double));
     // shards partition the parameters across the world: sum once over it
     comm_allreduce(d->world, &s, 1, COMM_F64);
     return sqrt(s);

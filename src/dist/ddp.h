@@ -39,6 +39,7 @@ typedef struct {
     Bucket *buckets;
     int n_buckets, next_launch;
     int *entry_bucket;                // table entry -> bucket
+    double *norm_acc;                 // backend scalar for the grad norm
 } Ddp;
 
 // bucket_elems: target bucket size in elements (tensors are never split).

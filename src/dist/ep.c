@@ -63,33 +63,33 @@ void ep_plan(Comm *c, EpPlan *p, const int *offsets, int capacity) {
     free(src_start);
 }
 
-void ep_dispatch(Comm *c, const EpPlan *p, const float *xp, float *xl, float *scratch, int C) {
+void ep_dispatch(Comm *c, const EpPlan *p, const void *xp, void *xl, void *scratch, size_t row_bytes) {
     if (p->ep == 1) {
-        if (xl != xp) memcpy(xl, xp, (size_t)p->rows * C * sizeof(float));
+        if (xl != xp) memcpy(xl, xp, (size_t)p->rows * row_bytes);
         return;
     }
-    comm_all_to_all_v(c, xp, p->send_rows, scratch, p->recv_rows, (size_t)C * sizeof(float));
+    comm_all_to_all_v(c, xp, p->send_rows, scratch, p->recv_rows, row_bytes);
 #pragma omp parallel for
     for (int r = 0; r < p->rows; r++)
-        memcpy(xl + (size_t)r * C, scratch + (size_t)p->local_to_recv[r] * C, C * sizeof(float));
+        memcpy((char *)xl + (size_t)r * row_bytes, (char *)scratch + (size_t)p->local_to_recv[r] * row_bytes, row_bytes);
 }
 
-void ep_zero_dropped(const EpPlan *p, float *yl, int C) {
+void ep_zero_dropped(const EpPlan *p, void *yl, size_t row_bytes) {
     if (!p->dropped) return;
     for (int e = 0; e < p->E_local; e++) {
         int first = p->local_offsets[e] + p->kept[e], end = p->local_offsets[e + 1];
-        if (end > first) memset(yl + (size_t)first * C, 0, (size_t)(end - first) * C * sizeof(float));
+        if (end > first) memset((char *)yl + (size_t)first * row_bytes, 0, (size_t)(end - first) * row_bytes);
     }
 }
 
-void ep_combine(Comm *c, const EpPlan *p, float *yl, float *y, float *scratch, int C) {
-    ep_zero_dropped(p, yl, C);
+void ep_combine(Comm *c, const EpPlan *p, void *yl, void *y, void *scratch, size_t row_bytes) {
+    ep_zero_dropped(p, yl, row_bytes);
     if (p->ep == 1) {
-        if (y != yl) memcpy(y, yl, (size_t)p->rows * C * sizeof(float));
+        if (y != yl) memcpy(y, yl, (size_t)p->rows * row_bytes);
         return;
     }
 #pragma omp parallel for
     for (int r = 0; r < p->rows; r++)
-        memcpy(scratch + (size_t)p->local_to_recv[r] * C, yl + (size_t)r * C, C * sizeof(float));
-    comm_all_to_all_v(c, scratch, p->recv_rows, y, p->send_rows, (size_t)C * sizeof(float));
+        memcpy((char *)scratch + (size_t)p->local_to_recv[r] * row_bytes, (char *)yl + (size_t)r * row_bytes, row_bytes);
+    comm_all_to_all_v(c, scratch, p->recv_rows, y, p->send_rows, row_bytes);
 }

@@ -36,11 +36,13 @@ void ep_plan_carve(EpPlan *p, int ep, int E_local, int *ints, size_t *sizes /* 2
 // From this rank's global-expert offsets [E+1] (E = ep * E_local): exchange
 // counts and fill the plan. capacity 0 = dropless.
 void ep_plan(Comm *c, EpPlan *p, const int *offsets, int capacity);
-// xp [sum send_rows, C] (sorted by global expert) -> xl [rows, C] regrouped
-// by local expert. scratch: [rows, C]. With ep 1 and no capacity xl may be xp.
-void ep_dispatch(Comm *c, const EpPlan *p, const float *xp, float *xl, float *scratch, int C);
-// yl [rows, C] (regrouped order; dropped rows are zeroed first, in place)
-// -> y [sum send_rows, C] in xp's order. scratch: [rows, C].
-void ep_combine(Comm *c, const EpPlan *p, float *yl, float *y, float *scratch, int C);
+// Rows are row_bytes wide (host memory for now: the NCCL path will move
+// device rows).
+// xp [sum send_rows] (sorted by global expert) -> xl [rows] regrouped by
+// local expert. scratch: [rows]. With ep 1 xl may be xp.
+void ep_dispatch(Comm *c, const EpPlan *p, const void *xp, void *xl, void *scratch, size_t row_bytes);
+// yl [rows] (regrouped order; dropped rows are zeroed first, in place)
+// -> y [sum send_rows] in xp's order. scratch: [rows].
+void ep_combine(Comm *c, const EpPlan *p, void *yl, void *y, void *scratch, size_t row_bytes);
 // Zeroes the rows of yl that capacity dropped.
-void ep_zero_dropped(const EpPlan *p, float *yl, int C);
+void ep_zero_dropped(const EpPlan *p, void *yl, size_t row_bytes);

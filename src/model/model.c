@@ -13,11 +13,16 @@ float *model_param(const Model *m, int idx) {
     const ParamEntry *e = &m->table.entries[idx];
     return m->params[e->cls] + e->offset;
 }
+void *model_weight(const Model *m, int idx) {
+    const ParamEntry *e = &m->table.entries[idx];
+    return (char *)m->wact[e->cls] + e->offset * m->ops->act_bytes;
+}
 float *model_grad(const Model *m, int idx) {
     const ParamEntry *e = &m->table.entries[idx];
     return m->grads[e->cls] + e->offset;
 }
-#define P(i) model_param(m, (i))
+// the compute weights of entry i, and its FP32 grad
+#define P(i) model_weight(m, (i))
 #define G(i) model_grad(m, (i))
 
 // ---- parameter table ---------------------------------------------------------
@@ -106,16 +111,25 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     m->E_local = m->cfg.n_experts / m->par.ep_size;
     build_table(m);
     for (int c = 0; c < N_CLASSES; c++) {
-        m->params[c] = mallocCheck(m->table.class_numel[c] * sizeof(float));
-        m->grads[c] = mallocCheck(m->table.class_numel[c] * sizeof(float));
+        size_t n = m->table.class_numel[c];
+        m->params[c] = ops->alloc(n * sizeof(float) + 4);
+        m->grads[c] = ops->alloc(n * sizeof(float) + 4);
+        // with an FP32 compute dtype the main weights are the compute weights
+        m->wact[c] = ops->act_bytes == sizeof(float) ? (void *)m->params[c] : ops->alloc(n * ops->act_bytes + 4);
     }
     int E = m->cfg.n_experts;
-    m->router_bias = mallocCheck((size_t)m->n_moe * E * sizeof(float));
-    m->step_counts = mallocCheck((size_t)m->n_moe * E * sizeof(float));
-    m->lb = mallocCheck((m->n_moe + 1) * sizeof(float));
-    m->step_dropped = mallocCheck((m->n_moe + 1) * sizeof(float));
-    m->step_rows = mallocCheck((m->n_moe + 1) * sizeof(float));
-    m->z = mallocCheck((m->n_moe + 1) * sizeof(float));
+    size_t nm = (size_t)m->n_moe + 1;
+    m->router_bias = ops->alloc(nm * E * sizeof(float) + 4);
+    m->step_counts = ops->alloc(nm * E * sizeof(float) + 4);
+    m->step_dropped = mallocCheck(nm * sizeof(float));  // host: counted from host-side plans
+    m->step_rows = mallocCheck(nm * sizeof(float));
+    m->lb_mb = ops->alloc(nm * sizeof(float));
+    m->z_mb = ops->alloc(nm * sizeof(float));
+    m->lb_step = ops->alloc(nm * sizeof(float));
+    m->z_step = ops->alloc(nm * sizeof(float));
+    m->ce_acc = ops->alloc(2 * sizeof(double));
+    m->lb = mallocCheck(nm * sizeof(float));
+    m->z = mallocCheck(nm * sizeof(float));
     return 0;
 }
 
@@ -128,14 +142,22 @@ static uint64_t rng_next(uint64_t *s) {
 }
 static double rng_uniform(uint64_t *s) { return ((rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
+void model_sync_weights(Model *m) {
+    for (int c = 0; c < N_CLASSES; c++) m->ops->cast_to_act(m->wact[c], m->params[c], m->table.class_numel[c]);
+}
+
 void model_init_weights(Model *m, uint64_t seed) {
     // each tensor gets its own stream keyed by its index, so the values do
     // not depend on which other tensors exist or on the class layout
+    float *host = mallocCheck(1);
+    size_t cap = 0;
     for (int i = 0; i < m->table.n; i++) {
         const ParamEntry *e = &m->table.entries[i];
-        float *p = P(i);
+        if (e->numel > cap) { cap = e->numel; host = reallocCheck(host, cap * sizeof(float)); }
+        float *p = host;
         if (e->kind == PARAM_NORM) {
             for (size_t j = 0; j < e->numel; j++) p[j] = 1.0f;
+            m->ops->to_device(model_param(m, i), host, e->numel * sizeof(float));
             continue;
         }
         uint64_t s = seed * 0x100000001b3ULL + (uint64_t)i * 0x9e3779b97f4a7c15ULL;
@@ -143,22 +165,25 @@ void model_init_weights(Model *m, uint64_t seed) {
             double u1 = rng_uniform(&s), u2 = rng_uniform(&s);
             p[j] = (float)(m->cfg.init_std * sqrt(-2.0 * log(u1)) * cos(2 * M_PI * u2));
         }
+        m->ops->to_device(model_param(m, i), host, e->numel * sizeof(float));
     }
+    free(host);
+    model_sync_weights(m);
 }
 
 // ---- activations ----------------------------------------------------------------
 
-typedef struct { float *base; size_t used; int *ibase; size_t iused; int measure; } Carver;
-static float *take(Carver *cv, size_t n) {
-    float *p = cv->measure ? NULL : cv->base + cv->used;
-    cv->used += (n + 15) & ~(size_t)15;
+// Carves buffers out of one arena: act elements are act_bytes wide, f32
+// and i32 4 bytes; every buffer starts on a 256-byte boundary.
+typedef struct { char *base; size_t used, act_bytes; int measure; } Carver;
+static void *take_bytes(Carver *cv, size_t bytes) {
+    void *p = cv->measure ? NULL : cv->base + cv->used;
+    cv->used += (bytes + 255) & ~(size_t)255;
     return p;
 }
-static int *itake(Carver *cv, size_t n) {
-    int *p = cv->measure ? NULL : cv->ibase + cv->iused;
-    cv->iused += (n + 15) & ~(size_t)15;
-    return p;
-}
+static void *take(Carver *cv, size_t n) { return take_bytes(cv, n * cv->act_bytes); }
+static float *ftake(Carver *cv, size_t n) { return take_bytes(cv, n * sizeof(float)); }
+static int *itake(Carver *cv, size_t n) { return take_bytes(cv, n * sizeof(int)); }
 
 // Carves every activation and scratch buffer; run once to measure, once to assign.
 static void carve(Model *m, Carver *cv) {
@@ -177,26 +202,26 @@ static void carve(Model *m, Carver *cv) {
         LayerActs *a = &m->acts[l];
         int moe = model_is_moe_layer(c, l);
         memset(a, 0, sizeof(*a));
-        if (pre) { a->ln1 = take(cv, N * D); a->ln1_rstd = take(cv, N); }
+        if (pre) { a->ln1 = take(cv, N * D); a->ln1_rstd = ftake(cv, N); }
         a->q = take(cv, N * qd); a->k = take(cv, N * kvd); a->v = take(cv, N * kvd);
         if (c->qk_norm != QKNORM_NONE) {
             a->qn = take(cv, N * qd); a->kn = take(cv, N * kvd);
-            a->qn_rstd = take(cv, N * c->n_heads); a->kn_rstd = take(cv, N * c->n_kv_heads);
+            a->qn_rstd = ftake(cv, N * c->n_heads); a->kn_rstd = ftake(cv, N * c->n_kv_heads);
         } else { a->qn = a->q; a->kn = a->k; }
         a->qr = take(cv, N * qd); a->kr = take(cv, N * kvd);
-        a->att = take(cv, att);
+        a->att = ftake(cv, att);
         a->ao = take(cv, N * qd);
         a->o = take(cv, N * D);
-        if (post) { a->on = take(cv, N * D); a->o_rstd = take(cv, N); }
+        if (post) { a->on = take(cv, N * D); a->o_rstd = ftake(cv, N); }
         a->h = take(cv, N * D);
-        if (pre) { a->ln2 = take(cv, N * D); a->ln2_rstd = take(cv, N); }
+        if (pre) { a->ln2 = take(cv, N * D); a->ln2_rstd = ftake(cv, N); }
         a->f = take(cv, N * D);
-        if (post) { a->fn = take(cv, N * D); a->f_rstd = take(cv, N); }
+        if (post) { a->fn = take(cv, N * D); a->f_rstd = ftake(cv, N); }
         if (!moe) { a->g = take(cv, N * F); a->u = take(cv, N * F); a->a = take(cv, N * F); continue; }
-        a->logits = take(cv, N * E); a->probs = take(cv, N * E); a->weights = take(cv, N * k);
+        a->logits = ftake(cv, N * E); a->probs = ftake(cv, N * E); a->weights = ftake(cv, N * k);
         a->idx = itake(cv, N * k); a->row_of = itake(cv, R); a->token_of_row = itake(cv, R);
         a->offsets = itake(cv, E + 1);
-        a->counts = take(cv, E); a->lb_counts = take(cv, E);
+        a->counts = ftake(cv, E); a->lb_counts = ftake(cv, E);
         a->xp = take(cv, R * D); a->ey = take(cv, R * D);
         a->xl = ep > 1 ? take(cv, Rl * D) : a->xp;
         a->yl = ep > 1 ? take(cv, Rl * D) : a->ey;
@@ -205,16 +230,16 @@ static void carve(Model *m, Carver *cv) {
         if (!cv->measure) ep_plan_carve(&a->plan, ep, El, plan_ints, m->plan_sizes + (size_t)l * 2 * ep);
         if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = take(cv, N * Fs); a->so = take(cv, N * D); }
     }
-    m->xf = take(cv, N * D); m->xf_rstd = take(cv, N);
-    m->logits = take(cv, N * Vp); m->losses = take(cv, N);
+    m->xf = take(cv, N * D); m->xf_rstd = ftake(cv, N);
+    m->logits = take(cv, N * Vp); m->losses = ftake(cv, N);
     m->tokens = itake(cv, N); m->targets = itake(cv, N);
-    m->rope_cos = take(cv, (size_t)m->T * c->head_dim / 2);
-    m->rope_sin = take(cv, (size_t)m->T * c->head_dim / 2);
+    m->rope_cos = ftake(cv, (size_t)m->T * c->head_dim / 2);
+    m->rope_sin = ftake(cv, (size_t)m->T * c->head_dim / 2);
     // backward scratch, shared by all layers
     m->dres = take(cv, N * D); m->d1 = take(cv, N * D); m->d2 = take(cv, N * D);
     m->dq = take(cv, N * qd); m->dk = take(cv, N * kvd); m->dv = take(cv, N * kvd);
     m->dq2 = take(cv, N * qd); m->dk2 = take(cv, N * kvd); m->dao = take(cv, N * qd);
-    m->att_scratch = take(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads));
+    m->att_scratch = ftake(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads));
     if (F) { m->da = take(cv, N * F); m->dg = take(cv, N * F); m->du = take(cv, N * F); }
     if (m->n_moe) {
         m->dey = take(cv, R * D); m->dxp = take(cv, R * D);
@@ -223,46 +248,63 @@ static void carve(Model *m, Carver *cv) {
         m->dxl2 = take(cv, Rl * D);
         m->dea = take(cv, Rl * Fe); m->deg = take(cv, Rl * Fe); m->deu = take(cv, Rl * Fe);
         m->ep_scratch = ep > 1 ? take(cv, Rl * D) : NULL;
-        m->dweights = take(cv, N * k); m->dprobs = take(cv, N * E); m->dlogits = take(cv, N * E);
+        m->dweights = ftake(cv, N * k); m->dprobs = ftake(cv, N * E); m->dlogits = ftake(cv, N * E);
         if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
     }
 }
 
 void model_alloc_acts(Model *m, int B, int T) {
-    free(m->arena); free(m->iarena); free(m->acts); free(m->resid);
+    if (m->arena) m->ops->free(m->arena);
+    free(m->acts); free(m->resid);
     m->B = B;
     m->T = T;
     m->acts = mallocCheck(m->cfg.n_layers * sizeof(LayerActs));
     free(m->plan_sizes);
     m->plan_sizes = mallocCheck((size_t)m->cfg.n_layers * 2 * m->par.ep_size * sizeof(size_t));
-    m->resid = mallocCheck((m->cfg.n_layers + 1) * sizeof(float *));
-    Carver cv = {.measure = 1};
+    m->resid = mallocCheck((m->cfg.n_layers + 1) * sizeof(void *));
+    Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes};
     carve(m, &cv);
-    m->arena_floats = cv.used;
-    m->arena = mallocCheck(cv.used * sizeof(float));
-    m->iarena = mallocCheck(cv.iused * sizeof(int));
-    Carver real_cv = {.base = m->arena, .ibase = m->iarena};
+    m->arena_bytes = cv.used;
+    m->arena = m->ops->alloc(cv.used);
+    Carver real_cv = {.base = m->arena, .act_bytes = m->ops->act_bytes};
     carve(m, &real_cv);
-    rope_tables(m->rope_cos, m->rope_sin, T, m->cfg.head_dim, m->cfg.rope_theta);
+    size_t nt = (size_t)T * m->cfg.head_dim / 2;
+    float *cs = mallocCheck(2 * nt * sizeof(float));
+    rope_tables(cs, cs + nt, T, m->cfg.head_dim, m->cfg.rope_theta);
+    m->ops->to_device(m->rope_cos, cs, nt * sizeof(float));
+    m->ops->to_device(m->rope_sin, cs + nt, nt * sizeof(float));
+    free(cs);
 }
 
 void model_free(Model *m) {
-    for (int c = 0; c < N_CLASSES; c++) { free(m->params[c]); free(m->grads[c]); }
-    free(m->layers); free(m->arena); free(m->iarena); free(m->acts); free(m->resid);
-    free(m->router_bias); free(m->step_counts); free(m->lb); free(m->z);
-    free(m->step_dropped); free(m->step_rows); free(m->plan_sizes);
+    const Ops *ops = m->ops;
+    for (int c = 0; c < N_CLASSES; c++) {
+        if (m->wact[c] != (void *)m->params[c]) ops->free(m->wact[c]);
+        ops->free(m->params[c]);
+        ops->free(m->grads[c]);
+    }
+    if (m->arena) ops->free(m->arena);
+    free(m->layers); free(m->acts); free(m->resid); free(m->lb); free(m->z); free(m->plan_sizes);
+    free(m->step_dropped); free(m->step_rows);
+    float *dev[] = {m->router_bias, m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
+    ops->free(m->ce_acc);
     param_table_free(&m->table);
     memset(m, 0, sizeof(*m));
 }
 
 void model_zero_grads(Model *m) {
-    for (int c = 0; c < N_CLASSES; c++) m->ops->zero(m->grads[c], m->table.class_numel[c]);
+    for (int c = 0; c < N_CLASSES; c++) m->ops->zero(m->grads[c], m->table.class_numel[c] * sizeof(float));
 }
 
 void model_begin_step(Model *m) {
-    m->ops->zero(m->step_counts, (size_t)m->n_moe * m->cfg.n_experts);
-    m->ops->zero(m->step_dropped, m->n_moe);
-    m->ops->zero(m->step_rows, m->n_moe);
+    size_t nm = (size_t)m->n_moe;
+    m->ops->zero(m->step_counts, nm * m->cfg.n_experts * sizeof(float));
+    memset(m->step_dropped, 0, nm * sizeof(float));
+    memset(m->step_rows, 0, nm * sizeof(float));
+    m->ops->zero(m->lb_step, nm * sizeof(float));
+    m->ops->zero(m->z_step, nm * sizeof(float));
+    m->ops->zero(m->ce_acc, 2 * sizeof(double));
     m->step_tokens = 0;
 }
 
@@ -274,13 +316,13 @@ static uint64_t layer_seed(uint64_t seed, int l) {
 }
 
 // out = RMSNorm(inp) where a norm exists at this place, else returns inp.
-static const float *maybe_norm(Model *m, float *out, float *rstd, const float *inp, int w, int N) {
+static const void *maybe_norm(Model *m, void *out, float *rstd, const void *inp, int w, int N) {
     if (w < 0) return inp;
     m->ops->rmsnorm_forward(out, rstd, inp, P(w), N, m->cfg.d_model, m->cfg.norm_eps);
     return out;
 }
 
-static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, const float *in) {
+static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
@@ -301,8 +343,8 @@ static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, cons
     ops->matmul_forward(a->o, a->ao, P(L->wo), N, qd, D);
 }
 
-static void swiglu_mlp_forward(Model *m, float *out, float *g, float *u, float *act,
-                               const float *in, int wg, int wu, int wd, int N, int F) {
+static void swiglu_mlp_forward(Model *m, void *out, void *g, void *u, void *act,
+                               const void *in, int wg, int wu, int wd, int N, int F) {
     int D = m->cfg.d_model;
     m->ops->matmul_forward(g, in, P(wg), N, D, F);
     m->ops->matmul_forward(u, in, P(wu), N, D, F);
@@ -310,30 +352,30 @@ static void swiglu_mlp_forward(Model *m, float *out, float *g, float *u, float *
     m->ops->matmul_forward(out, act, P(wd), N, F, D);
 }
 
-static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const float *in,
+static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in,
                         uint64_t seed) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k, Fe = c->expert_hidden;
     int li = L->moe_index;
-    ops->matmul_forward(a->logits, in, P(L->router), N, D, E);
+    ops->router_logits_forward(a->logits, in, P(L->router), N, D, E);
     ops->router_probs_forward(a->probs, a->logits, N, E, c->gating);
     const float *bias = c->aux_free_rate > 0 ? m->router_bias + (size_t)li * E : NULL;
     ops->router_topk(a->idx, a->probs, bias, N, E, k, c->routing, layer_seed(seed, l));
     ops->router_weights_forward(a->weights, a->probs, a->idx, N, E, k, c->renorm_topk);
-    ops->zero(a->counts, E);
+    ops->zero(a->counts, E * sizeof(float));
     ops->router_count(a->counts, a->idx, N, E, k);
     float *step_counts = m->step_counts + (size_t)li * E;
-    ops->add_inplace(step_counts, a->counts, E);
+    ops->add_f32(step_counts, a->counts, E);
     if (c->lb_global) {
-        ops->copy(a->lb_counts, step_counts, E);
+        ops->copy_f32(a->lb_counts, step_counts, E);
         a->lb_tokens = m->step_tokens + N; // step_tokens advances after all layers
     } else {
-        ops->copy(a->lb_counts, a->counts, E);
+        ops->copy_f32(a->lb_counts, a->counts, E);
         a->lb_tokens = (float)N;
     }
-    m->lb[li] = ops->lb_loss_forward(a->probs, a->lb_counts, a->lb_tokens, N, E, k, c->gating);
-    m->z[li] = ops->zloss_forward(a->logits, N, E);
+    ops->lb_loss_forward(m->lb_mb + li, a->probs, a->lb_counts, a->lb_tokens, N, E, k, c->gating);
+    ops->zloss_forward(m->z_mb + li, a->logits, N, E);
 
     int R = N * k, El = m->E_local, ep = m->par.ep_size;
     ops->moe_route_index(a->offsets, a->row_of, a->token_of_row, a->idx, N, E, k);
@@ -342,59 +384,83 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     // experts on their segments, combine back; capacity drops the tail
     int capacity = c->capacity_factor > 0 ? (int)ceil((double)c->capacity_factor * N * ep * k / E) : 0;
     Comm *epc = m->par.ep_comm;
-    ep_plan(epc, &a->plan, a->offsets, capacity);
-    int Rl = a->plan.rows;
-    ep_dispatch(epc, &a->plan, a->xp, a->xl, m->ep_scratch, D);
-    ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->plan.local_offsets, El, D, Fe);
-    ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), a->plan.local_offsets, El, D, Fe);
+    size_t row = (size_t)D * ops->act_bytes;
+    // one rank without capacity needs no plan: the experts' segments are
+    // the routed rows' offsets, which stay where they are (device memory)
+    a->use_plan = ep > 1 || capacity > 0;
+    int Rl = R;
+    a->local_offsets = a->offsets;
+    if (a->use_plan) {
+        ep_plan(epc, &a->plan, a->offsets, capacity);
+        Rl = a->plan.rows;
+        a->local_offsets = a->plan.local_offsets;
+        ep_dispatch(epc, &a->plan, a->xp, a->xl, m->ep_scratch, row);
+        m->step_dropped[li] += a->plan.dropped;
+    }
+    a->rows_local = Rl;
+    ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->local_offsets, El, D, Fe);
+    ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), a->local_offsets, El, D, Fe);
     ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
-    ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->plan.local_offsets, El, Fe, D);
-    ep_combine(epc, &a->plan, a->yl, a->ey, m->ep_scratch, D);
-    m->step_dropped[li] += a->plan.dropped;
+    ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->local_offsets, El, Fe, D);
+    if (a->use_plan) ep_combine(epc, &a->plan, a->yl, a->ey, m->ep_scratch, row);
     m->step_rows[li] += R;
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
     if (c->n_shared > 0) {
         int Fs = c->n_shared * c->shared_hidden;
         swiglu_mlp_forward(m, a->so, a->sg, a->su, a->sa, in, L->sh_gate, L->sh_up, L->sh_down, N, Fs);
-        ops->add_inplace(a->f, a->so, (size_t)N * D);
+        ops->add_act(a->f, a->so, (size_t)N * D);
     }
 }
 
-float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed) {
+void model_forward_async(Model *m, const int *tokens, const int *targets, uint64_t route_seed) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model;
-    memcpy(m->tokens, tokens, N * sizeof(int));
-    memcpy(m->targets, targets, N * sizeof(int));
+    ops->to_device(m->tokens, tokens, N * sizeof(int));
+    ops->to_device(m->targets, targets, N * sizeof(int));
+    int valid = 0;
+    for (int n = 0; n < N; n++) valid += targets[n] >= 0;
+    m->n_valid = valid;
     ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
     for (int l = 0; l < c->n_layers; l++) {
         const LayerParams *L = &m->layers[l];
         LayerActs *a = &m->acts[l];
-        const float *x = m->resid[l];
-        const float *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
+        const void *x = m->resid[l];
+        const void *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
         attention_forward(m, L, a, in);
-        const float *add = maybe_norm(m, a->on, a->o_rstd, a->o, L->attn_post_norm, N);
-        ops->copy(a->h, x, (size_t)N * D);
-        ops->add_inplace(a->h, add, (size_t)N * D);
+        const void *add = maybe_norm(m, a->on, a->o_rstd, a->o, L->attn_post_norm, N);
+        ops->copy_act(a->h, x, (size_t)N * D);
+        ops->add_act(a->h, add, (size_t)N * D);
         in = maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N);
         if (L->moe_index >= 0) moe_forward(m, l, L, a, in, route_seed);
         else swiglu_mlp_forward(m, a->f, a->g, a->u, a->a, in, L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden);
         add = maybe_norm(m, a->fn, a->f_rstd, a->f, L->ffn_post_norm, N);
-        float *y = m->resid[l + 1];
-        ops->copy(y, a->h, (size_t)N * D);
-        ops->add_inplace(y, add, (size_t)N * D);
+        void *y = m->resid[l + 1];
+        ops->copy_act(y, a->h, (size_t)N * D);
+        ops->add_act(y, add, (size_t)N * D);
     }
     m->step_tokens += N;
+    if (m->n_moe) {
+        ops->add_f32(m->lb_step, m->lb_mb, m->n_moe);
+        ops->add_f32(m->z_step, m->z_mb, m->n_moe);
+    }
     ops->rmsnorm_forward(m->xf, m->xf_rstd, m->resid[c->n_layers], P(m->final_norm), N, D, c->norm_eps);
     ops->matmul_forward(m->logits, m->xf, P(m->lm_head), N, D, c->padded_vocab);
     ops->crossentropy_forward(m->losses, m->logits, m->targets, N, c->padded_vocab);
-    double ce = 0;
-    int valid = 0;
-    for (int n = 0; n < N; n++)
-        if (m->targets[n] >= 0) { ce += m->losses[n]; valid++; }
-    m->ce_sum = ce;
-    m->n_valid = valid;
-    m->loss_ce = valid ? (float)(ce / valid) : 0.0f;
+    ops->zero(m->ce_acc, sizeof(double));
+    ops->loss_sum(m->ce_acc, m->losses, m->targets, N);      // this micro-batch
+    ops->loss_sum(m->ce_acc + 1, m->losses, m->targets, N);  // the step
+}
+
+float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed) {
+    model_forward_async(m, tokens, targets, route_seed);
+    const ModelConfig *c = &m->cfg;
+    m->ops->to_host(&m->ce_sum, m->ce_acc, sizeof(double));
+    if (m->n_moe) {
+        m->ops->to_host(m->lb, m->lb_mb, m->n_moe * sizeof(float));
+        m->ops->to_host(m->z, m->z_mb, m->n_moe * sizeof(float));
+    }
+    m->loss_ce = m->n_valid ? (float)(m->ce_sum / m->n_valid) : 0.0f;
     double aux = 0;
     for (int i = 0; i < m->n_moe; i++) aux += (double)c->lb_coef * m->lb[i] + (double)c->z_coef * m->z[i];
     m->loss_total = (float)(m->loss_ce + aux);
@@ -405,8 +471,8 @@ float model_forward(Model *m, const int *tokens, const int *targets, uint64_t ro
 
 // Backward of maybe_norm: returns the grad w.r.t. the norm input. Without a
 // norm the grad passes through unchanged (returns dout itself).
-static const float *maybe_norm_backward(Model *m, float *dinp, const float *dout, const float *inp,
-                                        const float *rstd, int w, int N) {
+static const void *maybe_norm_backward(Model *m, void *dinp, const void *dout, const void *inp,
+                                       const float *rstd, int w, int N) {
     if (w < 0) return dout;
     m->ops->rmsnorm_backward(dinp, G(w), dout, inp, P(w), rstd, N, m->cfg.d_model, 0);
     return dinp;
@@ -414,14 +480,14 @@ static const float *maybe_norm_backward(Model *m, float *dinp, const float *dout
 
 // Accumulates into dres the grad through the sublayer's input norm (pre /
 // peri) or, without one, directly (the sublayer wrote into dres).
-static void input_norm_backward(Model *m, const float *din, const float *x, const float *rstd, int w, int N) {
+static void input_norm_backward(Model *m, const void *din, const void *x, const float *rstd, int w, int N) {
     if (w >= 0) m->ops->rmsnorm_backward(m->dres, G(w), din, x, P(w), rstd, N, m->cfg.d_model, 1);
 }
 
 // dinp (=|+=) grad of out = SwiGLU(in)
-static void swiglu_mlp_backward(Model *m, float *dinp, const float *dout, const float *in,
-                                const float *g, const float *u, const float *act, float *da,
-                                float *dg, float *du, int wg, int wu, int wd, int N, int F,
+static void swiglu_mlp_backward(Model *m, void *dinp, const void *dout, const void *in,
+                                const void *g, const void *u, const void *act, void *da,
+                                void *dg, void *du, int wg, int wu, int wd, int N, int F,
                                 int accumulate) {
     const Ops *ops = m->ops;
     int D = m->cfg.d_model;
@@ -431,8 +497,8 @@ static void swiglu_mlp_backward(Model *m, float *dinp, const float *dout, const 
     ops->matmul_backward(dinp, G(wu), du, in, P(wu), N, D, F, 1);
 }
 
-static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, float *dinp,
-                         const float *dout, const float *in, float aux_scale, int accumulate) {
+static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,
+                         const void *dout, const void *in, float aux_scale, int accumulate) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k, Fe = c->expert_hidden;
@@ -443,19 +509,25 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, float *di
                             L->sh_gate, L->sh_up, L->sh_down, N, Fs, accumulate);
         accumulate = 1;
     }
-    int El = m->E_local, Rl = a->plan.rows;
-    const int *lo = a->plan.local_offsets;
+    int El = m->E_local, Rl = a->rows_local;
+    const int *lo = a->local_offsets;
     Comm *epc = m->par.ep_comm;
+    size_t row = (size_t)D * ops->act_bytes;
     ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
     // the grad of combine is a dispatch, and the grad of dispatch a combine
-    ep_dispatch(epc, &a->plan, m->dey, m->dyl, m->ep_scratch, D);
-    ep_zero_dropped(&a->plan, m->dyl, D);
-    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->dyl, a->ea, P(L->exp_down), lo, El, Fe, D);
+    void *dyl = m->dey, *dxl = m->dxp;
+    if (a->use_plan) {
+        dyl = m->dyl;
+        dxl = m->dxl;
+        ep_dispatch(epc, &a->plan, m->dey, dyl, m->ep_scratch, row);
+        ep_zero_dropped(&a->plan, dyl, row);
+    }
+    ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
-    ops->grouped_matmul_backward(m->dxl, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe);
+    ops->grouped_matmul_backward(dxl, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe);
     ops->grouped_matmul_backward(m->dxl2, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe);
-    ops->add_inplace(m->dxl, m->dxl2, (size_t)Rl * D);
-    ep_combine(epc, &a->plan, m->dxl, m->dxp, m->ep_scratch, D);
+    ops->add_act(dxl, m->dxl2, (size_t)Rl * D);
+    if (a->use_plan) ep_combine(epc, &a->plan, dxl, m->dxp, m->ep_scratch, row);
     ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
     // router: weights <- probs <- logits, plus the aux losses
     ops->router_weights_backward(m->dprobs, m->dweights, a->probs, a->idx, N, E, k, c->renorm_topk, 0);
@@ -464,22 +536,22 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, float *di
                               c->lb_coef * aux_scale);
     ops->router_probs_backward(m->dlogits, m->dprobs, a->probs, N, E, c->gating, 0);
     if (c->z_coef > 0) ops->zloss_backward(m->dlogits, a->logits, N, E, c->z_coef * aux_scale);
-    ops->matmul_backward(dinp, G(L->router), m->dlogits, in, P(L->router), N, D, E, 1);
+    ops->router_logits_backward(dinp, G(L->router), m->dlogits, in, P(L->router), N, D, E);
 }
 
-static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, float *dinp,
-                               const float *dout, const float *in, int accumulate) {
+static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,
+                               const void *dout, const void *in, int accumulate) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
     int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
     ops->matmul_backward(m->dao, G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
-    ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v,
+    ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao,
                             m->att_scratch, B, T, H, KV, hd);
     // RoPE back into dq2/dk2 (grads w.r.t. the QK-normed q, k)
     ops->rope_backward(m->dq2, m->dq, m->rope_cos, m->rope_sin, B, T, H, hd);
     ops->rope_backward(m->dk2, m->dk, m->rope_cos, m->rope_sin, B, T, KV, hd);
-    const float *dq = m->dq2, *dk = m->dk2;
+    const void *dq = m->dq2, *dk = m->dk2;
     if (c->qk_norm == QKNORM_FULL) {
         ops->rmsnorm_backward(m->dq, G(L->q_norm), m->dq2, a->q, P(L->q_norm), a->qn_rstd, N, qd, 0);
         ops->rmsnorm_backward(m->dk, G(L->k_norm), m->dk2, a->k, P(L->k_norm), a->kn_rstd, N, kvd, 0);
@@ -508,17 +580,17 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
         const LayerParams *L = &m->layers[l];
         LayerActs *a = &m->acts[l];
         // feed-forward half: y = h + post(ffn(pre(h))); dres holds dL/dy
-        const float *df = maybe_norm_backward(m, m->d1, m->dres, a->f, a->f_rstd, L->ffn_post_norm, N);
-        const float *in = L->ffn_norm >= 0 ? a->ln2 : a->h;
-        float *din = L->ffn_norm >= 0 ? m->d2 : m->dres; // without an input norm, add straight into dres
+        const void *df = maybe_norm_backward(m, m->d1, m->dres, a->f, a->f_rstd, L->ffn_post_norm, N);
+        const void *in = L->ffn_norm >= 0 ? a->ln2 : a->h;
+        void *din = L->ffn_norm >= 0 ? m->d2 : m->dres; // without an input norm, add straight into dres
         int acc = L->ffn_norm < 0;
         if (L->moe_index >= 0) moe_backward(m, L, a, din, df, in, aux_scale, acc);
         else swiglu_mlp_backward(m, din, df, in, a->g, a->u, a->a, m->da, m->dg, m->du,
                                  L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden, acc);
         input_norm_backward(m, m->d2, a->h, a->ln2_rstd, L->ffn_norm, N);
         // attention half: h = x + post(attn(pre(x))); dres holds dL/dh
-        const float *x = m->resid[l];
-        const float *dout = maybe_norm_backward(m, m->d1, m->dres, a->o, a->o_rstd, L->attn_post_norm, N);
+        const void *x = m->resid[l];
+        const void *dout = maybe_norm_backward(m, m->d1, m->dres, a->o, a->o_rstd, L->attn_post_norm, N);
         in = L->attn_norm >= 0 ? a->ln1 : x;
         din = L->attn_norm >= 0 ? m->d2 : m->dres;
         attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);
@@ -531,17 +603,23 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
 
 void model_end_step(Model *m) {
     const ModelConfig *c = &m->cfg;
-    if (!(c->aux_free_rate > 0)) return;
+    if (!(c->aux_free_rate > 0) || !m->n_moe) return;
     int E = c->n_experts;
+    size_t n = (size_t)m->n_moe * E;
+    float *cnt_all = mallocCheck(2 * n * sizeof(float)), *b_all = cnt_all + n;
+    m->ops->to_host(cnt_all, m->step_counts, n * sizeof(float));
+    m->ops->to_host(b_all, m->router_bias, n * sizeof(float));
     for (int li = 0; li < m->n_moe; li++) {
-        const float *cnt = m->step_counts + (size_t)li * E;
-        float *b = m->router_bias + (size_t)li * E;
+        const float *cnt = cnt_all + (size_t)li * E;
+        float *b = b_all + (size_t)li * E;
         double mean = 0;
         for (int e = 0; e < E; e++) mean += cnt[e];
         mean /= E;
         for (int e = 0; e < E; e++)
             b[e] += c->aux_free_rate * (cnt[e] < mean ? 1.0f : cnt[e] > mean ? -1.0f : 0.0f);
     }
+    m->ops->to_device(m->router_bias, b_all, n * sizeof(float));
+    free(cnt_all);
 }
 
 double model_active_matmul_params(const ModelConfig *c) {

@@ -39,30 +39,36 @@ typedef struct {
 // reductions from it during the last micro-batch.
 typedef void (*GradsReadyFn)(void *ctx, int first_entry, int end_entry);
 
-// What one block keeps from forward for backward.
+// What one block keeps from forward for backward. act buffers (void *)
+// are in the backend's compute dtype, f32 ones (float *) in FP32; all live
+// in the backend's memory (ops.h).
 typedef struct {
-    float *ln1, *ln1_rstd;            // attn_norm(x)          (pre, peri)
-    float *q, *k, *v;                 // projections
-    float *qn, *kn, *qn_rstd, *kn_rstd; // after QK-norm (alias q, k without it)
-    float *qr, *kr;                   // after RoPE
-    float *att;                       // attention probabilities (backend layout)
-    float *ao;                        // attention output, before wo
-    float *o, *on, *o_rstd;           // wo output; attn_post_norm(o) (post, peri)
-    float *h;                         // residual after the attention half
-    float *ln2, *ln2_rstd;            // ffn_norm(h)           (pre, peri)
-    float *f, *fn, *f_rstd;           // ffn output; ffn_post_norm(f) (post, peri)
+    void *ln1; float *ln1_rstd;       // attn_norm(x)          (pre, peri)
+    void *q, *k, *v;                  // projections
+    void *qn, *kn;                    // after QK-norm (alias q, k without it)
+    float *qn_rstd, *kn_rstd;
+    void *qr, *kr;                    // after RoPE
+    float *att;                       // what attention backward needs (backend layout)
+    void *ao;                         // attention output, before wo
+    void *o, *on; float *o_rstd;      // wo output; attn_post_norm(o) (post, peri)
+    void *h;                          // residual after the attention half
+    void *ln2; float *ln2_rstd;       // ffn_norm(h)           (pre, peri)
+    void *f, *fn; float *f_rstd;      // ffn output; ffn_post_norm(f) (post, peri)
     // dense MLP
-    float *g, *u, *a;
+    void *g, *u, *a;
     // MoE
     float *logits, *probs, *weights;  // [N,E], [N,E], [N,k]
     int *idx, *row_of, *token_of_row, *offsets;
     float *counts;                    // [E] this micro-batch
     float *lb_counts;                 // [E] counts the LB loss used
     float lb_tokens;                  // tokens those counts cover
-    float *xp, *ey;                   // routed rows sorted by global expert [R,D]
-    EpPlan plan;                      // dispatch to the experts' ranks
-    float *xl, *eg, *eu, *ea, *yl;    // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
-    float *sg, *su, *sa, *so;         // shared experts [N,Fs] x3, [N,D]
+    void *xp, *ey;                    // routed rows sorted by global expert [R,D]
+    EpPlan plan;                      // dispatch to the experts' ranks (use_plan)
+    int use_plan;                     // 0: one rank, dropless: no dispatch at all
+    const int *local_offsets;         // the local experts' segments
+    int rows_local;                   // rows at the local experts
+    void *xl, *eg, *eu, *ea, *yl;     // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
+    void *sg, *su, *sa, *so;          // shared experts [N,Fs] x3, [N,D]
 } LayerActs;
 
 typedef struct {
@@ -73,37 +79,43 @@ typedef struct {
     GradsReadyFn grads_ready;         // optional backward hook
     void *grads_ready_ctx;
     ParamTable table;
-    float *params[N_CLASSES];
-    float *grads[N_CLASSES];
+    float *params[N_CLASSES];         // FP32 main weights
+    void *wact[N_CLASSES];            // compute weights (the same buffer on CPU)
+    float *grads[N_CLASSES];          // FP32, accumulated over micro-batches
     int embed, final_norm, lm_head;
     LayerParams *layers;
     int n_moe;
 
     // activations, sized by model_alloc_acts for micro-batches of B x T
     int B, T;
-    float *arena;
-    size_t arena_floats;
-    int *iarena;
+    char *arena;                      // one backend allocation, carved
+    size_t arena_bytes;
     LayerActs *acts;
-    float **resid;                    // [L+1] residual stream [N,D]
-    float *xf, *xf_rstd, *logits, *losses;
+    void **resid;                     // [L+1] residual stream [N,D]
+    void *xf, *logits; float *xf_rstd, *losses;
     int *tokens, *targets;
     float *rope_cos, *rope_sin;
     // backward scratch
-    float *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao, *att_scratch;
-    float *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxl2, *dxp;
+    void *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao;
+    float *att_scratch;
+    void *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxl2, *dxp;
     size_t *plan_sizes;
-    float *dweights, *dprobs, *dlogits, *dsa, *dsg, *dsu, *ep_scratch;
+    float *dweights, *dprobs, *dlogits;
+    void *dsa, *dsg, *dsu, *ep_scratch;
     int max_rows_local;               // bound on rows an expert rank receives
 
-    // router state across micro-batches and steps
+    // router state across micro-batches and steps (backend memory)
     float *router_bias;               // [n_moe, E] aux-loss-free bias
     float *step_counts;               // [n_moe, E] counts summed over the step
     float step_tokens;                // tokens those counts cover
-    float *step_dropped;              // [n_moe] rows dropped by capacity this step (at the experts)
-    float *step_rows;                 // [n_moe] rows routed from this rank this step
+    float *step_dropped;              // host [n_moe] rows dropped by capacity this step (at the experts)
+    float *step_rows;                 // host [n_moe] rows routed from this rank this step
+    // losses (backend memory): this micro-batch's LB and z per MoE layer,
+    // their sums over the step, and CE sums [micro-batch, step]
+    float *lb_mb, *z_mb, *lb_step, *z_step;
+    double *ce_acc;
 
-    // results of the last forward
+    // results of the last model_forward, on the host
     double ce_sum;                    // sum of per-token CE over valid targets
     int n_valid;                      // valid targets
     float loss_ce;                    // ce_sum / n_valid
@@ -122,13 +134,21 @@ void model_init_weights(Model *m, uint64_t seed);
 void model_alloc_acts(Model *m, int B, int T);
 void model_free(Model *m);
 
-float *model_param(const Model *m, int idx);
+float *model_param(const Model *m, int idx);     // FP32 main weights
+void *model_weight(const Model *m, int idx);     // compute weights
 float *model_grad(const Model *m, int idx);
+// After the main weights changed outside the optimizer (init, load): refresh
+// the compute weights.
+void model_sync_weights(Model *m);
 
 void model_zero_grads(Model *m);
 void model_begin_step(Model *m);
-// tokens, targets: [B,T]; targets -1 are masked. route_seed drives random routing.
-// Token ids must be in [0, vocab_size): callers validate data.
+// tokens, targets: host [B,T]; targets -1 are masked. route_seed drives
+// random routing. Token ids must be in [0, vocab_size): callers validate
+// data. The async form leaves every result in backend memory (the step sums
+// lb_step, z_step, ce_acc[1]); model_forward also copies this micro-batch's
+// losses to the host fields below and returns the total.
+void model_forward_async(Model *m, const int *tokens, const int *targets, uint64_t route_seed);
 float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed);
 // Backward of ce_scale * ce_sum + aux_scale * (lb_coef sum LB + z_coef sum Z);
 // grads accumulate.

@@ -4,15 +4,25 @@
 // complete when it fills this table; tests/test_ops_grad.c checks every
 // backward here against finite differences on the CPU backend.
 //
+// Buffers live in the backend's memory (host memory on CPU, device memory
+// on CUDA) and come from its alloc. They hold one of three element types:
+//   act  void *   activations and compute weights, in the backend's compute
+//                 dtype (act_bytes per element: FP32 on CPU, BF16 on CUDA)
+//   f32  float *  parameter grads, master weights, optimizer state, router
+//                 logits / probabilities / weights, rstd, per-token losses
+//   i32  int *    token ids, expert choices, offsets and row maps
+// Scalars a step produces (losses, sums of squares) are accumulated into
+// backend buffers (`double *acc`), so nothing waits for the device until
+// the host copies them with to_host.
+//
 // Conventions
 // - Matrices are row-major, weights [out, in]; y = x W^T.
-// - Parameter grads always accumulate (+=).
+// - Parameter grads (f32) always accumulate (+=).
 // - Activation grads assign, unless the op takes `accumulate`, in which case
 //   accumulate != 0 means += (used on the residual stream and where several
 //   paths meet).
 // - Token counts N, rows R, channels C etc. are int; sizes that can exceed
 //   2^31 are size_t.
-// - The CPU backend is FP32 throughout.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -22,50 +32,64 @@ typedef enum { ROUTING_LEARNED = 0, ROUTING_RANDOM = 1, ROUTING_UNIFORM = 2 } Ro
 
 typedef struct Ops {
     const char *name;
+    size_t act_bytes;  // bytes per act element
+
+    // --- memory -------------------------------------------------------------
+    void *(*alloc)(size_t bytes);                                 // zero-filled
+    void (*free)(void *p);
+    void (*to_device)(void *dst, const void *host_src, size_t bytes);
+    void (*to_host)(void *host_dst, const void *src, size_t bytes); // waits for the device
+    // compute weights from FP32 master weights (CPU: the same buffer, no-op)
+    void (*cast_to_act)(void *dst, const float *src, size_t n);
 
     // out[N,C] = wte[tokens[n], :]. Token ids must be in [0, V).
-    void (*embedding_forward)(float *out, const int *tokens, const float *wte, int N, int C);
+    void (*embedding_forward)(void *out, const int *tokens, const void *wte, int N, int C);
     // dwte[tokens[n], :] += dout[n, :]
-    void (*embedding_backward)(float *dwte, const float *dout, const int *tokens, int N, int C);
+    void (*embedding_backward)(float *dwte, const void *dout, const int *tokens, int N, int C);
 
     // out[N,OC] = inp[N,C] w[OC,C]^T
-    void (*matmul_forward)(float *out, const float *inp, const float *w, int N, int C, int OC);
+    void (*matmul_forward)(void *out, const void *inp, const void *w, int N, int C, int OC);
     // dinp[N,C] (=|+=) dout w ;  dw[OC,C] += dout^T inp. Either grad may be NULL.
-    void (*matmul_backward)(float *dinp, float *dw, const float *dout, const float *inp,
-                            const float *w, int N, int C, int OC, int accumulate);
+    void (*matmul_backward)(void *dinp, float *dw, const void *dout, const void *inp,
+                            const void *w, int N, int C, int OC, int accumulate);
+    // The router's matmul, with FP32 logits: logits[N,E] = inp w^T;
+    // backward: dinp += dlogits w (always accumulates), dw += dlogits^T inp.
+    void (*router_logits_forward)(float *logits, const void *inp, const void *w, int N, int C, int E);
+    void (*router_logits_backward)(void *dinp, float *dw, const float *dlogits, const void *inp,
+                                   const void *w, int N, int C, int E);
 
     // out[N,C] = inp / sqrt(mean(inp^2) + eps) * w;  rstd[N] saved for backward.
-    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w,
+    void (*rmsnorm_forward)(void *out, float *rstd, const void *inp, const void *w,
                             int N, int C, float eps);
     // dinp (=|+=), dw +=
-    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
-                             const float *w, const float *rstd, int N, int C, int accumulate);
+    void (*rmsnorm_backward)(void *dinp, float *dw, const void *dout, const void *inp,
+                             const void *w, const float *rstd, int N, int C, int accumulate);
 
     // Rotate-half RoPE, in place allowed. x is [B, T, nh, hd]; position = t.
-    // cos/sin tables are [T, hd/2]. backward applies the inverse rotation.
-    void (*rope_forward)(float *out, const float *inp, const float *cos_t, const float *sin_t,
+    // cos/sin tables are f32 [T, hd/2]. backward applies the inverse rotation.
+    void (*rope_forward)(void *out, const void *inp, const float *cos_t, const float *sin_t,
                          int B, int T, int nh, int hd);
-    void (*rope_backward)(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+    void (*rope_backward)(void *dinp, const void *dout, const float *cos_t, const float *sin_t,
                           int B, int T, int nh, int hd);
 
     // Causal attention with GQA. q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd].
-    // att [B,H,T,T] holds the softmax probabilities for backward (CPU layout;
-    // a backend may keep log-sum-exp instead, sized by attention_saved_floats).
-    void (*attention_forward)(float *out, float *att, const float *q, const float *k,
-                              const float *v, int B, int T, int H, int KV, int hd);
-    // dq, dk, dv assigned. scratch: attention_scratch_floats(B,T,H) floats.
-    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
-                               const float *att, const float *q, const float *k, const float *v,
-                               float *scratch, int B, int T, int H, int KV, int hd);
+    // saved (f32, attention_saved_floats of them) is what backward needs:
+    // the probabilities [B,H,T,T] on CPU, the log-sum-exp [B,H,T] on CUDA.
+    void (*attention_forward)(void *out, float *saved, const void *q, const void *k,
+                              const void *v, int B, int T, int H, int KV, int hd);
+    // dq, dk, dv assigned. scratch: attention_scratch_floats(B,T,H) f32.
+    void (*attention_backward)(void *dq, void *dk, void *dv, const void *dout,
+                               const float *saved, const void *q, const void *k, const void *v,
+                               const void *out, float *scratch, int B, int T, int H, int KV, int hd);
     size_t (*attention_saved_floats)(int B, int T, int H);
     size_t (*attention_scratch_floats)(int B, int T, int H);
 
     // out = silu(gate) * up, all [N, F]. backward assigns dgate, dup.
-    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
-    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
-                            const float *up, size_t n);
+    void (*swiglu_forward)(void *out, const void *gate, const void *up, size_t n);
+    void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate,
+                            const void *up, size_t n);
 
-    // --- router ---------------------------------------------------------
+    // --- router (all f32) -------------------------------------------------
     // probs[N,E] = softmax(logits) or sigmoid(logits)
     void (*router_probs_forward)(float *probs, const float *logits, int N, int E, Gating g);
     // dlogits (=|+=) from dprobs
@@ -87,14 +111,15 @@ typedef struct Ops {
     void (*router_count)(float *counts, const int *idx, int N, int E, int k);
     // Load-balancing loss (E/k) sum_i f_i P_i, f_i = counts[i] / count_tokens,
     // P_i = mean over the N tokens of p̂[:, i] (p̂ = probs, normalised per
-    // token for sigmoid gating). Returns the raw loss; backward adds
+    // token for sigmoid gating), written to out[0]; backward adds
     // scale * dLB/dprobs into dprobs.
-    float (*lb_loss_forward)(const float *probs, const float *counts, float count_tokens,
-                             int N, int E, int k, Gating g);
+    void (*lb_loss_forward)(float *out, const float *probs, const float *counts, float count_tokens,
+                            int N, int E, int k, Gating g);
     void (*lb_loss_backward)(float *dprobs, const float *probs, const float *counts,
                              float count_tokens, int N, int E, int k, Gating g, float scale);
-    // Router z-loss mean_t logsumexp(logits[t])^2; backward adds scale * dZ/dlogits.
-    float (*zloss_forward)(const float *logits, int N, int E);
+    // Router z-loss mean_t logsumexp(logits[t])^2 written to out[0];
+    // backward adds scale * dZ/dlogits.
+    void (*zloss_forward)(float *out, const float *logits, int N, int E);
     void (*zloss_backward)(float *dlogits, const float *logits, int N, int E, float scale);
 
     // --- dropless expert dispatch ---------------------------------------
@@ -104,48 +129,55 @@ typedef struct Ops {
     void (*moe_route_index)(int *offsets, int *row_of, int *token_of_row, const int *idx,
                             int N, int E, int k);
     // xp[R,C] = x[token_of_row[r], :]   (R = N*k)
-    void (*permute_forward)(float *xp, const float *x, const int *token_of_row, int R, int C);
+    void (*permute_forward)(void *xp, const void *x, const int *token_of_row, int R, int C);
     // dx[N,C] (=|+=) scatter-add of dxp
-    void (*permute_backward)(float *dx, const float *dxp, const int *token_of_row,
+    void (*permute_backward)(void *dx, const void *dxp, const int *token_of_row,
                              int N, int R, int C, int accumulate);
     // out[n] (=|+=) sum_s weights[n,s] * y[row_of[n,s]]
-    void (*unpermute_forward)(float *out, const float *y, const float *weights,
+    void (*unpermute_forward)(void *out, const void *y, const float *weights,
                               const int *row_of, int N, int k, int C, int accumulate);
     // dy[row_of[n,s]] = weights[n,s] * dout[n] ;  dweights[n,s] = <dout[n], y[row]>
-    void (*unpermute_backward)(float *dy, float *dweights, const float *dout, const float *y,
+    void (*unpermute_backward)(void *dy, float *dweights, const void *dout, const void *y,
                                const float *weights, const int *row_of, int N, int k, int C);
 
-    // Grouped matmul over expert segments: rows offsets[e]..offsets[e+1] of inp
-    // use w[e] ([OC, C]). out[R,OC].
-    void (*grouped_matmul_forward)(float *out, const float *inp, const float *w,
+    // Grouped matmul over expert segments: rows offsets[e]..offsets[e+1] of
+    // inp use w[e] ([OC, C]); offsets are read where they live (device
+    // memory on CUDA: the host never sees the counts). out[R,OC].
+    void (*grouped_matmul_forward)(void *out, const void *inp, const void *w,
                                    const int *offsets, int E, int C, int OC);
     // dinp (=) and dw (+=); either may be NULL.
-    void (*grouped_matmul_backward)(float *dinp, float *dw, const float *dout,
-                                    const float *inp, const float *w, const int *offsets,
+    void (*grouped_matmul_backward)(void *dinp, float *dw, const void *dout,
+                                    const void *inp, const void *w, const int *offsets,
                                     int E, int C, int OC);
 
     // --- loss -------------------------------------------------------------
     // losses[N] = -log softmax(logits[n])[targets[n]] (0 where target < 0).
-    void (*crossentropy_forward)(float *losses, const float *logits, const int *targets,
+    void (*crossentropy_forward)(float *losses, const void *logits, const int *targets,
                                  int N, int V);
     // dlogits[N,V] = dloss * (softmax(logits) - onehot) for valid rows, 0 elsewhere.
     // dlogits may alias logits (the fused classifier case).
-    void (*crossentropy_backward)(float *dlogits, const float *logits, const int *targets,
+    void (*crossentropy_backward)(void *dlogits, const void *logits, const int *targets,
                                   float dloss, int N, int V);
+    // acc[0] += sum of losses[n] over n with targets[n] >= 0
+    void (*loss_sum)(double *acc, const float *losses, const int *targets, int N);
 
     // --- elementwise --------------------------------------------------------
-    void (*add_inplace)(float *y, const float *x, size_t n);   // y += x
-    void (*zero)(float *x, size_t n);
-    void (*copy)(float *dst, const float *src, size_t n);
+    void (*add_act)(void *y, const void *x, size_t n);     // y += x
+    void (*copy_act)(void *dst, const void *src, size_t n);
+    void (*add_f32)(float *y, const float *x, size_t n);   // y += x
+    void (*copy_f32)(float *dst, const float *src, size_t n);
+    void (*zero)(void *x, size_t bytes);
 
     // --- optimizer ----------------------------------------------------------
-    // One AdamW step on n elements; step t >= 1 (bias correction); wd is
-    // decoupled: p -= lr * wd * p. grad_scale multiplies the grads first
-    // (clipping).
-    void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float wd, float grad_scale, int t);
-    // sum of squares, in double
-    double (*sum_squares)(const float *x, size_t n);
+    // One AdamW step on n elements of the FP32 master weights p; step t >= 1
+    // (bias correction); wd is decoupled: p -= lr * wd * p. grad_scale
+    // multiplies the grads first (clipping). p_act, when not NULL and not p,
+    // receives the updated weights in the compute dtype.
+    void (*adamw_update)(float *p, void *p_act, const float *g, float *m, float *v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float wd,
+                         float grad_scale, int t);
+    // acc[0] += sum of squares of x
+    void (*sum_squares)(double *acc, const float *x, size_t n);
 } Ops;
 
 extern const Ops ops_cpu;

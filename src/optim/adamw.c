@@ -22,10 +22,10 @@ void adamw_init_range(AdamW *o, const OptimConfig *cfg, const Model *model, cons
     for (int c = 0; c < N_CLASSES; c++) {
         o->begin[c] = begin[c];
         o->end[c] = end[c];
-        o->m[c] = mallocCheck((end[c] - begin[c]) * sizeof(float));
-        o->v[c] = mallocCheck((end[c] - begin[c]) * sizeof(float));
+        o->m[c] = model->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
+        o->v[c] = model->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
     }
-    (void)model;
+    o->ops = model->ops;
 }
 
 void adamw_init(AdamW *o, const OptimConfig *cfg, const Model *model) {
@@ -35,7 +35,7 @@ void adamw_init(AdamW *o, const OptimConfig *cfg, const Model *model) {
 }
 
 void adamw_free(AdamW *o) {
-    for (int c = 0; c < N_CLASSES; c++) { free(o->m[c]); free(o->v[c]); }
+    for (int c = 0; c < N_CLASSES; c++) { o->ops->free(o->m[c]); o->ops->free(o->v[c]); }
     memset(o, 0, sizeof(*o));
 }
 
@@ -57,7 +57,8 @@ void adamw_step_grads(AdamW *o, Model *model, float *const *grads, float lr, flo
         if (hi <= lo) continue;
         float wd = adamw_decays(c, e) ? c->weight_decay : 0.0f;
         size_t r = lo - o->begin[k];
-        model->ops->adamw_update(model->params[k] + lo, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,
+        void *act = (char *)model->wact[k] + lo * model->ops->act_bytes;
+        model->ops->adamw_update(model->params[k] + lo, act, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,
                                  lr, c->beta1, c->beta2, c->eps, wd, grad_scale, o->t);
     }
 }
@@ -69,7 +70,9 @@ void adamw_step(AdamW *o, Model *model, float lr, float grad_scale) {
 }
 
 double grad_norm(const Model *model) {
-    double s = 0;
-    for (int c = 0; c < N_CLASSES; c++) s += model->ops->sum_squares(model->grads[c], model->table.class_numel[c]);
+    double *acc = model->ops->alloc(sizeof(double)), s;
+    for (int c = 0; c < N_CLASSES; c++) model->ops->sum_squares(acc, model->grads[c], model->table.class_numel[c]);
+    model->ops->to_host(&s, acc, sizeof(double));
+    model->ops->free(acc);
     return sqrt(s);
 }

@@ -15,8 +15,9 @@ typedef struct {
 typedef struct {
     OptimConfig cfg;
     size_t begin[N_CLASSES], end[N_CLASSES];
-    float *m[N_CLASSES], *v[N_CLASSES];   // [end - begin]
+    float *m[N_CLASSES], *v[N_CLASSES];   // [end - begin], backend memory
     int t;  // steps taken
+    const Ops *ops;
 } AdamW;
 
 void optim_config_defaults(OptimConfig *c);

@@ -390,6 +390,7 @@ int cmd_train(int argc, char **argv) {
     double *red = mallocCheck((size_t)(4 + 2 * L + 2 * L + (size_t)L * E) * sizeof(double));
     double *lb_step = mallocCheck((L + 1) * sizeof(double)), *z_step = mallocCheck((L + 1) * sizeof(double));
     double *maxload = mallocCheck((L + 1) * sizeof(double));
+    float *counts_host = mallocCheck(((size_t)L * E + 1) * sizeof(float));
     int *gflags = mallocCheck((L + 1) * sizeof(int));
     Gerrymander gm;
     gerrymander_init(&gm, L, cfg.logging.gerrymander_window);
@@ -434,13 +435,15 @@ int cmd_train(int argc, char **argv) {
             red[k++] = ce_sum;
             for (int l = 0; l < L; l++) { red[k++] = lb_step[l]; red[k++] = z_step[l]; }
             for (int l = 0; l < L; l++) { red[k++] = m.step_dropped[l]; red[k++] = m.step_rows[l]; }
-            for (size_t i = 0; i < (size_t)L * E; i++) red[k++] = m.step_counts[i];
+            m.ops->to_host(counts_host, m.step_counts, (size_t)L * E * sizeof(float));
+            for (size_t i = 0; i < (size_t)L * E; i++) red[k++] = counts_host[i];
             comm_allreduce(mesh.dp_comm, red, k, COMM_F64);
             k = 0;
             ce_sum = red[k++];
             for (int l = 0; l < L; l++) { lb_step[l] = red[k++] / M_total; z_step[l] = red[k++] / M_total; }
             for (int l = 0; l < L; l++) { m.step_dropped[l] = (float)red[k++]; m.step_rows[l] = (float)red[k++]; }
-            for (size_t i = 0; i < (size_t)L * E; i++) m.step_counts[i] = (float)red[k++];
+            for (size_t i = 0; i < (size_t)L * E; i++) counts_host[i] = (float)red[k++];
+            m.ops->to_device(m.step_counts, counts_host, (size_t)L * E * sizeof(float));
         }
         double ce = valid ? ce_sum / valid : 0, aux = 0, lb_raw = 0, z_raw = 0;
         for (int l = 0; l < L; l++) {
@@ -497,7 +500,7 @@ int cmd_train(int argc, char **argv) {
         double worst_max = 0, dropped_total = 0, rows_total = 0;
         for (int l = 0; l < L; l++) {
             ExpertLoad el;
-            expert_load_stats(m.step_counts + (size_t)l * E, E, &el);
+            expert_load_stats(counts_host + (size_t)l * E, E, &el);
             maxload[l] = el.max_over_mean;
             if (el.max_over_mean > worst_max) worst_max = el.max_over_mean;
             dropped_total += m.step_dropped[l];
@@ -576,7 +579,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (metrics) fclose(metrics);
     free(config_yaml);
-    free(tokens); free(targets); free(lb_step); free(z_step); free(maxload); free(gflags); free(red);
+    free(tokens); free(targets); free(lb_step); free(z_step); free(maxload); free(gflags); free(red); free(counts_host);
     gerrymander_free(&gm);
     adamw_free(&opt);
     ddp_free(&ddp);

@@ -546,7 +546,7 @@ static void cpu_add_inplace(real *y, const real *x, size_t n) {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
-static void cpu_zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
+static inline void cpu_zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
 static void cpu_copy(real *dst, const real *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
 
 // torch.optim.AdamW's arithmetic: p *= 1 - lr wd; m, v EMA; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)

@@ -1,50 +1,174 @@
-// The CPU backend: FP32 kernels from cpu_kernels.h gathered into the op table.
+// The CPU backend: FP32 kernels from cpu_kernels.h behind the op table.
+// Memory is host memory; act buffers hold float. The wrappers only give the
+// kernels the table's types.
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "ops/ops.h"
+#include "util/check.h"
 
 typedef float real;
 #include "ops/cpu/cpu_kernels.h"
 
+#define F(p) ((float *)(p))
+#define CF(p) ((const float *)(p))
+
+static void *c_alloc(size_t bytes) { return mallocCheck(bytes); }
+static void c_free(void *p) { free(p); }
+static void c_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memcpy(dst, src, bytes); }
+static void c_cast(void *dst, const float *src, size_t n) { if (dst != src) memcpy(dst, src, n * sizeof(float)); }
+
+static void c_embedding_forward(void *out, const int *tokens, const void *wte, int N, int C) {
+    cpu_embedding_forward(F(out), tokens, CF(wte), N, C);
+}
+static void c_embedding_backward(float *dwte, const void *dout, const int *tokens, int N, int C) {
+    cpu_embedding_backward(dwte, CF(dout), tokens, N, C);
+}
+static void c_matmul_forward(void *out, const void *inp, const void *w, int N, int C, int OC) {
+    cpu_matmul_forward(F(out), CF(inp), CF(w), N, C, OC);
+}
+static void c_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                              int N, int C, int OC, int accumulate) {
+    cpu_matmul_backward(F(dinp), dw, CF(dout), CF(inp), CF(w), N, C, OC, accumulate);
+}
+static void c_router_logits_forward(float *logits, const void *inp, const void *w, int N, int C, int E) {
+    cpu_matmul_forward(logits, CF(inp), CF(w), N, C, E);
+}
+static void c_router_logits_backward(void *dinp, float *dw, const float *dlogits, const void *inp,
+                                     const void *w, int N, int C, int E) {
+    cpu_matmul_backward(F(dinp), dw, dlogits, CF(inp), CF(w), N, C, E, 1);
+}
+static void c_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int N, int C, float eps) {
+    cpu_rmsnorm_forward(F(out), rstd, CF(inp), CF(w), N, C, eps);
+}
+static void c_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                               const float *rstd, int N, int C, int accumulate) {
+    cpu_rmsnorm_backward(F(dinp), dw, CF(dout), CF(inp), CF(w), rstd, N, C, accumulate);
+}
+static void c_rope_forward(void *out, const void *inp, const float *cs, const float *sn, int B, int T, int nh, int hd) {
+    cpu_rope_forward(F(out), CF(inp), cs, sn, B, T, nh, hd);
+}
+static void c_rope_backward(void *dinp, const void *dout, const float *cs, const float *sn, int B, int T, int nh, int hd) {
+    cpu_rope_backward(F(dinp), CF(dout), cs, sn, B, T, nh, hd);
+}
+static void c_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
+                                int B, int T, int H, int KV, int hd) {
+    cpu_attention_forward(F(out), saved, CF(q), CF(k), CF(v), B, T, H, KV, hd);
+}
+static void c_attention_backward(void *dq, void *dk, void *dv, const void *dout, const float *saved,
+                                 const void *q, const void *k, const void *v, const void *out,
+                                 float *scratch, int B, int T, int H, int KV, int hd) {
+    cpu_attention_backward(F(dq), F(dk), F(dv), CF(dout), saved, CF(q), CF(k), CF(v), scratch, B, T, H, KV, hd);
+}
+static void c_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
+    cpu_swiglu_forward(F(out), CF(gate), CF(up), n);
+}
+static void c_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+    cpu_swiglu_backward(F(dgate), F(dup), CF(dout), CF(gate), CF(up), n);
+}
+static void c_lb_loss_forward(float *out, const float *probs, const float *counts, float count_tokens,
+                              int N, int E, int k, Gating g) {
+    out[0] = cpu_lb_loss_forward(probs, counts, count_tokens, N, E, k, g);
+}
+static void c_zloss_forward(float *out, const float *logits, int N, int E) {
+    out[0] = cpu_zloss_forward(logits, N, E);
+}
+static void c_permute_forward(void *xp, const void *x, const int *token_of_row, int R, int C) {
+    cpu_permute_forward(F(xp), CF(x), token_of_row, R, C);
+}
+static void c_permute_backward(void *dx, const void *dxp, const int *token_of_row, int N, int R, int C, int accumulate) {
+    cpu_permute_backward(F(dx), CF(dxp), token_of_row, N, R, C, accumulate);
+}
+static void c_unpermute_forward(void *out, const void *y, const float *weights, const int *row_of, int N,
+                                int k, int C, int accumulate) {
+    cpu_unpermute_forward(F(out), CF(y), weights, row_of, N, k, C, accumulate);
+}
+static void c_unpermute_backward(void *dy, float *dweights, const void *dout, const void *y,
+                                 const float *weights, const int *row_of, int N, int k, int C) {
+    cpu_unpermute_backward(F(dy), dweights, CF(dout), CF(y), weights, row_of, N, k, C);
+}
+static void c_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets,
+                                     int E, int C, int OC) {
+    cpu_grouped_matmul_forward(F(out), CF(inp), CF(w), offsets, E, C, OC);
+}
+static void c_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp,
+                                      const void *w, const int *offsets, int E, int C, int OC) {
+    cpu_grouped_matmul_backward(F(dinp), dw, CF(dout), CF(inp), CF(w), offsets, E, C, OC);
+}
+static void c_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V) {
+    cpu_crossentropy_forward(losses, CF(logits), targets, N, V);
+}
+static void c_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N, int V) {
+    cpu_crossentropy_backward(F(dlogits), CF(logits), targets, dloss, N, V);
+}
+static void c_loss_sum(double *acc, const float *losses, const int *targets, int N) {
+    double s = 0;
+    for (int n = 0; n < N; n++)
+        if (targets[n] >= 0) s += losses[n];
+    acc[0] += s;
+}
+static void c_add_act(void *y, const void *x, size_t n) { cpu_add_inplace(F(y), CF(x), n); }
+static void c_copy_act(void *dst, const void *src, size_t n) { cpu_copy(F(dst), CF(src), n); }
+static void c_zero(void *x, size_t bytes) { memset(x, 0, bytes); }
+static void c_adamw_update(float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr,
+                           float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
+    cpu_adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t);
+    if (p_act && p_act != p) memcpy(p_act, p, n * sizeof(float));
+}
+static void c_sum_squares(double *acc, const float *x, size_t n) { acc[0] += cpu_sum_squares(x, n); }
+
 const Ops ops_cpu = {
     .name = "cpu",
-    .embedding_forward = cpu_embedding_forward,
-    .embedding_backward = cpu_embedding_backward,
-    .matmul_forward = cpu_matmul_forward,
-    .matmul_backward = cpu_matmul_backward,
-    .rmsnorm_forward = cpu_rmsnorm_forward,
-    .rmsnorm_backward = cpu_rmsnorm_backward,
-    .rope_forward = cpu_rope_forward,
-    .rope_backward = cpu_rope_backward,
-    .attention_forward = cpu_attention_forward,
-    .attention_backward = cpu_attention_backward,
+    .act_bytes = sizeof(float),
+    .alloc = c_alloc,
+    .free = c_free,
+    .to_device = c_copy,
+    .to_host = c_copy,
+    .cast_to_act = c_cast,
+    .embedding_forward = c_embedding_forward,
+    .embedding_backward = c_embedding_backward,
+    .matmul_forward = c_matmul_forward,
+    .matmul_backward = c_matmul_backward,
+    .router_logits_forward = c_router_logits_forward,
+    .router_logits_backward = c_router_logits_backward,
+    .rmsnorm_forward = c_rmsnorm_forward,
+    .rmsnorm_backward = c_rmsnorm_backward,
+    .rope_forward = c_rope_forward,
+    .rope_backward = c_rope_backward,
+    .attention_forward = c_attention_forward,
+    .attention_backward = c_attention_backward,
     .attention_saved_floats = cpu_attention_saved_floats,
     .attention_scratch_floats = cpu_attention_scratch_floats,
-    .swiglu_forward = cpu_swiglu_forward,
-    .swiglu_backward = cpu_swiglu_backward,
+    .swiglu_forward = c_swiglu_forward,
+    .swiglu_backward = c_swiglu_backward,
     .router_probs_forward = cpu_router_probs_forward,
     .router_probs_backward = cpu_router_probs_backward,
     .router_topk = cpu_router_topk,
     .router_weights_forward = cpu_router_weights_forward,
     .router_weights_backward = cpu_router_weights_backward,
     .router_count = cpu_router_count,
-    .lb_loss_forward = cpu_lb_loss_forward,
+    .lb_loss_forward = c_lb_loss_forward,
     .lb_loss_backward = cpu_lb_loss_backward,
-    .zloss_forward = cpu_zloss_forward,
+    .zloss_forward = c_zloss_forward,
     .zloss_backward = cpu_zloss_backward,
     .moe_route_index = cpu_moe_route_index,
-    .permute_forward = cpu_permute_forward,
-    .permute_backward = cpu_permute_backward,
-    .unpermute_forward = cpu_unpermute_forward,
-    .unpermute_backward = cpu_unpermute_backward,
-    .grouped_matmul_forward = cpu_grouped_matmul_forward,
-    .grouped_matmul_backward = cpu_grouped_matmul_backward,
-    .crossentropy_forward = cpu_crossentropy_forward,
-    .crossentropy_backward = cpu_crossentropy_backward,
-    .add_inplace = cpu_add_inplace,
-    .zero = cpu_zero,
-    .copy = cpu_copy,
-    .adamw_update = cpu_adamw_update,
-    .sum_squares = cpu_sum_squares,
+    .permute_forward = c_permute_forward,
+    .permute_backward = c_permute_backward,
+    .unpermute_forward = c_unpermute_forward,
+    .unpermute_backward = c_unpermute_backward,
+    .grouped_matmul_forward = c_grouped_matmul_forward,
+    .grouped_matmul_backward = c_grouped_matmul_backward,
+    .crossentropy_forward = c_crossentropy_forward,
+    .crossentropy_backward = c_crossentropy_backward,
+    .loss_sum = c_loss_sum,
+    .add_act = c_add_act,
+    .copy_act = c_copy_act,
+    .add_f32 = cpu_add_inplace,
+    .copy_f32 = cpu_copy,
+    .zero = c_zero,
+    .adamw_update = c_adamw_update,
+    .sum_squares = c_sum_squares,
 };
 
 void rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta) {
