@@ -12,12 +12,29 @@ CFLAGS  += -DMOECORE_VERSION=\"$(VERSION)\"
 
 LIB_SRC := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
+
+# The CUDA backend is compiled wherever nvcc is found (NVCC= forces a
+# CPU-only build); one binary then picks the device from the config.
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_SRC  := $(sort $(wildcard src/ops/cuda/*.cu))
+CUDA_OBJ  := $(CUDA_SRC:%.cu=build/%.o)
+CFLAGS    += -DMOECORE_CUDA
+NVCCFLAGS ?= -O3 -lineinfo
+NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -DMOECORE_CUDA \
+             --expt-relaxed-constexpr -Xcompiler -Wall,-Wno-unused-function
+NVCCFLAGS += -DMOECORE_CUDA_LIB_DIR='"$(CUDA_HOME)/lib64"'
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+endif
+GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))
+GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=build/tests/gpu/%)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(sort $(wildcard tests/tool_*.c))
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
-.PHONY: all deps test run clean
+.PHONY: all deps test test-gpu gpu-bundle run clean
 all: build/moecore
 
 deps:
@@ -27,7 +44,11 @@ build/%.o: %.c $(shell find src -name '*.h')
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-build/libmoecore.a: $(LIB_OBJ)
+build/%.o: %.cu $(shell find src -name '*.h' -o -name '*.cuh')
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+build/libmoecore.a: $(LIB_OBJ) $(CUDA_OBJ)
 	ar rcs $@ $^
 
 build/moecore: src/main.c build/libmoecore.a
@@ -40,6 +61,20 @@ build/tests/%: tests/%.c build/libmoecore.a $(shell find src -name '*.h')
 test: deps
 	@$(MAKE) --no-print-directory build/moecore $(TEST_BIN) $(TOOL_BIN)
 	@bash tests/run.sh
+
+# GPU tests (tests/gpu/): CUDA ops against the CPU backend, whole steps.
+# `make gpu-bundle` builds them and copies the shared libraries they need
+# into build/lib, so that build/ can be carried to a GPU machine without
+# this machine's packages; there, `bash tests/gpu/run.sh` runs them.
+build/tests/gpu/%: tests/gpu/%.c build/libmoecore.a $(shell find src tests/gpu -name '*.h')
+	@mkdir -p build/tests/gpu
+	$(CC) $(CFLAGS) -Itests $< build/libmoecore.a $(LDLIBS) -o $@
+
+gpu-bundle: build/moecore $(GPU_TEST_BIN)
+	@bash scripts/bundle-libs.sh build/lib build/moecore $(GPU_TEST_BIN)
+
+test-gpu: gpu-bundle
+	@bash tests/gpu/run.sh
 
 # The main job: the byte-level corpus from Debian's own text, then
 # configs/tiny.yaml (about 2 minutes on 2 cores). Run it again to start over;

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/hf.h"
 #include "data/tokenizer.h"
 #include "dist/comm.h"
 #include "model/model.h"
@@ -22,6 +23,8 @@ static void usage(FILE *f) {
             "                                    train a model (see configs/reference.yaml)\n"
             "  tokenize --out OUT.bin FILE...    byte-level tokenize text files (see --help)\n"
             "  detokenize FILE.bin               print token files as text\n"
+            "  export-hf CKPT_DIR OUT_DIR [...]  write a checkpoint as a Hugging Face olmoe / flex_olmo model (docs/hf.md)\n"
+            "  import-hf HF_DIR CKPT_DIR [...]   read a Hugging Face olmoe / flex_olmo model into a checkpoint\n"
             "  params [--model.KEY=VALUE ...]   validate a model config, print its parameter\n"
             "                                    table and counts\n"
             "  --version                        version and compiled backends\n"
@@ -98,7 +101,11 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("moecore %s\nbackends: cpu (FP32, OpenBLAS, OpenMP)\n", MOECORE_VERSION);
+        printf("moecore %s\nbackends: cpu (FP32, OpenBLAS, OpenMP)", MOECORE_VERSION);
+#ifdef MOECORE_CUDA
+        printf(", cuda (BF16, cuBLASLt, sm_90a)");
+#endif
+        printf("\nruntimes: MPI (Open MPI) for data and expert parallelism\n");
         return 0;
     }
     if (!strcmp(argv[1], "params")) return cmd_params(argc - 2, argv + 2);
@@ -110,6 +117,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "export-hf")) return cmd_export_hf(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "import-hf")) return cmd_import_hf(argc - 2, argv + 2);
     fprintf(stderr, "moecore: error: unknown command '%s' (see moecore --help)\n", argv[1]);
     return 2;
 }

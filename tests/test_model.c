@@ -66,6 +66,7 @@ static void check_router_grad(int routing) {
     small_config(&c);
     c.routing = routing;
     c.lb_coef = 0.1f; c.z_coef = 0.01f;
+    c.init_std = 0.1f; // spread router logits: fewer near-tie top-k choices to cross
     char err[256];
     Model m;
     ck_assert_int_eq(model_init(&m, &c, &ops_cpu, err, sizeof err), 0);
@@ -82,16 +83,32 @@ static void check_router_grad(int routing) {
     double gg = 0;
     for (size_t i = 0; i < n; i++) gg += (double)g[i] * g[i];
     ck_assert_msg(gg > 0, "router got no gradient");
-    double gn = sqrt(gg), h = 1e-2;
+    double gn = sqrt(gg);
     float *w0 = malloc(n * sizeof(float));
     memcpy(w0, w, n * sizeof(float));
-    double lp, lm;
-    for (size_t i = 0; i < n; i++) w[i] = w0[i] + (float)(h * g[i] / gn);
-    model_begin_step(&m); lp = model_forward(&m, tok, tgt, 77);
-    for (size_t i = 0; i < n; i++) w[i] = w0[i] - (float)(h * g[i] / gn);
-    model_begin_step(&m); lm = model_forward(&m, tok, tgt, 77);
-    double fd = (lp - lm) / (2 * h);
-    ck_assert_msg(fabs(fd - gn) / gn < 2e-2, "routing %d: directional derivative %g vs |grad| %g", routing, fd, gn);
+    // learned routing is piecewise smooth: a step that flips a top-k choice
+    // crosses a kink, so the step shrinks until no choice flips
+    size_t nidx = (size_t)m.B * m.T * c.top_k;
+    int *idx0 = malloc(nidx * sizeof(int));
+    memcpy(idx0, m.acts[1].idx, nidx * sizeof(int));
+    double fd = NAN, used = 0;
+    for (double h = 1e-2; h >= 1e-4 && isnan(fd); h /= 3) {
+        double lp, lm;
+        int same = 1;
+        for (size_t i = 0; i < n; i++) w[i] = w0[i] + (float)(h * g[i] / gn);
+        model_begin_step(&m); lp = model_forward(&m, tok, tgt, 77);
+        same &= !memcmp(idx0, m.acts[1].idx, nidx * sizeof(int));
+        for (size_t i = 0; i < n; i++) w[i] = w0[i] - (float)(h * g[i] / gn);
+        model_begin_step(&m); lm = model_forward(&m, tok, tgt, 77);
+        same &= !memcmp(idx0, m.acts[1].idx, nidx * sizeof(int));
+        if (same) { fd = (lp - lm) / (2 * h); used = h; }
+    }
+    ck_assert_msg(!isnan(fd), "routing %d: every step down to 1e-4 flipped a top-k choice", routing);
+    // FP32 loss: differences carry ~4e-7 absolute noise, i.e. 2e-7/h in the derivative
+    double tol = 2e-2 + 4e-7 / (2 * used) / gn;
+    printf("routing %d: directional derivative %g vs |grad| %g (h %g, tol %.3g)\n", routing, fd, gn, used, tol);
+    ck_assert_msg(fabs(fd - gn) / gn < tol, "routing %d: directional derivative %g vs |grad| %g (h %g)", routing, fd, gn, used);
+    free(idx0);
     free(w0);
     model_free(&m);
 }

@@ -286,11 +286,11 @@ START_TEST(test_attention) {
         size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
         double *q = randn(&r, nq, 1), *k = randn(&r, nk, 1), *v = randn(&r, nk, 1);
         double *dout = randn(&r, nq, 1);
-        AttnCtx c = {q, k, v, dout, dbuf(nq), dbuf(cpu_attention_saved_floats(B, T, H)), B, T, H, KV, hd};
+        AttnCtx c = {q, k, v, dout, dbuf(nq), dbuf(cpu_attention_saved_floats(B, T, H, hd)), B, T, H, KV, hd};
 
         // forward against a direct computation: softmax(q k^T / sqrt(hd) + causal) v
         attention_loss(&c);
-        double *ref = dbuf(nq), *att = dcopy(c.att, cpu_attention_saved_floats(B, T, H));
+        double *ref = dbuf(nq), *att = dcopy(c.att, cpu_attention_saved_floats(B, T, H, hd));
         double att_err = 0;
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
@@ -318,7 +318,7 @@ START_TEST(test_attention) {
         // causality: changing k/v at position s leaves outputs at t < s unchanged
         double causal_leak = 0, change_at_s = INFINITY;
         for (int s = 1; s < T; s++) {
-            double *k2 = dcopy(k, nk), *v2 = dcopy(v, nk), *out2 = dbuf(nq), *att2 = dbuf(cpu_attention_saved_floats(B, T, H));
+            double *k2 = dcopy(k, nk), *v2 = dcopy(v, nk), *out2 = dbuf(nq), *att2 = dbuf(cpu_attention_saved_floats(B, T, H, hd));
             for (int b = 0; b < B; b++)
                 for (int j = 0; j < KV * hd; j++) {
                     k2[((size_t)b * T + s) * KV * hd + j] += 1 + rng_normal(&r);
@@ -342,7 +342,7 @@ START_TEST(test_attention) {
         ck_assert_msg(change_at_s > 1e-3, "%s: perturbing k/v at s does not change output at s", op);
 
         double *dq = filled(nq, 123), *dk = filled(nk, 123), *dv = filled(nk, 123);
-        double *scratch = dbuf(cpu_attention_scratch_floats(B, T, H));
+        double *scratch = dbuf(cpu_attention_scratch_floats(B, T, H, hd));
         cpu_attention_backward(dq, dk, dv, dout, att, q, k, v, scratch, B, T, H, KV, hd);
         check_grad(op, "q", attention_loss, &c, q, nq, dq);
         check_grad(op, "k", attention_loss, &c, k, nk, dk);

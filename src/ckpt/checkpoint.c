@@ -246,11 +246,27 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
     }
     if (agree(l, rc)) goto fail;
     {
-        float *const *pb[1] = {m->params};
+        // device buffers are written from host copies
+        const Ops *ops = m->ops;
+        float *hp[N_CLASSES], *hm[N_CLASSES], *hv[N_CLASSES], *hbias = m->router_bias;
+        for (int c = 0; c < N_CLASSES; c++) {
+            hp[c] = m->params[c]; hm[c] = opt->m[c]; hv[c] = opt->v[c];
+            if (ops->host_memory) continue;
+            size_t n = m->table.class_numel[c], no = opt->end[c] - opt->begin[c];
+            hp[c] = mallocCheck(n * 4 + 4); hm[c] = mallocCheck(no * 4 + 4); hv[c] = mallocCheck(no * 4 + 4);
+            ops->to_host(hp[c], m->params[c], n * 4);
+            ops->to_host(hm[c], opt->m[c], no * 4);
+            ops->to_host(hv[c], opt->v[c], no * 4);
+        }
+        if (!ops->host_memory && m->n_moe) {
+            hbias = mallocCheck((size_t)bshape[0] * bshape[1] * 4);
+            ops->to_host(hbias, m->router_bias, (size_t)bshape[0] * bshape[1] * 4);
+        }
+        float *const *pb[1] = {hp};
         size_t zero[1][N_CLASSES] = {{0}}, full[1][N_CLASSES];
         for (int c = 0; c < N_CLASSES; c++) full[0][c] = m->table.class_numel[c];
         rc = write_own(mpath, &sm, m, 1, pb, zero, full, l, err, errlen);
-        float *const *ob[2] = {opt->m, opt->v};
+        float *const *ob[2] = {hm, hv};
         size_t obase[2][N_CLASSES], olim[2][N_CLASSES];
         for (int b = 0; b < 2; b++)
             for (int c = 0; c < N_CLASSES; c++) { obase[b][c] = opt->begin[c]; olim[b][c] = opt->end[c]; }
@@ -259,9 +275,13 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
             int fd = open(opath, O_WRONLY);
             if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", opath, strerror(errno)); rc = -1; }
             else {
-                rc = st_write_range(fd, opath, &so, so.n - 1, 0, m->router_bias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen);
+                rc = st_write_range(fd, opath, &so, so.n - 1, 0, hbias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen);
                 if ((fsync(fd) | close(fd)) && !rc) { snprintf(err, errlen, "fsync %s: %s", opath, strerror(errno)); rc = -1; }
             }
+        }
+        if (!ops->host_memory) {
+            for (int c = 0; c < N_CLASSES; c++) { free(hp[c]); free(hm[c]); free(hv[c]); }
+            if (m->n_moe) free(hbias);
         }
     }
     if (agree(l, rc)) goto fail;
@@ -432,11 +452,12 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, s
     }
     // commit
     for (int c = 0; c < N_CLASSES; c++) {
-        memcpy(m->params[c], p[c], m->table.class_numel[c] * 4);
-        memcpy(opt->m[c], mm[c], (opt->end[c] - opt->begin[c]) * 4);
-        memcpy(opt->v[c], vv[c], (opt->end[c] - opt->begin[c]) * 4);
+        m->ops->to_device(m->params[c], p[c], m->table.class_numel[c] * 4);
+        m->ops->to_device(opt->m[c], mm[c], (opt->end[c] - opt->begin[c]) * 4);
+        m->ops->to_device(opt->v[c], vv[c], (opt->end[c] - opt->begin[c]) * 4);
     }
-    if (m->n_moe) memcpy(m->router_bias, bias, (size_t)m->n_moe * m->cfg.n_experts * 4);
+    if (m->n_moe) m->ops->to_device(m->router_bias, bias, (size_t)m->n_moe * m->cfg.n_experts * 4);
+    model_sync_weights(m);
     opt->t = adam_t;
     *s = ns;
     rc = 0;

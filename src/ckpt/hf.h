@@ -76,7 +76,7 @@ typedef struct {
 // in index order). hf_vocab <= padded_vocab is the HF embedding rows; with
 // tied, lm_head reads model.embed_tokens.weight (import only). *out is
 // malloc'd. -1 with a message for a table entry with no HF name.
-int hf_tensor_map(const ParamTable *t, const ModelConfig *c, HfFormat f, int hf_vocab, int tied,
+int hf_tensor_map(const ParamTable *t, HfFormat f, int hf_vocab, int tied,
                   HfTensor **out, int *n, char *err, size_t errlen);
 
 // The parameter table of a config, without keeping any parameter memory.

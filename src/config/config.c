@@ -38,7 +38,7 @@ static const Key table[] = {
     F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
     F(optim.weight_decay, T_FLOAT), F(optim.decay_norms, T_BOOL), F(optim.decay_embeddings, T_BOOL),
     {"optim.sharded", T_BOOL, offsetof(RunConfig, optim_sharded), NULL},
-    F(checkpoint.dir, T_STR), F(checkpoint.interval, T_I64), F(checkpoint.keep, T_INT),
+    F(checkpoint.dir, T_STR), F(checkpoint.interval, T_I64), F(checkpoint.keep, T_INT), F(checkpoint.save_final, T_BOOL),
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
     F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE),
@@ -80,6 +80,7 @@ void run_config_defaults(RunConfig *c) {
     c->train.seed = 1;
     c->checkpoint.interval = 0;
     c->checkpoint.keep = 3;
+    c->checkpoint.save_final = 1;
     snprintf(c->logging.run_dir, CFG_PATH_MAX, "runs/default");
     c->logging.log_interval = 10;
     c->logging.gerrymander_window = 50;

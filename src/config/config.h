@@ -50,6 +50,7 @@ typedef struct {
     char dir[CFG_PATH_MAX];  // default <run_dir>/checkpoints
     int64_t interval;        // steps between checkpoints; 0 = only at the end / on signal
     int keep;                // committed checkpoints kept; 0 = all
+    int save_final;          // save at the last step (and on a signal)
 } CheckpointSection;
 
 typedef struct {

@@ -133,6 +133,19 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     return 0;
 }
 
+int model_param_table(const ModelConfig *cfg, ParamTable *t, char *err, size_t errlen) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *cfg;
+    if (model_config_validate(&m.cfg, err, errlen)) return -1;
+    m.par = (ModelParallel){0, 1, NULL};
+    m.E_local = m.cfg.n_experts;
+    build_table(&m);
+    *t = m.table;
+    free(m.layers);
+    return 0;
+}
+
 // Box-Muller over splitmix64: reproducible on every platform.
 static uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
@@ -147,8 +160,11 @@ void model_sync_weights(Model *m) {
 }
 
 void model_init_weights(Model *m, uint64_t seed) {
-    // each tensor gets its own stream keyed by its index, so the values do
-    // not depend on which other tensors exist or on the class layout
+    // Every chunk of 64k elements of every tensor has its own stream, keyed
+    // by (seed, tensor index, chunk): the values do not depend on which
+    // other tensors exist, on the class layout or on the thread count, and
+    // a 7B-parameter model initialises in seconds.
+    enum { CHUNK = 1 << 16 };
     float *host = mallocCheck(1);
     size_t cap = 0;
     for (int i = 0; i < m->table.n; i++) {
@@ -157,13 +173,19 @@ void model_init_weights(Model *m, uint64_t seed) {
         float *p = host;
         if (e->kind == PARAM_NORM) {
             for (size_t j = 0; j < e->numel; j++) p[j] = 1.0f;
-            m->ops->to_device(model_param(m, i), host, e->numel * sizeof(float));
-            continue;
-        }
-        uint64_t s = seed * 0x100000001b3ULL + (uint64_t)i * 0x9e3779b97f4a7c15ULL;
-        for (size_t j = 0; j < e->numel; j++) {
-            double u1 = rng_uniform(&s), u2 = rng_uniform(&s);
-            p[j] = (float)(m->cfg.init_std * sqrt(-2.0 * log(u1)) * cos(2 * M_PI * u2));
+        } else {
+            size_t chunks = (e->numel + CHUNK - 1) / CHUNK;
+            double std = m->cfg.init_std;
+#pragma omp parallel for schedule(static)
+            for (size_t ch = 0; ch < chunks; ch++) {
+                uint64_t s = seed * 0x100000001b3ULL + (uint64_t)i * 0x9e3779b97f4a7c15ULL;
+                s ^= rng_next(&s) + ch * 0xd1b54a32d192ed03ULL;
+                size_t end = (ch + 1) * CHUNK < e->numel ? (ch + 1) * CHUNK : e->numel;
+                for (size_t j = ch * CHUNK; j < end; j++) {
+                    double u1 = rng_uniform(&s), u2 = rng_uniform(&s);
+                    p[j] = (float)(std * sqrt(-2.0 * log(u1)) * cos(2 * M_PI * u2));
+                }
+            }
         }
         m->ops->to_device(model_param(m, i), host, e->numel * sizeof(float));
     }
@@ -196,7 +218,7 @@ static void carve(Model *m, Carver *cv) {
     size_t Fs = (size_t)c->n_shared * c->shared_hidden, F = c->dense_hidden;
     size_t Vp = c->padded_vocab;
     int pre = c->norm != NORM_POST, post = c->norm != NORM_PRE;
-    size_t att = m->ops->attention_saved_floats(m->B, m->T, c->n_heads);
+    size_t att = m->ops->attention_saved_floats(m->B, m->T, c->n_heads, c->head_dim);
     for (int l = 0; l <= c->n_layers; l++) m->resid[l] = take(cv, N * D);
     for (int l = 0; l < c->n_layers; l++) {
         LayerActs *a = &m->acts[l];
@@ -239,7 +261,7 @@ static void carve(Model *m, Carver *cv) {
     m->dres = take(cv, N * D); m->d1 = take(cv, N * D); m->d2 = take(cv, N * D);
     m->dq = take(cv, N * qd); m->dk = take(cv, N * kvd); m->dv = take(cv, N * kvd);
     m->dq2 = take(cv, N * qd); m->dk2 = take(cv, N * kvd); m->dao = take(cv, N * qd);
-    m->att_scratch = ftake(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads));
+    m->att_scratch = ftake(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads, c->head_dim));
     if (F) { m->da = take(cv, N * F); m->dg = take(cv, N * F); m->du = take(cv, N * F); }
     if (m->n_moe) {
         m->dey = take(cv, R * D); m->dxp = take(cv, R * D);
@@ -412,15 +434,19 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     }
 }
 
-void model_forward_async(Model *m, const int *tokens, const int *targets, uint64_t route_seed) {
-    const Ops *ops = m->ops;
-    const ModelConfig *c = &m->cfg;
-    int N = m->B * m->T, D = c->d_model;
-    ops->to_device(m->tokens, tokens, N * sizeof(int));
-    ops->to_device(m->targets, targets, N * sizeof(int));
+void model_set_batch(Model *m, const int *tokens, const int *targets) {
+    int N = m->B * m->T;
+    m->ops->to_device(m->tokens, tokens, N * sizeof(int));
+    m->ops->to_device(m->targets, targets, N * sizeof(int));
     int valid = 0;
     for (int n = 0; n < N; n++) valid += targets[n] >= 0;
     m->n_valid = valid;
+}
+
+void model_forward_async(Model *m, uint64_t route_seed) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model;
     ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
     for (int l = 0; l < c->n_layers; l++) {
         const LayerParams *L = &m->layers[l];
@@ -453,7 +479,8 @@ void model_forward_async(Model *m, const int *tokens, const int *targets, uint64
 }
 
 float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed) {
-    model_forward_async(m, tokens, targets, route_seed);
+    model_set_batch(m, tokens, targets);
+    model_forward_async(m, route_seed);
     const ModelConfig *c = &m->cfg;
     m->ops->to_host(&m->ce_sum, m->ce_acc, sizeof(double));
     if (m->n_moe) {

@@ -129,6 +129,9 @@ int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size
 // Same with expert parallelism (par may be NULL).
 int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const ModelParallel *par,
                         char *err, size_t errlen);
+// The parameter table of a config (one rank holding every expert), with no
+// buffers: for tools that only need names, shapes and offsets.
+int model_param_table(const ModelConfig *cfg, ParamTable *t, char *err, size_t errlen);
 // Matrices ~ normal(0, init_std), norms 1, from a seeded generator.
 void model_init_weights(Model *m, uint64_t seed);
 void model_alloc_acts(Model *m, int B, int T);
@@ -145,10 +148,13 @@ void model_zero_grads(Model *m);
 void model_begin_step(Model *m);
 // tokens, targets: host [B,T]; targets -1 are masked. route_seed drives
 // random routing. Token ids must be in [0, vocab_size): callers validate
-// data. The async form leaves every result in backend memory (the step sums
-// lb_step, z_step, ce_acc[1]); model_forward also copies this micro-batch's
-// losses to the host fields below and returns the total.
-void model_forward_async(Model *m, const int *tokens, const int *targets, uint64_t route_seed);
+// data. model_set_batch uploads a micro-batch (and counts n_valid on the
+// host); model_forward_async then runs with no host synchronisation, leaving
+// every result in backend memory (the step sums lb_step, z_step, ce_acc[1]),
+// so it can be captured in a CUDA graph. model_forward does both and copies
+// this micro-batch's losses to the host fields below, returning the total.
+void model_set_batch(Model *m, const int *tokens, const int *targets);
+void model_forward_async(Model *m, uint64_t route_seed);
 float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed);
 // Backward of ce_scale * ce_sum + aux_scale * (lb_coef sum LB + z_coef sum Z);
 // grads accumulate.

@@ -33,6 +33,7 @@ typedef enum { ROUTING_LEARNED = 0, ROUTING_RANDOM = 1, ROUTING_UNIFORM = 2 } Ro
 typedef struct Ops {
     const char *name;
     size_t act_bytes;  // bytes per act element
+    int host_memory;   // buffers are host memory (the host may read them directly)
 
     // --- memory -------------------------------------------------------------
     void *(*alloc)(size_t bytes);                                 // zero-filled
@@ -77,12 +78,12 @@ typedef struct Ops {
     // the probabilities [B,H,T,T] on CPU, the log-sum-exp [B,H,T] on CUDA.
     void (*attention_forward)(void *out, float *saved, const void *q, const void *k,
                               const void *v, int B, int T, int H, int KV, int hd);
-    // dq, dk, dv assigned. scratch: attention_scratch_floats(B,T,H) f32.
+    // dq, dk, dv assigned. scratch: attention_scratch_floats(B,T,H,hd) f32.
     void (*attention_backward)(void *dq, void *dk, void *dv, const void *dout,
                                const float *saved, const void *q, const void *k, const void *v,
                                const void *out, float *scratch, int B, int T, int H, int KV, int hd);
-    size_t (*attention_saved_floats)(int B, int T, int H);
-    size_t (*attention_scratch_floats)(int B, int T, int H);
+    size_t (*attention_saved_floats)(int B, int T, int H, int hd);
+    size_t (*attention_scratch_floats)(int B, int T, int H, int hd);
 
     // out = silu(gate) * up, all [N, F]. backward assigns dgate, dup.
     void (*swiglu_forward)(void *out, const void *gate, const void *up, size_t n);
@@ -184,3 +185,8 @@ extern const Ops ops_cpu;
 
 // RoPE tables [T, hd/2], computed in double on the host.
 void rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta);
+
+#ifdef MOECORE_CUDA
+// The CUDA backend (src/ops/cuda/): BF16 act, device memory, one stream.
+extern const Ops ops_cuda;
+#endif

@@ -242,9 +242,20 @@ int cmd_train(int argc, char **argv) {
         if (rank0) fprintf(stderr, "moecore: error: %s: %s\n", config_path, err);
         return 2;
     }
-    if (cfg.device.type != 0) {
-        if (rank0) fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (only cpu)\n");
+    const Ops *ops = &ops_cpu;
+    if (cfg.device.type == 1) {
+#ifdef MOECORE_CUDA
+        ops = &ops_cuda;
+        // for now one GPU per process and no host-side expert dispatch on the GPU
+        if (world_size > 1 || cfg.model.capacity_factor > 0) {
+            if (rank0) fprintf(stderr, "moecore: error: device.type cuda: several ranks (NCCL) and model.capacity_factor "
+                                       "are not implemented on the GPU yet; run one process with capacity_factor 0\n");
+            return 2;
+        }
+#else
+        if (rank0) fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (nvcc was not found when it was built)\n");
         return 2;
+#endif
     }
     const TrainSection *t = &cfg.train;
     Mesh mesh;
@@ -268,17 +279,20 @@ int cmd_train(int argc, char **argv) {
 
     Model m;
     ModelParallel par = {mesh.ep_rank, mesh.ep, mesh.ep_comm};
-    if (model_init_parallel(&m, &cfg.model, &ops_cpu, &par, err, sizeof err)) return fatal("%s", err);
+    if (model_init_parallel(&m, &cfg.model, ops, &par, err, sizeof err)) return fatal("%s", err);
     // every rank draws the same full model and keeps its slice of the experts
-    {
+    if (mesh.ep == 1) {
+        model_init_weights(&m, t->seed);
+    } else {
         Model full;
         if (model_init(&full, &cfg.model, &ops_cpu, err, sizeof err)) return fatal("%s", err);
         model_init_weights(&full, t->seed);
         for (int i = 0; i < m.table.n; i++) {
             const ParamEntry *e = &m.table.entries[i];
-            memcpy(model_param(&m, i), model_param(&full, i) + param_global_offset(e), e->numel * sizeof(float));
+            ops->to_device(model_param(&m, i), model_param(&full, i) + param_global_offset(e), e->numel * sizeof(float));
         }
         model_free(&full);
+        model_sync_weights(&m);
     }
     model_alloc_acts(&m, MB, T);
     Ddp ddp;
@@ -349,6 +363,7 @@ int cmd_train(int argc, char **argv) {
 
     double peak = cfg.device.peak_tflops;
     const char *peak_name = "device.peak_tflops";
+    if (peak <= 0 && cfg.device.type == 1) { peak = 989; peak_name = "H100/H200 SXM dense BF16 peak"; }
     if (peak <= 0) { peak = measure_cpu_peak_tflops(); peak_name = "measured CPU SGEMM 512^3"; }
     double fpt = flops_per_token(&m.cfg);
     char desc[1024];
@@ -554,7 +569,8 @@ int cmd_train(int argc, char **argv) {
             window_tokens = 0;
         }
         int last = st.step == t->steps || (stop_after > 0 && st.step - first_step >= stop_after);
-        if ((cfg.checkpoint.interval > 0 && st.step % cfg.checkpoint.interval == 0) || last || stop) {
+        if ((cfg.checkpoint.interval > 0 && st.step % cfg.checkpoint.interval == 0) ||
+            ((last || stop) && cfg.checkpoint.save_final)) {
             if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err)) {
                 rc = fatal("checkpoint: %s", err);
                 break;
@@ -563,7 +579,7 @@ int cmd_train(int argc, char **argv) {
         }
         if (last) break;
     }
-    if (rc == 0 && (stop_signal || stop) && st.step == first_step) {
+    if (rc == 0 && (stop_signal || stop) && st.step == first_step && cfg.checkpoint.save_final) {
         // a signal before the first step of this process: save what we have
         if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err))
             rc = fatal("checkpoint: %s", err);

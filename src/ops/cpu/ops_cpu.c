@@ -121,6 +121,7 @@ static void c_sum_squares(double *acc, const float *x, size_t n) { acc[0] += cpu
 const Ops ops_cpu = {
     .name = "cpu",
     .act_bytes = sizeof(float),
+    .host_memory = 1,
     .alloc = c_alloc,
     .free = c_free,
     .to_device = c_copy,

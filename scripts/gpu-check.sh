@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: the GPU tests (in parallel: their CPU reference
+# halves dominate) and optionally a training run. Logs go to $OUT (or
+# build/gpu-logs). Usage: bash scripts/gpu-check.sh [tests] [olmoe STEPS] [tiny STEPS]
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu-logs}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
+cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$out/gpu.txt"
+# the byte-level corpus, from whatever license texts this machine has
+if [ ! -f data/corpus/train.bin ]; then
+  mkdir -p data/corpus
+  ./build/moecore tokenize --out data/corpus/train.bin --eval-out data/corpus/eval.bin --eval-every 10 \
+    /usr/share/common-licenses/* /usr/share/doc/*/copyright > /dev/null 2>&1 || echo "corpus: tokenize failed"
+fi
+while [ $# -gt 0 ]; do
+  case $1 in
+    tests)
+      pids=()
+      for t in build/tests/gpu/test_*; do
+        n=$(basename "$t")
+        (OMP_NUM_THREADS=4 timeout 400 "$t" > "$out/$n.log" 2>&1; echo "exit $?" >> "$out/$n.log") &
+        pids+=($!)
+      done
+      wait "${pids[@]}"
+      for t in build/tests/gpu/test_*; do
+        n=$(basename "$t")
+        echo "== $n: $(grep -cE '^FAIL' "$out/$n.log") FAIL lines; $(tail -n 2 "$out/$n.log" | tr '\n' ' ')"
+        grep -E "^FAIL|TFLOP|GB/s|captured|worst|error" "$out/$n.log" | head -n 40
+      done
+      shift ;;
+    olmoe|tiny)
+      cfg=configs/olmoe-1b-7b.yaml; [ "$1" = tiny ] && cfg=configs/tiny.yaml
+      steps=$2
+      timeout 500 ./build/moecore train "$cfg" --device.type=cuda --train.steps="$steps" \
+        --logging.run_dir="$out/run_$1" --checkpoint.save_final=false --train.eval_interval=0 > "$out/train_$1.log" 2>&1
+      echo "== train $1: exit $?"; grep -vE "^\s*$" "$out/train_$1.log" | tail -n 25
+      shift 2 ;;
+    *) echo "unknown: $1"; exit 2 ;;
+  esac
+done

@@ -1,0 +1,1053 @@
+// Hugging Face OLMoE / FlexOlmo export and import (docs/hf.md): the config
+// mapping, the tensor-name mapping, and streaming copies between a moecore
+// checkpoint and a transformers model directory.
+#include "ckpt/hf.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/checkpoint.h"
+#include "model/model.h"
+#include "util/check.h"
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
+#define PATH_LEN 4096
+
+// ---- number formats -------------------------------------------------------------
+
+uint16_t hf_f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1);   // round to nearest, ties to even; overflow carries to inf
+    return (uint16_t)(u >> 16);
+}
+
+float hf_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+float hf_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);          // inf, NaN
+    else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);      // normal
+    else if (!man) u = sign;                                         // zero
+    else {                                                           // subnormal: renormalise
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+// ---- small file helpers --------------------------------------------------------------
+
+// Reads a whole (small) text file; NULL with a message when missing or larger than limit.
+static char *read_text(const char *path, size_t limit, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    struct stat st;
+    if (fstat(fd, &st)) {
+        snprintf(err, errlen, "%s: fstat: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if ((size_t)st.st_size > limit) {
+        snprintf(err, errlen, "%s: %lld bytes, more than the %zu-byte limit for a JSON file", path,
+                 (long long)st.st_size, limit);
+        close(fd);
+        return NULL;
+    }
+    char *buf = mallocCheck((size_t)st.st_size + 1);
+    size_t off = 0;
+    while (off < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + off, (size_t)st.st_size - off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            snprintf(err, errlen, "%s: read: %s", path, r < 0 ? strerror(errno) : "unexpected end of file");
+            free(buf);
+            close(fd);
+            return NULL;
+        }
+        off += (size_t)r;
+    }
+    buf[off] = 0;
+    close(fd);
+    return buf;
+}
+
+// Parses JSON text; NULL with "PATH: not valid JSON (...)".
+static json_object *parse_json(const char *text, const char *path, char *err, size_t errlen) {
+    enum json_tokener_error jerr = json_tokener_success;
+    json_object *o = json_tokener_parse_verbose(text, &jerr);
+    if (!o || jerr != json_tokener_success) {
+        snprintf(err, errlen, "%s: not valid JSON (%s)", path,
+                 jerr != json_tokener_success ? json_tokener_error_desc(jerr) : "empty or null");
+        if (o) json_object_put(o);
+        return NULL;
+    }
+    if (!json_object_is_type(o, json_type_object)) {
+        snprintf(err, errlen, "%s: not a JSON object", path);
+        json_object_put(o);
+        return NULL;
+    }
+    return o;
+}
+
+static int write_text(const char *path, const char *text, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
+    size_t len = strlen(text), off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) { snprintf(err, errlen, "write %s: %s", path, strerror(errno)); close(fd); return -1; }
+        off += (size_t)w;
+    }
+    if (fsync(fd) || close(fd)) { snprintf(err, errlen, "fsync/close %s: %s", path, strerror(errno)); return -1; }
+    return 0;
+}
+
+static void fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+// 0 when path is absent or a directory of plain files only (safe to replace),
+// -1 with a message otherwise.
+static int replaceable(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (lstat(path, &st)) return 0;
+    if (!S_ISDIR(st.st_mode)) { snprintf(err, errlen, "%s exists and is not a directory; not replacing it", path); return -1; }
+    DIR *d = opendir(path);
+    if (!d) { snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno)); return -1; }
+    struct dirent *e;
+    char p[PATH_LEN + 256];
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        if (lstat(p, &st) || !S_ISREG(st.st_mode)) {
+            snprintf(err, errlen, "%s holds %s, which is not a plain file; not replacing it", path, e->d_name);
+            rc = -1;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+// Removes a directory of plain files (see replaceable); absent is fine.
+static int remove_plain_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    char p[PATH_LEN + 256];
+    int rc = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        rc |= unlink(p);
+    }
+    closedir(d);
+    return rc | rmdir(path);
+}
+
+static int mkdir_parents(const char *path, char *err, size_t errlen) {
+    char buf[PATH_LEN];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) { snprintf(err, errlen, "mkdir %s: %s", buf, strerror(errno)); return -1; }
+        *p = '/';
+    }
+    return 0;
+}
+
+// Makes a fresh path.tmp next to final (parents created, a stale one removed).
+static int begin_dir(const char *final, char *tmp, size_t tmplen, char *err, size_t errlen) {
+    snprintf(tmp, tmplen, "%s.tmp", final);
+    if (mkdir_parents(tmp, err, errlen)) return -1;
+    if (replaceable(tmp, err, errlen)) return -1;
+    if (remove_plain_dir(tmp) && errno != ENOENT) {
+        snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    if (mkdir(tmp, 0755)) { snprintf(err, errlen, "mkdir %s: %s", tmp, strerror(errno)); return -1; }
+    return 0;
+}
+
+// Renames the completed tmp over final; an existing final (checked replaceable) is removed.
+static int commit_dir(const char *tmp, const char *final, char *err, size_t errlen) {
+    char old[PATH_LEN + 8], parent[PATH_LEN];
+    fsync_dir(tmp);
+    if (exists(final)) {
+        snprintf(old, sizeof old, "%s.old", final);
+        remove_plain_dir(old);
+        if (rename(final, old)) { snprintf(err, errlen, "rename %s -> %s: %s", final, old, strerror(errno)); return -1; }
+        if (rename(tmp, final)) {
+            snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno));
+            rename(old, final);
+            return -1;
+        }
+        remove_plain_dir(old);
+    } else if (rename(tmp, final)) {
+        snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno));
+        return -1;
+    }
+    snprintf(parent, sizeof parent, "%s", final);
+    char *slash = strrchr(parent, '/');
+    if (slash) { *slash = 0; fsync_dir(slash == parent ? "/" : parent); } else fsync_dir(".");
+    return 0;
+}
+
+// Copies path without trailing slashes (so that path.tmp is a sibling).
+static void clean_path(char *out, size_t n, const char *path) {
+    snprintf(out, n, "%s", path);
+    size_t len = strlen(out);
+    while (len > 1 && out[len - 1] == '/') out[--len] = 0;
+}
+
+// ---- configs -----------------------------------------------------------------------------
+
+const char *hf_format_name(HfFormat f) {
+    return f == HF_OLMOE ? "olmoe" : f == HF_FLEX_OLMO ? "flex_olmo" : "auto";
+}
+
+static const char *norm_name(int n) { return n == NORM_PRE ? "pre" : n == NORM_POST ? "post" : "peri"; }
+static const char *qk_name(int q) { return q == QKNORM_NONE ? "none" : q == QKNORM_FULL ? "full" : "head"; }
+
+int hf_check_config(const ModelConfig *c, HfFormat *f, char *err, size_t errlen) {
+    if (c->norm == NORM_PERI)
+        FAIL("model.norm = peri has no transformers equivalent (olmoe is model.norm = pre, flex_olmo is post)");
+    HfFormat want = c->norm == NORM_PRE ? HF_OLMOE : HF_FLEX_OLMO;
+    if (*f == HF_AUTO) *f = want;
+    if (*f != want)
+        FAIL("model.norm = %s cannot be written as %s, which is model.norm = %s", norm_name(c->norm),
+             hf_format_name(*f), *f == HF_OLMOE ? "pre" : "post");
+    const char *fn = hf_format_name(*f);
+    if (c->qk_norm != QKNORM_FULL)
+        FAIL("model.qk_norm = %s: %s normalises q and k over their full width (model.qk_norm = full)",
+             qk_name(c->qk_norm), fn);
+    if (c->n_experts == 0) FAIL("model.n_experts = 0: %s has an MoE feed-forward in every layer", fn);
+    if (c->dense_layers > 0)
+        FAIL("model.dense_layers = %d: %s has an MoE feed-forward in every layer (model.dense_layers = 0)",
+             c->dense_layers, fn);
+    if (c->n_shared > 0) FAIL("model.n_shared = %d: %s has no shared experts", c->n_shared, fn);
+    if (c->gating != GATING_SOFTMAX) FAIL("model.gating = sigmoid: %s gates with a softmax", fn);
+    if (c->routing != ROUTING_LEARNED)
+        FAIL("model.routing = %s: %s routes with the learned router (model.routing = learned)",
+             c->routing == ROUTING_RANDOM ? "random" : "uniform", fn);
+    if (c->capacity_factor > 0)
+        FAIL("model.capacity_factor = %g: %s computes every routed token (model.capacity_factor = 0, dropless)",
+             c->capacity_factor, fn);
+    if (c->aux_free_rate > 0)
+        FAIL("model.aux_free_rate = %g: the aux-loss-free router bias changes which experts are chosen, "
+             "and %s has no router bias", c->aux_free_rate, fn);
+    if (*f == HF_OLMOE && c->head_dim * c->n_heads != c->d_model)
+        FAIL("model.head_dim = %d: olmoe derives head_dim = hidden_size / num_attention_heads = %d "
+             "(flex_olmo, model.norm = post, takes any head_dim)", c->head_dim, c->d_model / c->n_heads);
+    return 0;
+fail:
+    return -1;
+}
+
+// The shortest decimal that reads back as the same float, always with a
+// fraction or exponent so that Python reads a float.
+static json_object *json_float(float v) {
+    char b[40];
+    for (int p = 6; p <= 9; p++) {
+        snprintf(b, sizeof b, "%.*g", p, (double)v);
+        if ((float)strtod(b, NULL) == v) break;
+    }
+    if (!strpbrk(b, ".eE")) strcat(b, ".0");
+    return json_object_new_double_s((double)v, b);
+}
+
+char *hf_config_json(const ModelConfig *c, HfFormat f, StDtype dtype) {
+    json_object *o = json_object_new_object(), *arch = json_object_new_array();
+    json_object_array_add(arch, json_object_new_string(f == HF_OLMOE ? "OlmoeForCausalLM" : "FlexOlmoForCausalLM"));
+#define ADD(k, v) json_object_object_add(o, k, v)
+    ADD("architectures", arch);
+    ADD("model_type", json_object_new_string(hf_format_name(f)));
+    ADD("vocab_size", json_object_new_int(c->padded_vocab));
+    ADD("hidden_size", json_object_new_int(c->d_model));
+    ADD("intermediate_size", json_object_new_int(c->expert_hidden));
+    ADD("num_hidden_layers", json_object_new_int(c->n_layers));
+    ADD("num_attention_heads", json_object_new_int(c->n_heads));
+    ADD("num_key_value_heads", json_object_new_int(c->n_kv_heads));
+    ADD("head_dim", json_object_new_int(c->head_dim));
+    ADD("hidden_act", json_object_new_string("silu"));
+    ADD("max_position_embeddings", json_object_new_int(c->seq_len));
+    ADD("initializer_range", json_float(c->init_std));
+    ADD("rms_norm_eps", json_float(c->norm_eps));
+    ADD("rope_theta", json_float(c->rope_theta));
+    ADD("rope_scaling", NULL);
+    ADD("attention_bias", json_object_new_boolean(0));
+    ADD("attention_dropout", json_float(0.0f));
+    if (f == HF_OLMOE) ADD("clip_qkv", NULL);
+    ADD("num_experts", json_object_new_int(c->n_experts));
+    ADD("num_experts_per_tok", json_object_new_int(c->top_k));
+    ADD("norm_topk_prob", json_object_new_boolean(c->renorm_topk));
+    ADD("output_router_logits", json_object_new_boolean(0));
+    ADD("router_aux_loss_coef", json_float(c->lb_coef));
+    ADD("tie_word_embeddings", json_object_new_boolean(0));
+    ADD("use_cache", json_object_new_boolean(1));
+    ADD("pad_token_id", NULL);
+    ADD("bos_token_id", NULL);
+    ADD("eos_token_id", NULL);
+    ADD("torch_dtype", json_object_new_string(dtype == ST_BF16 ? "bfloat16" : "float32"));
+    char *mc = model_config_to_json(c);
+    ADD("moecore_model_config", json_tokener_parse(mc));
+    free(mc);
+#undef ADD
+    char *s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED));
+    json_object_put(o);
+    size_t n = strlen(s);
+    s = reallocCheck(s, n + 2);
+    strcpy(s + n, "\n");
+    return s;
+}
+
+// config.json field readers: absent (or null) takes the default; a present
+// field of the wrong type is an error naming it.
+static int get_int(json_object *o, const char *key, int required, int def, int *out, const char *path,
+                   char *err, size_t errlen) {
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !v) {
+        if (required) { snprintf(err, errlen, "%s: missing %s", path, key); return -1; }
+        *out = def;
+        return 0;
+    }
+    int64_t x = json_object_get_int64(v);
+    if (!json_object_is_type(v, json_type_int) || x <= 0 || x > 1000000000) {
+        snprintf(err, errlen, "%s: %s: expected a positive integer, got %s", path, key, json_object_to_json_string(v));
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int get_float(json_object *o, const char *key, float def, float *out, const char *path, char *err,
+                     size_t errlen) {
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !v) { *out = def; return 0; }
+    if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int)) {
+        snprintf(err, errlen, "%s: %s: expected a number, got %s", path, key, json_object_to_json_string(v));
+        return -1;
+    }
+    *out = (float)json_object_get_double(v);
+    return 0;
+}
+
+static int get_bool(json_object *o, const char *key, int def, int *out, const char *path, char *err, size_t errlen) {
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !v) { *out = def; return 0; }
+    if (!json_object_is_type(v, json_type_boolean)) {
+        snprintf(err, errlen, "%s: %s: expected true or false, got %s", path, key, json_object_to_json_string(v));
+        return -1;
+    }
+    *out = json_object_get_boolean(v);
+    return 0;
+}
+
+// A field that must be absent, null or equal to `allowed` (a JSON text).
+static int require_unset(json_object *o, const char *key, const char *allowed, const char *why, const char *path,
+                         char *err, size_t errlen) {
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    const char *s = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+    if (allowed && !strcmp(s, allowed)) return 0;
+    snprintf(err, errlen, "%s: %s = %s is not supported (%s)", path, key, s, why);
+    return -1;
+}
+
+int hf_config_parse(const char *json, const char *path, ModelConfig *c, HfFormat *f, int *hf_vocab,
+                    int *tied, char *err, size_t errlen) {
+    json_object *o = parse_json(json, path, err, errlen), *v;
+    if (!o) return -1;
+    if (!json_object_object_get_ex(o, "model_type", &v) || !json_object_is_type(v, json_type_string))
+        FAIL("%s: missing model_type", path);
+    const char *mt = json_object_get_string(v);
+    if (!strcmp(mt, "olmoe")) *f = HF_OLMOE;
+    else if (!strcmp(mt, "flex_olmo")) *f = HF_FLEX_OLMO;
+    else FAIL("%s: model_type %s is not supported (olmoe, flex_olmo)", path, mt);
+    int nested = json_object_object_get_ex(o, "moecore_model_config", &v) && v;
+    if (nested) {
+        if (!json_object_is_type(v, json_type_object)) FAIL("%s: moecore_model_config: not a JSON object", path);
+        char e2[512];
+        if (model_config_from_json(c, json_object_to_json_string(v), e2, sizeof e2))
+            FAIL("%s: moecore_model_config: %s", path, e2);
+    } else {
+        model_config_defaults(c);
+    }
+    int nested_vocab = c->vocab_size;
+    int D, F, L, H, KV, E, K, hd, maxpos;
+    if (get_int(o, "hidden_size", 1, 0, &D, path, err, errlen) ||
+        get_int(o, "intermediate_size", 1, 0, &F, path, err, errlen) ||
+        get_int(o, "num_hidden_layers", 1, 0, &L, path, err, errlen) ||
+        get_int(o, "num_attention_heads", 1, 0, &H, path, err, errlen) ||
+        get_int(o, "num_experts", 1, 0, &E, path, err, errlen) ||
+        get_int(o, "num_experts_per_tok", 1, 0, &K, path, err, errlen) ||
+        get_int(o, "vocab_size", 1, 0, hf_vocab, path, err, errlen) ||
+        get_int(o, "num_key_value_heads", 0, H, &KV, path, err, errlen) ||
+        get_int(o, "head_dim", 0, D / H, &hd, path, err, errlen) ||
+        get_int(o, "max_position_embeddings", 0, 4096, &maxpos, path, err, errlen))
+        goto fail;
+    if (*f == HF_OLMOE && (D % H || hd != D / H))
+        FAIL("%s: head_dim = %d: olmoe uses hidden_size / num_attention_heads (%d / %d)", path, hd, D, H);
+    float theta, eps, std = c->init_std, aux = c->lb_coef;
+    if (get_float(o, "rope_theta", *f == HF_OLMOE ? 10000.0f : 500000.0f, &theta, path, err, errlen)) goto fail;
+    json_object *rp;
+    if (!json_object_object_get_ex(o, "rope_theta", &v) && json_object_object_get_ex(o, "rope_parameters", &rp) && rp) {
+        // newer transformers write {"rope_type": "default", "rope_theta": ...}
+        if (require_unset(rp, "rope_type", "\"default\"", "moecore has plain RoPE", path, err, errlen) ||
+            get_float(rp, "rope_theta", theta, &theta, path, err, errlen))
+            goto fail;
+    }
+    if (get_float(o, "rms_norm_eps", *f == HF_OLMOE ? 1e-5f : 1e-6f, &eps, path, err, errlen) ||
+        get_float(o, "initializer_range", std, &std, path, err, errlen) ||
+        get_float(o, "router_aux_loss_coef", aux, &aux, path, err, errlen) ||
+        get_bool(o, "norm_topk_prob", 0, &c->renorm_topk, path, err, errlen) ||
+        get_bool(o, "tie_word_embeddings", 0, tied, path, err, errlen))
+        goto fail;
+    if (require_unset(o, "hidden_act", "\"silu\"", "moecore's experts are SwiGLU", path, err, errlen) ||
+        require_unset(o, "attention_bias", "false", "moecore's projections have no bias", path, err, errlen) ||
+        require_unset(o, "clip_qkv", NULL, "moecore does not clip q, k, v", path, err, errlen) ||
+        require_unset(o, "rope_scaling", NULL, "moecore has plain RoPE", path, err, errlen))
+        goto fail;
+    c->d_model = D;
+    c->expert_hidden = F;
+    c->n_layers = L;
+    c->n_heads = H;
+    c->n_kv_heads = KV;
+    c->head_dim = hd;
+    c->n_experts = E;
+    c->top_k = K;
+    c->rope_theta = theta;
+    c->norm_eps = eps;
+    c->init_std = std;
+    c->lb_coef = aux;
+    c->norm = *f == HF_OLMOE ? NORM_PRE : NORM_POST;
+    c->qk_norm = QKNORM_FULL;
+    c->dense_layers = 0;
+    c->dense_hidden = 0;
+    c->n_shared = 0;
+    c->shared_hidden = 0;
+    c->gating = GATING_SOFTMAX;
+    c->routing = ROUTING_LEARNED;
+    c->aux_free_rate = 0;
+    // the real vocabulary when the padded one is what moecore exported, else all rows
+    c->vocab_size = nested && nested_vocab <= *hf_vocab && (nested_vocab + 127) / 128 * 128 == *hf_vocab
+                        ? nested_vocab : *hf_vocab;
+    if (!nested) c->seq_len = maxpos < 4096 ? maxpos : 4096;
+    char e2[512];
+    if (model_config_validate(c, e2, sizeof e2)) FAIL("%s: %s", path, e2);
+    json_object_put(o);
+    return 0;
+fail:
+    json_object_put(o);
+    return -1;
+}
+
+// ---- tensor names ---------------------------------------------------------------------------
+
+enum { F_OLMOE = 1 << HF_OLMOE, F_FLEX = 1 << HF_FLEX_OLMO, F_ALL = F_OLMOE | F_FLEX };
+// moecore "layers.L.<ours>" <-> HF "model.layers.L.<theirs>.weight"; experts
+// carry %d for the expert index.
+static const struct { const char *ours, *theirs; int formats; } layer_names[] = {
+    {"attn_norm", "input_layernorm", F_OLMOE},
+    {"attn.wq", "self_attn.q_proj", F_ALL},
+    {"attn.wk", "self_attn.k_proj", F_ALL},
+    {"attn.wv", "self_attn.v_proj", F_ALL},
+    {"attn.wo", "self_attn.o_proj", F_ALL},
+    {"attn.q_norm", "self_attn.q_norm", F_ALL},
+    {"attn.k_norm", "self_attn.k_norm", F_ALL},
+    {"attn_post_norm", "post_attention_layernorm", F_FLEX},
+    {"ffn_norm", "post_attention_layernorm", F_OLMOE},
+    {"moe.router", "mlp.gate", F_ALL},
+    {"moe.experts.w_gate", "mlp.experts.%d.gate_proj", F_ALL},
+    {"moe.experts.w_up", "mlp.experts.%d.up_proj", F_ALL},
+    {"moe.experts.w_down", "mlp.experts.%d.down_proj", F_ALL},
+    {"ffn_post_norm", "post_feedforward_layernorm", F_FLEX},
+};
+
+int hf_tensor_map(const ParamTable *t, HfFormat f, int hf_vocab, int tied,
+                  HfTensor **out, int *n, char *err, size_t errlen) {
+    int cap = 0, cnt = 0;
+    HfTensor *m = NULL;
+    for (int i = 0; i < t->n; i++) {
+        const ParamEntry *e = &t->entries[i];
+        const char *theirs = NULL, *fmt = NULL;
+        int layer = -1, pos = 0;
+        if (!strcmp(e->name, "embed")) theirs = "model.embed_tokens.weight";
+        else if (!strcmp(e->name, "lm_head")) theirs = tied ? "model.embed_tokens.weight" : "lm_head.weight";
+        else if (!strcmp(e->name, "final_norm")) theirs = "model.norm.weight";
+        else if (sscanf(e->name, "layers.%d.%n", &layer, &pos) == 1 && pos > 0) {
+            for (size_t k = 0; k < sizeof layer_names / sizeof layer_names[0]; k++)
+                if ((layer_names[k].formats & (1 << f)) && !strcmp(e->name + pos, layer_names[k].ours))
+                    fmt = layer_names[k].theirs;
+        }
+        if (!theirs && !fmt) {
+            snprintf(err, errlen, "moecore tensor %s has no %s equivalent", e->name, hf_format_name(f));
+            free(m);
+            return -1;
+        }
+        int experts = e->ndim == 3 ? (int)e->shape[0] : 1;
+        size_t per = e->numel / experts;
+        for (int x = 0; x < experts; x++) {
+            if (cnt == cap) m = reallocCheck(m, (cap = cap ? 2 * cap : 256) * sizeof *m);
+            HfTensor *h = &m[cnt++];
+            memset(h, 0, sizeof *h);
+            if (theirs) snprintf(h->name, sizeof h->name, "%s", theirs);
+            else {
+                char mid[128];
+                snprintf(mid, sizeof mid, fmt, x);
+                snprintf(h->name, sizeof h->name, "model.layers.%d.%s.weight", layer, mid);
+            }
+            h->param = i;
+            h->offset = (size_t)x * per;
+            h->ndim = e->ndim == 3 ? 2 : e->ndim;
+            for (int d = 0; d < h->ndim; d++) h->shape[d] = e->shape[d + (e->ndim == 3)];
+            if (theirs && (!strcmp(e->name, "embed") || !strcmp(e->name, "lm_head"))) h->shape[0] = hf_vocab;
+            h->numel = 1;
+            for (int d = 0; d < h->ndim; d++) h->numel *= (size_t)h->shape[d];
+        }
+    }
+    *out = m;
+    *n = cnt;
+    return 0;
+}
+
+int hf_param_table(const ModelConfig *c, ParamTable *t, char *err, size_t errlen) {
+    return model_param_table(c, t, err, errlen);
+}
+
+// ---- export ----------------------------------------------------------------------------------
+
+void hf_export_defaults(HfExportOptions *o) {
+    memset(o, 0, sizeof *o);
+    o->format = HF_AUTO;
+    o->dtype = ST_F32;
+    o->max_shard_bytes = HF_DEFAULT_SHARD_BYTES;
+}
+
+void hf_import_defaults(HfImportOptions *o) {
+    memset(o, 0, sizeof *o);
+    o->seed = 1;
+}
+
+// Reads a checkpoint's model config and step from its train_state.json.
+static int read_ckpt_config(const char *dir, ModelConfig *c, long long *step, char *err, size_t errlen) {
+    char path[PATH_LEN + 32];
+    snprintf(path, sizeof path, "%s/train_state.json", dir);
+    char *text = read_text(path, 64u << 20, err, errlen);
+    if (!text) return -1;
+    json_object *o = parse_json(text, path, err, errlen), *v;
+    free(text);
+    if (!o) return -1;
+    int rc = -1;
+    if (!json_object_object_get_ex(o, "format", &v) || !json_object_is_type(v, json_type_string) ||
+        strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
+        FAIL("%s: not a moecore checkpoint (format)", path);
+    *step = json_object_object_get_ex(o, "step", &v) ? json_object_get_int64(v) : 0;
+    if (!json_object_object_get_ex(o, "model", &v) || !json_object_is_type(v, json_type_object))
+        FAIL("%s: no model config", path);
+    char e2[512];
+    if (model_config_from_json(c, json_object_to_json_string(v), e2, sizeof e2)) FAIL("%s: model: %s", path, e2);
+    rc = 0;
+fail:
+    json_object_put(o);
+    return rc;
+}
+
+// A committed checkpoint directory: dir itself, or the newest step-N in it.
+static int resolve_ckpt(const char *dir, char *out, size_t outlen, char *err, size_t errlen) {
+    char p[PATH_LEN + 32];
+    snprintf(p, sizeof p, "%s/train_state.json", dir);
+    if (!exists(p)) {
+        int found = ckpt_find_latest(dir, out, outlen, err, errlen);
+        if (found < 0) return -1;
+        if (found == 0) {
+            snprintf(err, errlen, "%s: not a checkpoint (no train_state.json) and holds no committed step-N checkpoint", dir);
+            return -1;
+        }
+        return 0;
+    }
+    snprintf(p, sizeof p, "%s/COMMITTED", dir);
+    if (!exists(p)) {
+        snprintf(err, errlen, "%s: no COMMITTED marker (a checkpoint that was not completely written)", dir);
+        return -1;
+    }
+    snprintf(out, outlen, "%s", dir);
+    return 0;
+}
+
+// Copies numel floats of tensor src_idx (from element src_off) into tensor
+// dst_idx (from element dst_off), converting to dst's dtype, in chunks.
+typedef struct { int fd; const char *path; const StFile *st; } StRef;
+
+static int copy_elems(StRef src, int src_idx, size_t src_off, StRef dst, int dst_idx, size_t dst_off, size_t numel,
+                      void *raw, float *f32, char *err, size_t errlen) {
+    StDtype sd = src.st->tensors[src_idx].dtype, dd = dst.st->tensors[dst_idx].dtype;
+    size_t ss = st_dtype_size(sd), ds = st_dtype_size(dd);
+    for (size_t done = 0; done < numel; done += HF_CHUNK_ELEMS) {
+        size_t k = numel - done < HF_CHUNK_ELEMS ? numel - done : HF_CHUNK_ELEMS;
+        void *rbuf = sd == ST_F32 ? (void *)f32 : raw;
+        if (st_read_range(src.fd, src.path, src.st, src_idx, (src_off + done) * ss, rbuf, k * ss, err, errlen)) return -1;
+        const uint16_t *h = raw;
+        if (sd == ST_BF16) for (size_t j = 0; j < k; j++) f32[j] = hf_bf16_to_f32(h[j]);
+        else if (sd == ST_F16) for (size_t j = 0; j < k; j++) f32[j] = hf_f16_to_f32(h[j]);
+        const void *wbuf = f32;
+        if (dd == ST_BF16) {
+            uint16_t *b = raw;
+            for (size_t j = 0; j < k; j++) b[j] = hf_f32_to_bf16(f32[j]);
+            wbuf = b;
+        }
+        if (st_write_range(dst.fd, dst.path, dst.st, dst_idx, (dst_off + done) * ds, wbuf, k * ds, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+static int close_synced(int fd, const char *path, char *err, size_t errlen) {
+    if (fsync(fd)) { snprintf(err, errlen, "fsync %s: %s", path, strerror(errno)); close(fd); return -1; }
+    if (close(fd)) { snprintf(err, errlen, "close %s: %s", path, strerror(errno)); return -1; }
+    return 0;
+}
+
+int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *o, char *err, size_t errlen) {
+    char ckpt[PATH_LEN], out[PATH_LEN], tmp[PATH_LEN + 8], path[PATH_LEN + 64], src_path[PATH_LEN + 32];
+    ParamTable t = {0};
+    HfTensor *map = NULL;
+    int nmap = 0, fd_src = -1, fd = -1, tmp_made = 0, rc = -1;
+    int *shard_of = NULL;
+    StFile src, dst;
+    st_init(&src);
+    st_init(&dst);
+    void *raw = mallocCheck(HF_CHUNK_ELEMS * 4);
+    float *f32 = mallocCheck(HF_CHUNK_ELEMS * 4);
+    json_object *index = NULL;
+    char *cfg_text = NULL;
+    ModelConfig c;
+    long long step = 0;
+    HfFormat f = o->format;
+
+    if (o->dtype != ST_F32 && o->dtype != ST_BF16) FAIL("export dtype must be F32 or BF16");
+    clean_path(out, sizeof out, out_arg);
+    if (resolve_ckpt(ckpt_arg, ckpt, sizeof ckpt, err, errlen)) goto fail;
+    if (read_ckpt_config(ckpt, &c, &step, err, errlen)) goto fail;
+    if (hf_check_config(&c, &f, err, errlen)) goto fail;
+    if (hf_param_table(&c, &t, err, errlen)) goto fail;
+    if (hf_tensor_map(&t, f, c.padded_vocab, 0, &map, &nmap, err, errlen)) goto fail;
+    snprintf(src_path, sizeof src_path, "%s/model.safetensors", ckpt);
+    if (st_open(src_path, &fd_src, &src, err, errlen)) goto fail;
+    for (int i = 0; i < t.n; i++) {
+        const ParamEntry *e = &t.entries[i];
+        if (st_expect(&src, src_path, e->name, ST_F32, e->ndim, e->shape, err, errlen) < 0) goto fail;
+    }
+    if (exists(out) && !o->force) FAIL("%s exists (add --force to replace it)", out);
+    snprintf(path, sizeof path, "%s/train_state.json", out);
+    if (exists(path)) FAIL("%s holds a moecore checkpoint; not replacing it with an export", out);
+    if (replaceable(out, err, errlen)) goto fail;
+
+    // shards: greedy in map order, a new one when the next tensor would pass the limit
+    size_t es = st_dtype_size(o->dtype);
+    shard_of = mallocCheck(nmap * sizeof(int));
+    int nshards = 1;
+    uint64_t in_shard = 0, total = 0;
+    for (int i = 0; i < nmap; i++) {
+        uint64_t b = map[i].numel * es;
+        if (in_shard > 0 && in_shard + b > o->max_shard_bytes) { nshards++; in_shard = 0; }
+        shard_of[i] = nshards - 1;
+        in_shard += b;
+        total += b;
+    }
+
+    if (begin_dir(out, tmp, sizeof tmp, err, errlen)) goto fail;
+    tmp_made = 1;
+    json_object *wmap = json_object_new_object();
+    index = json_object_new_object();
+    json_object *meta = json_object_new_object();
+    json_object_object_add(meta, "total_size", json_object_new_int64((int64_t)total));
+    json_object_object_add(index, "metadata", meta);
+    json_object_object_add(index, "weight_map", wmap);
+    StRef sref = {fd_src, src_path, &src};
+    for (int s = 0, first = 0; s < nshards; s++) {
+        char name[64], spath[PATH_LEN + 96];
+        if (nshards == 1) snprintf(name, sizeof name, "model.safetensors");
+        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, nshards);
+        snprintf(spath, sizeof spath, "%s/%s", tmp, name);
+        st_free(&dst);
+        st_init(&dst);
+        if (st_set_meta(&dst, "format", "pt", err, errlen)) goto fail;
+        int last = first;
+        while (last < nmap && shard_of[last] == s) {
+            if (st_add(&dst, map[last].name, o->dtype, map[last].ndim, map[last].shape, err, errlen) < 0) goto fail;
+            json_object_object_add(wmap, map[last].name, json_object_new_string(name));
+            last++;
+        }
+        fd = open(spath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) FAIL("cannot create %s: %s", spath, strerror(errno));
+        if (st_write_header(fd, spath, &dst, err, errlen)) goto fail;
+        StRef dref = {fd, spath, &dst};
+        for (int i = first; i < last; i++) {
+            int si = st_find(&src, t.entries[map[i].param].name);
+            if (copy_elems(sref, si, map[i].offset, dref, i - first, 0, map[i].numel, raw, f32, err, errlen)) goto fail;
+        }
+        int cfd = fd;
+        fd = -1;
+        if (close_synced(cfd, spath, err, errlen)) goto fail;
+        first = last;
+    }
+    if (nshards > 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
+        char *js = strdup(json_object_to_json_string_ext(index, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED));
+        int wrc = write_text(path, js, err, errlen);
+        free(js);
+        if (wrc) goto fail;
+    }
+    cfg_text = hf_config_json(&c, f, o->dtype);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    if (write_text(path, cfg_text, err, errlen)) goto fail;
+    if (commit_dir(tmp, out, err, errlen)) goto fail;
+    tmp_made = 0;
+    if (!o->quiet)
+        printf("export-hf: %s (step %lld) -> %s: %s, %s, %d tensor%s in %d shard%s, %.1f MB\n", ckpt, step, out,
+               hf_format_name(f), o->dtype == ST_BF16 ? "bf16" : "fp32", nmap, nmap == 1 ? "" : "s", nshards,
+               nshards == 1 ? "" : "s", total / 1e6);
+    rc = 0;
+fail:
+    if (fd >= 0) close(fd);
+    if (tmp_made) remove_plain_dir(tmp);
+    if (fd_src >= 0) close(fd_src);
+    st_free(&src);
+    st_free(&dst);
+    if (index) json_object_put(index);
+    free(cfg_text);
+    free(shard_of);
+    free(map);
+    param_table_free(&t);
+    free(raw);
+    free(f32);
+    return rc;
+}
+
+// ---- import ----------------------------------------------------------------------------------
+
+// The safetensors files of an HF model: one model.safetensors, or the shards
+// an index names, with each tensor's file looked up through the weight_map.
+typedef struct {
+    int n;
+    char **names, **paths;
+    int *fds;
+    StFile *st;
+    char **used;                 // per file, per tensor: taken by the mapping
+    json_object *weight_map;     // NULL for a single file
+    char index_path[PATH_LEN + 64];
+} HfSource;
+
+static void source_close(HfSource *s) {
+    for (int i = 0; i < s->n; i++) {
+        if (s->fds[i] >= 0) close(s->fds[i]);
+        st_free(&s->st[i]);
+        free(s->names[i]);
+        free(s->paths[i]);
+        free(s->used[i]);
+    }
+    free(s->names); free(s->paths); free(s->fds); free(s->st); free(s->used);
+    if (s->weight_map) json_object_put(s->weight_map);
+    memset(s, 0, sizeof *s);
+}
+
+static int source_add(HfSource *s, const char *dir, const char *name, char *err, size_t errlen) {
+    int i = s->n++;
+    s->names = reallocCheck(s->names, s->n * sizeof(char *));
+    s->paths = reallocCheck(s->paths, s->n * sizeof(char *));
+    s->fds = reallocCheck(s->fds, s->n * sizeof(int));
+    s->st = reallocCheck(s->st, s->n * sizeof(StFile));
+    s->used = reallocCheck(s->used, s->n * sizeof(char *));
+    s->names[i] = strdup(name);
+    s->paths[i] = mallocCheck(strlen(dir) + strlen(name) + 2);
+    sprintf(s->paths[i], "%s/%s", dir, name);
+    s->fds[i] = -1;
+    s->used[i] = NULL;
+    if (st_open(s->paths[i], &s->fds[i], &s->st[i], err, errlen)) return -1;
+    s->used[i] = mallocCheck(s->st[i].n + 1);
+    return 0;
+}
+
+static int source_open(HfSource *s, const char *dir, char *err, size_t errlen) {
+    memset(s, 0, sizeof *s);
+    char single[PATH_LEN + 64];
+    snprintf(s->index_path, sizeof s->index_path, "%s/model.safetensors.index.json", dir);
+    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    if (!exists(s->index_path)) {
+        if (!exists(single)) {
+            snprintf(err, errlen, "%s: no model.safetensors or model.safetensors.index.json "
+                     "(only safetensors are read: save with safe_serialization=True)", dir);
+            return -1;
+        }
+        return source_add(s, dir, "model.safetensors", err, errlen);
+    }
+    char *text = read_text(s->index_path, 256u << 20, err, errlen);
+    if (!text) return -1;
+    json_object *o = parse_json(text, s->index_path, err, errlen), *wm;
+    free(text);
+    if (!o) return -1;
+    int rc = -1;
+    if (!json_object_object_get_ex(o, "weight_map", &wm) || !json_object_is_type(wm, json_type_object))
+        FAIL("%s: no weight_map object", s->index_path);
+    if (json_object_object_length(wm) == 0) FAIL("%s: weight_map is empty", s->index_path);
+    json_object_object_foreach(wm, key, val) {
+        if (!json_object_is_type(val, json_type_string))
+            FAIL("%s: weight_map[%s]: expected a file name, got %s", s->index_path, key, json_object_to_json_string(val));
+        const char *file = json_object_get_string(val);
+        if (!*file || strchr(file, '/') || !strcmp(file, ".") || !strcmp(file, ".."))
+            FAIL("%s: weight_map[%s] = \"%s\": expected a file name in the same directory", s->index_path, key, file);
+        int known = 0;
+        for (int i = 0; i < s->n && !known; i++) known = !strcmp(s->names[i], file);
+        if (!known && source_add(s, dir, file, err, errlen)) goto fail;
+    }
+    s->weight_map = json_object_get(wm);
+    rc = 0;
+fail:
+    json_object_put(o);
+    return rc;
+}
+
+// Finds tensor name: *file and its index there, or -1 with a message.
+static int source_find(HfSource *s, const char *name, int *file, char *err, size_t errlen) {
+    if (!s->weight_map) {
+        *file = 0;
+        int i = st_find(&s->st[0], name);
+        if (i < 0) snprintf(err, errlen, "%s: missing tensor %s", s->paths[0], name);
+        return i;
+    }
+    json_object *v;
+    if (!json_object_object_get_ex(s->weight_map, name, &v)) {
+        snprintf(err, errlen, "%s: missing tensor %s (not in the weight_map)", s->index_path, name);
+        return -1;
+    }
+    const char *f = json_object_get_string(v);
+    for (int k = 0; k < s->n; k++)
+        if (!strcmp(s->names[k], f)) {
+            *file = k;
+            int i = st_find(&s->st[k], name);
+            if (i < 0) snprintf(err, errlen, "%s: the weight_map puts %s in %s, which has no such tensor", s->index_path, name, f);
+            return i;
+        }
+    return -1;
+}
+
+static const char *shape_text(char *buf, size_t n, int ndim, const int64_t *shape) {
+    int k = snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && k > 0 && (size_t)k < n; d++)
+        k += snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (k > 0 && (size_t)k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+static char *state_json(const ModelConfig *c, uint64_t seed) {
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "format", json_object_new_string("moecore-checkpoint-1"));
+    json_object_object_add(o, "step", json_object_new_int64(0));
+    json_object_object_add(o, "tokens_seen", json_object_new_int64(0));
+    json_object_object_add(o, "data_position", json_object_new_int64(0));
+    json_object_object_add(o, "skipped_steps", json_object_new_int64(0));
+    json_object_object_add(o, "optimizer_step", json_object_new_int(0));
+    char s[32];
+    snprintf(s, sizeof s, "%llu", (unsigned long long)seed);
+    json_object_object_add(o, "seed", json_object_new_string(s));
+    json_object_object_add(o, "skip_hist_loss", json_object_new_array());
+    json_object_object_add(o, "skip_hist_gnorm", json_object_new_array());
+    char *mc = model_config_to_json(c);
+    json_object_object_add(o, "model", json_tokener_parse(mc));
+    free(mc);
+    char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY));
+    json_object_put(o);
+    return out;
+}
+
+// Writes a safetensors file of the table's tensors under each prefix (+ an
+// optional [rows, cols] extra tensor), header only: ftruncate leaves the
+// data zero. Returns the open fd (caller closes) or -1.
+static int create_table_file(const char *path, const ParamTable *t, int nprefix, const char *const *prefixes,
+                             const char *extra, const int64_t *extra_shape, StFile *st, char *err, size_t errlen) {
+    char name[PARAM_NAME_MAX + 32];
+    for (int p = 0; p < nprefix; p++)
+        for (int i = 0; i < t->n; i++) {
+            snprintf(name, sizeof name, "%s%s", prefixes[p], t->entries[i].name);
+            if (st_add(st, name, ST_F32, t->entries[i].ndim, t->entries[i].shape, err, errlen) < 0) return -1;
+        }
+    if (extra && st_add(st, extra, ST_F32, 2, extra_shape, err, errlen) < 0) return -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
+    if (st_write_header(fd, path, st, err, errlen)) { close(fd); return -1; }
+    return fd;
+}
+
+static int is_step_dir(const char *path) {
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    long long v;
+    char tail;
+    return sscanf(b, "step-%lld%c", &v, &tail) == 1 && v >= 0;
+}
+
+int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o, ModelConfig *cfg_out,
+              char *err, size_t errlen) {
+    char ckpt[PATH_LEN], tmp[PATH_LEN + 8], path[PATH_LEN + 64];
+    ParamTable t = {0};
+    HfTensor *map = NULL;
+    HfSource src;
+    memset(&src, 0, sizeof src);
+    StFile dst, opt;
+    st_init(&dst);
+    st_init(&opt);
+    int nmap = 0, fd = -1, tmp_made = 0, rc = -1, hf_vocab = 0, tied = 0;
+    int *file_of = NULL, *idx_of = NULL;   // per map entry: source file and tensor
+    void *raw = mallocCheck(HF_CHUNK_ELEMS * 4);
+    float *f32 = mallocCheck(HF_CHUNK_ELEMS * 4);
+    char *text = NULL;
+    ModelConfig c;
+    HfFormat f;
+
+    clean_path(ckpt, sizeof ckpt, ckpt_arg);
+    if (!is_step_dir(ckpt))
+        FAIL("%s: a checkpoint directory is named step-NNNNNNNN (train --resume looks for those); "
+             "use e.g. %s/step-00000000", ckpt, ckpt);
+    if (exists(ckpt) && !o->force) FAIL("%s exists (add --force to replace it)", ckpt);
+    snprintf(path, sizeof path, "%s/config.json", ckpt);
+    if (exists(path)) FAIL("%s holds a Hugging Face model (config.json); not replacing it with a checkpoint", ckpt);
+    if (replaceable(ckpt, err, errlen)) goto fail;
+    snprintf(path, sizeof path, "%s/config.json", hf_dir);
+    if (!(text = read_text(path, 64u << 20, err, errlen))) goto fail;
+    if (hf_config_parse(text, path, &c, &f, &hf_vocab, &tied, err, errlen)) goto fail;
+    if (hf_param_table(&c, &t, err, errlen)) goto fail;
+    if (hf_tensor_map(&t, f, hf_vocab, tied, &map, &nmap, err, errlen)) goto fail;
+    if (source_open(&src, hf_dir, err, errlen)) goto fail;
+
+    // every tensor present with a readable dtype and its shape, nothing left over
+    file_of = mallocCheck(nmap * sizeof(int));
+    idx_of = mallocCheck(nmap * sizeof(int));
+    for (int i = 0; i < nmap; i++) {
+        int k = 0, j = source_find(&src, map[i].name, &k, err, errlen);
+        if (j < 0) goto fail;
+        const StTensor *st = &src.st[k].tensors[j];
+        char have[96], want[96];
+        if (st->dtype != ST_F32 && st->dtype != ST_BF16 && st->dtype != ST_F16) {
+            snprintf(err, errlen, "%s: tensor %s has dtype %s; import reads F32, BF16 and F16", src.paths[k],
+                     map[i].name, st_dtype_name(st->dtype));
+            goto fail;
+        }
+        int same = st->ndim == map[i].ndim;
+        for (int d = 0; same && d < st->ndim; d++) same = st->shape[d] == map[i].shape[d];
+        if (!same) {
+            snprintf(err, errlen, "%s: tensor %s has shape %s, expected %s from config.json", src.paths[k], map[i].name,
+                     shape_text(have, sizeof have, st->ndim, st->shape), shape_text(want, sizeof want, map[i].ndim, map[i].shape));
+            goto fail;
+        }
+        src.used[k][j] = 1;
+        file_of[i] = k;
+        idx_of[i] = j;
+    }
+    for (int k = 0; k < src.n; k++)
+        for (int j = 0; j < src.st[k].n; j++) {
+            const char *nm = src.st[k].tensors[j].name;
+            size_t l = strlen(nm);
+            if (src.used[k][j] || (l >= 20 && !strcmp(nm + l - 20, "rotary_emb.inv_freq"))) continue;
+            snprintf(err, errlen, "%s: unexpected tensor %s (not part of a %s model with this config.json)",
+                     src.paths[k], nm, hf_format_name(f));
+            goto fail;
+        }
+
+    if (begin_dir(ckpt, tmp, sizeof tmp, err, errlen)) goto fail;
+    tmp_made = 1;
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    const char *none[1] = {""};
+    fd = create_table_file(path, &t, 1, none, NULL, NULL, &dst, err, errlen);
+    if (fd < 0) goto fail;
+    StRef dref = {fd, path, &dst};
+    for (int i = 0; i < nmap; i++) {
+        int k = file_of[i];
+        StRef sref = {src.fds[k], src.paths[k], &src.st[k]};
+        if (copy_elems(sref, idx_of[i], 0, dref, map[i].param, map[i].offset, map[i].numel, raw, f32, err, errlen))
+            goto fail;
+    }
+    int cfd = fd;
+    fd = -1;
+    if (close_synced(cfd, path, err, errlen)) goto fail;
+
+    // zero optimizer moments and router bias, as a fresh run starts
+    snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
+    const char *moments[2] = {"exp_avg.", "exp_avg_sq."};
+    int n_moe = c.n_layers - c.dense_layers;
+    int64_t bshape[2] = {n_moe, c.n_experts};
+    fd = create_table_file(path, &t, 2, moments, n_moe ? "router_bias" : NULL, bshape, &opt, err, errlen);
+    if (fd < 0) goto fail;
+    cfd = fd;
+    fd = -1;
+    if (close_synced(cfd, path, err, errlen)) goto fail;
+
+    char *js = state_json(&c, o->seed);
+    snprintf(path, sizeof path, "%s/train_state.json", tmp);
+    int wrc = write_text(path, js, err, errlen);
+    free(js);
+    if (wrc) goto fail;
+    snprintf(path, sizeof path, "%s/config.yaml", tmp);
+    {
+        char *yaml = NULL;
+        size_t ylen = 0;
+        FILE *mf = open_memstream(&yaml, &ylen);
+        fprintf(mf, "# written by moecore import-hf from %s: the model section a training config resuming\n"
+                    "# from this checkpoint must have (lb_coef, z_coef, lb_global, aux_free_rate, routing,\n"
+                    "# seq_len and init_std may differ)\n", hf_dir);
+        model_config_write_yaml(&c, mf);
+        fclose(mf);
+        wrc = write_text(path, yaml, err, errlen);
+        free(yaml);
+        if (wrc) goto fail;
+    }
+    snprintf(path, sizeof path, "%s/COMMITTED", tmp);
+    if (write_text(path, "ok\n", err, errlen)) goto fail;
+    if (commit_dir(tmp, ckpt, err, errlen)) goto fail;
+    tmp_made = 0;
+    if (cfg_out) *cfg_out = c;
+    if (!o->quiet)
+        printf("import-hf: %s (%s, %d tensor%s in %d file%s) -> %s: step 0, %zu parameters\n", hf_dir,
+               hf_format_name(f), nmap, nmap == 1 ? "" : "s", src.n, src.n == 1 ? "" : "s", ckpt, param_total(&t));
+    rc = 0;
+fail:
+    if (fd >= 0) close(fd);
+    if (tmp_made) remove_plain_dir(tmp);
+    source_close(&src);
+    st_free(&dst);
+    st_free(&opt);
+    free(text);
+    free(file_of);
+    free(idx_of);
+    free(map);
+    param_table_free(&t);
+    free(raw);
+    free(f32);
+    return rc;
+}

@@ -1,0 +1,677 @@
+// Causal attention with GQA on BF16 tensor cores, FlashAttention-2 style:
+// the T x T score matrix never reaches device memory.
+//
+// q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd]; head h reads kv head
+// h / (H/KV); scale 1/sqrt(hd); query t sees keys s <= t.
+//
+// saved   [B,H,T] f32: log2-sum-exp2 of the scaled scores in base 2,
+//         lse2[t] = log2(sum_{s<=t} 2^(q_t.k_s * scale * log2 e)), so that
+//         backward recomputes p_ts = 2^(q_t.k_s * scale * log2 e - lse2[t]).
+// scratch [B,H,T] f32: D[t] = rowsum(dout_t * out_t), the softmax backward's
+//         sum_s p_ts dp_ts.
+//
+// Kernels (mma.sync m16n8k16 BF16 -> FP32; every warp owns 16 rows of the
+// tile; K/V (or Q/dO) tiles stream through shared memory by cp.async,
+// double-buffered, rows padded by 16 bytes so ldmatrix is conflict-free):
+//   forward       one block per (head, batch, 64 queries); online softmax
+//                 over key blocks of 64, FP32 statistics.
+//   backward D    D = rowsum(dout * out).
+//   backward dK/dV one block per (kv head, batch, 64 keys): loops over the
+//                 heads of its group and the query blocks (32 rows at hd 128,
+//                 64 below) at or after it, accumulating dK, dV in registers.
+//   backward dQ   one block per (head, batch, 64 queries): loops over key
+//                 blocks (32 at hd 128, 64 below), accumulating dQ in registers.
+// Blocks with the most causal work are launched first (the tile index is
+// grid.z, the slowest in launch order).
+// No atomics anywhere: every output element is written by one thread after
+// a fixed-order sum, so results are bit-reproducible run to run. The price
+// is that backward recomputes QK^T and dO V^T in both of its big kernels
+// (7 matmuls where FA2 with atomic dQ does 5).
+//
+// Head dims 16, 32, 64 and 128 are compiled; tails of T are masked
+// (zero-filled loads, guarded stores).
+#include <math.h>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/ops_cuda.h"
+
+// ---- PTX wrappers -----------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+// 16 bytes global -> shared; bytes = 0 writes zeros (rows past T).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
+// c[16x8] += a[16x16] b[16x8]. Fragments (g = lane / 4, c = lane % 4):
+// a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..);
+// b0 (k 2c..2c+1, n g), b1 (k 2c+8.., n g); c0,c1 (g, 2c..), c2,c3 (g+8, 2c..).
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ int div_up(int a, int b) { return (a + b - 1) / b; }
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+// ---- tile helpers -----------------------------------------------------------
+// A shared tile holds rows of HD bf16 at a stride of HD + 8 elements.
+
+template <int HD>
+struct Tile {
+    static constexpr int STRIDE = HD + 8;
+    static constexpr int CHUNKS = HD / 8; // 16-byte chunks per row
+};
+
+// Rows row0 .. row0+ROWS-1 of a [T, gstride] matrix into s; rows >= T zero.
+template <int HD, int ROWS, int NT>
+__device__ __forceinline__ void load_rows(bf16 *s, const bf16 *g, int row0, int T, size_t gstride) {
+    constexpr int C = Tile<HD>::CHUNKS, TOTAL = ROWS * C;
+#pragma unroll
+    for (int it = 0; it < (TOTAL + NT - 1) / NT; it++) {
+        int c = it * NT + threadIdx.x;
+        if (TOTAL % NT == 0 || c < TOTAL) {
+            int r = c / C, ch = c % C, t = row0 + r;
+            const bf16 *src = g + (size_t)(t < T ? t : 0) * gstride + ch * 8;
+            cp_async16(s + r * Tile<HD>::STRIDE + ch * 8, src, t < T ? 16 : 0);
+        }
+    }
+}
+// ROWS floats src[row0 ..] into s; entries past T zero.
+template <int ROWS, int NT>
+__device__ __forceinline__ void load_floats(float *s, const float *src, int row0, int T) {
+    for (int r = threadIdx.x; r < ROWS; r += NT) {
+        int t = row0 + r;
+        cp_async4(s + r, src + (t < T ? t : 0), t < T ? 4 : 0);
+    }
+}
+// A fragment of rows r0..r0+15, cols k0..k0+15 of a row-major tile.
+template <int HD>
+__device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *s, int r0, int k0, int lane) {
+    ldsm_x4(a, s + (r0 + (lane & 15)) * Tile<HD>::STRIDE + k0 + (lane >> 4) * 8);
+}
+// B fragments of two n-tiles (n0, n0+8) x k0..k0+15 from a tile stored
+// [n][k] (K for Q K^T): b[0],b[1] for n0; b[2],b[3] for n0+8.
+template <int HD>
+__device__ __forceinline__ void frag_b_nk(uint32_t b[4], const bf16 *s, int n0, int k0, int lane) {
+    ldsm_x4(b, s + (n0 + (lane & 7) + ((lane >> 4) << 3)) * Tile<HD>::STRIDE + k0 + ((lane >> 3) & 1) * 8);
+}
+// The same from a tile stored [k][n] (V for P V).
+template <int HD>
+__device__ __forceinline__ void frag_b_kn(uint32_t b[4], const bf16 *s, int k0, int n0, int lane) {
+    ldsm_x4_trans(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * Tile<HD>::STRIDE + n0 + (lane >> 4) * 8);
+}
+// acc[16 x 8*NTILES] += A (fragments af[HD/16] over k) * B, B from a [n][k] tile
+// at rows n0.. (the "x y^T" product of two row-major operands).
+template <int HD, int NTILES>
+__device__ __forceinline__ void mma_abt_regs(float acc[][4], const uint32_t af[][4], const bf16 *s, int n0,
+                                             int lane) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+        for (int np = 0; np < NTILES / 2; np++) {
+            uint32_t b[4];
+            frag_b_nk<HD>(b, s, n0 + np * 16, kk * 16, lane);
+            mma_bf16(acc[2 * np], af[kk], b[0], b[1]);
+            mma_bf16(acc[2 * np + 1], af[kk], b[2], b[3]);
+        }
+}
+// The same with A read from shared memory rows a0.. of tile sa.
+template <int HD, int NTILES>
+__device__ __forceinline__ void mma_abt_smem(float acc[][4], const bf16 *sa, int a0, const bf16 *s, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t a[4];
+        frag_a<HD>(a, sa, a0, kk * 16, lane);
+#pragma unroll
+        for (int np = 0; np < NTILES / 2; np++) {
+            uint32_t b[4];
+            frag_b_nk<HD>(b, s, np * 16, kk * 16, lane);
+            mma_bf16(acc[2 * np], a, b[0], b[1]);
+            mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+// acc[16 x HD] += P (accumulator layout, 16 x KDIM, rounded to BF16) * V,
+// V a [k][n] tile of KDIM rows.
+template <int HD, int KDIM>
+__device__ __forceinline__ void mma_pv(float acc[][4], const float p[][4], const bf16 *s, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KDIM / 16; kk++) {
+        uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                         pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                         pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < HD / 16; np++) {
+            uint32_t b[4];
+            frag_b_kn<HD>(b, s, kk * 16, np * 16, lane);
+            mma_bf16(acc[2 * np], a, b[0], b[1]);
+            mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+// A warp's 16 x HD accumulator, times mul[row half], as BF16 into its rows
+// r0.. of tile s (for a coalesced store after).
+template <int HD>
+__device__ __forceinline__ void stage_acc(bf16 *s, int r0, const float acc[][4], float mul0, float mul1,
+                                          int lane) {
+    int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) {
+        bf16 *p = s + (r0 + g) * Tile<HD>::STRIDE + nt * 8 + 2 * c;
+        *(uint32_t *)p = pack_bf16(acc[nt][0] * mul0, acc[nt][1] * mul0);
+        *(uint32_t *)(p + 8 * Tile<HD>::STRIDE) = pack_bf16(acc[nt][2] * mul1, acc[nt][3] * mul1);
+    }
+}
+// A warp's 16 staged rows r0.. of s to global rows t0.. (rows >= T skipped).
+template <int HD>
+__device__ __forceinline__ void store_rows16(bf16 *g, size_t gstride, int t0, int T, const bf16 *s, int r0,
+                                             int lane) {
+    constexpr int C = Tile<HD>::CHUNKS;
+#pragma unroll
+    for (int it = 0; it < (16 * C + 31) / 32; it++) {
+        int c = it * 32 + lane;
+        if ((16 * C) % 32 == 0 || c < 16 * C) {
+            int r = c / C, ch = c % C;
+            if (t0 + r < T)
+                *(uint4 *)(g + (size_t)(t0 + r) * gstride + ch * 8) =
+                    *(const uint4 *)(s + (r0 + r) * Tile<HD>::STRIDE + ch * 8);
+        }
+    }
+}
+
+// ---- forward ----------------------------------------------------------------
+
+template <int HD>
+struct FwdCfg {
+    static constexpr int WARPS = 4, BR = 16 * WARPS, BC = 64, NT = 32 * WARPS;
+    static constexpr size_t SMEM = (size_t)(BR + 4 * BC) * Tile<HD>::STRIDE * sizeof(bf16);
+};
+
+// grid (H, B, query blocks), heaviest (last) query blocks first.
+template <int HD>
+__global__ void __launch_bounds__(FwdCfg<HD>::NT)
+    attention_forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H,
+                             int KV, float scale_log2) {
+    using Cfg = FwdCfg<HD>;
+    constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem;  // [BR][S]
+    bf16 *Ks = Qs + BR * S;   // [2][BC][S]
+    bf16 *Vs = Ks + 2 * BC * S; // [2][BC][S]
+
+    int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;
+    int kvh = h / (H / KV);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c4 = lane & 3;
+    int q0 = qb * BR, wrow = q0 + warp * 16; // this warp's first query
+    size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
+    const bf16 *qg = q + ((size_t)b * T * H + h) * HD;
+    const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
+    const bf16 *vg = v + ((size_t)b * T * KV + kvh) * HD;
+    int nkb = div_up(min(T, q0 + BR), BC);
+
+    load_rows<HD, BR, NT>(Qs, qg, q0, T, qstride);
+    load_rows<HD, BC, NT>(Ks, kg, 0, T, kstride);
+    load_rows<HD, BC, NT>(Vs, vg, 0, T, kstride);
+    cp_async_commit();
+
+    uint32_t qf[HD / 16][4];
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; // rows g, g+8; l per thread, summed at the end
+
+    for (int j = 0; j < nkb; j++) {
+        if (j + 1 < nkb) {
+            int st = (j + 1) & 1;
+            load_rows<HD, BC, NT>(Ks + st * BC * S, kg, (j + 1) * BC, T, kstride);
+            load_rows<HD, BC, NT>(Vs + st * BC * S, vg, (j + 1) * BC, T, kstride);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) frag_a<HD>(qf[kk], Qs, warp * 16, kk * 16, lane);
+        }
+        int k0 = j * BC;
+        if (k0 <= wrow + 15) { // some key of this block is visible to some row of this warp
+            const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
+            float s[BC / 8][4];
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+            mma_abt_regs<HD, BC / 8>(s, qf, Kt, 0, lane);
+
+            bool mask = k0 + BC - 1 > wrow;
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = s[nt][e] * scale_log2;
+                    if (mask && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8) x = -INFINITY;
+                    s[nt][e] = x;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = m[r];
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float base = mx == -INFINITY ? 0.f : mx; // a row with nothing visible yet
+                float alpha = fast_exp2(m[r] - base);
+                m[r] = mx;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++) {
+                    s[nt][2 * r] = fast_exp2(s[nt][2 * r] - base);
+                    s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - base);
+                    sum += s[nt][2 * r] + s[nt][2 * r + 1];
+                }
+                l[r] = l[r] * alpha + sum;
+#pragma unroll
+                for (int nt = 0; nt < HD / 8; nt++) {
+                    o[nt][2 * r] *= alpha;
+                    o[nt][2 * r + 1] *= alpha;
+                }
+            }
+            mma_pv<HD, BC>(o, s, Vt, lane);
+        }
+        __syncthreads();
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        inv[r] = 1.f / l[r];
+        int t = wrow + g + r * 8;
+        if (c4 == 0 && t < T) lse2[((size_t)b * H + h) * T + t] = m[r] + log2f(l[r]);
+    }
+    // the warp's own Q rows are free since j == 0
+    stage_acc<HD>(Qs, warp * 16, o, inv[0], inv[1], lane);
+    __syncwarp();
+    store_rows16<HD>(out + ((size_t)b * T * H + h) * HD, qstride, wrow, T, Qs, warp * 16, lane);
+}
+
+// ---- backward: D = rowsum(dout * out) -----------------------------------------
+
+// One group of HD/8 threads per (b, t, h) row, 16-byte loads.
+template <int HD>
+__global__ void attention_backward_d_kernel(float *D, const bf16 *out, const bf16 *dout, int B, int T, int H) {
+    constexpr int TPR = HD / 8;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t row = idx / TPR, nrows = (size_t)B * T * H;
+    int part = idx % TPR;
+    float sum = 0.f;
+    if (row < nrows) {
+        uint4 a = *(const uint4 *)(out + row * HD + part * 8);
+        uint4 d = *(const uint4 *)(dout + row * HD + part * 8);
+        const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *d2 = (const __nv_bfloat162 *)&d;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 af = __bfloat1622float2(a2[i]), df = __bfloat1622float2(d2[i]);
+            sum += af.x * df.x + af.y * df.y;
+        }
+    }
+#pragma unroll
+    for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (row < nrows && part == 0) {
+        int h = row % H;
+        size_t bt = row / H;
+        int t = bt % T, b = bt / T;
+        D[((size_t)b * H + h) * T + t] = sum;
+    }
+}
+
+// ---- backward: dK, dV ---------------------------------------------------------
+
+template <int HD>
+struct BwdKVCfg {
+    static constexpr int WARPS = 4, BC = 16 * WARPS, NT = 32 * WARPS;
+    static constexpr int BR = HD >= 128 ? 32 : 64; // queries per step
+    static constexpr size_t SMEM =
+        (size_t)(2 * BC + 4 * BR) * Tile<HD>::STRIDE * sizeof(bf16) + 4 * BR * sizeof(float);
+};
+
+// grid (KV, B, key blocks), heaviest (first) key blocks first.
+template <int HD>
+__global__ void __launch_bounds__(BwdKVCfg<HD>::NT)
+    attention_backward_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v,
+                                  const bf16 *dout, const float *lse2, const float *D, int T, int H, int KV,
+                                  float scale_log2, float scale) {
+    using Cfg = BwdKVCfg<HD>;
+    constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Ks = (bf16 *)smem;    // [BC][S]
+    bf16 *Vs = Ks + BC * S;     // [BC][S]
+    bf16 *Qs = Vs + BC * S;     // [2][BR][S]
+    bf16 *dOs = Qs + 2 * BR * S; // [2][BR][S]
+    float *Ls = (float *)(dOs + 2 * BR * S); // [2][BR]
+    float *Ds = Ls + 2 * BR;                 // [2][BR]
+
+    int kvh = blockIdx.x, b = blockIdx.y, kb = blockIdx.z;
+    int group = H / KV;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c4 = lane & 3;
+    int k0 = kb * BC, wkey = k0 + warp * 16; // this warp's first key
+    size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
+    const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
+    const bf16 *vg = v + ((size_t)b * T * KV + kvh) * HD;
+    int i0 = k0 / BR, nqb = div_up(T, BR), nsteps = group * (nqb - i0);
+
+    // the steps run over the heads of the group, and for each over the query
+    // blocks i0 .. nqb-1; (ld_h, ld_i) is the next step to load
+    int ld_h = kvh * group, ld_i = i0;
+    auto load_next = [&](int st) {
+        size_t hoff = ((size_t)b * T * H + ld_h) * HD, loff = ((size_t)b * H + ld_h) * T;
+        int qr = ld_i * BR;
+        load_rows<HD, BR, NT>(Qs + st * BR * S, q + hoff, qr, T, qstride);
+        load_rows<HD, BR, NT>(dOs + st * BR * S, dout + hoff, qr, T, qstride);
+        load_floats<BR, NT>(Ls + st * BR, lse2 + loff, qr, T);
+        load_floats<BR, NT>(Ds + st * BR, D + loff, qr, T);
+        if (++ld_i == nqb) { ld_i = i0; ld_h++; }
+    };
+    load_rows<HD, BC, NT>(Ks, kg, k0, T, kstride);
+    load_rows<HD, BC, NT>(Vs, vg, k0, T, kstride);
+    load_next(0);
+    cp_async_commit();
+
+    float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.f;
+
+    int cur_i = i0; // query block of the step being computed
+    for (int n = 0; n < nsteps; n++) {
+        if (n + 1 < nsteps) {
+            load_next((n + 1) & 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        int st = n & 1, qr = cur_i * BR;
+        if (++cur_i == nqb) cur_i = i0;
+        if (qr + BR - 1 >= wkey) { // some query of this step sees some key of this warp
+            const bf16 *Qt = Qs + st * BR * S, *dOt = dOs + st * BR * S;
+            const float *Lt = Ls + st * BR, *Dt = Ds + st * BR;
+            // P^T [16 keys x BR queries]
+            float p[BR / 8][4];
+#pragma unroll
+            for (int i = 0; i < BR / 8; i++) p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0.f;
+            mma_abt_smem<HD, BR / 8>(p, Ks, warp * 16, Qt, lane);
+            bool mask = qr < wkey + 15 || qr + BR > T;
+#pragma unroll
+            for (int nt = 0; nt < BR / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int qq = nt * 8 + 2 * c4 + (e & 1), t = qr + qq;
+                    float x = fast_exp2(p[nt][e] * scale_log2 - Lt[qq]);
+                    if (mask && (t < wkey + g + (e >> 1) * 8 || t >= T)) x = 0.f;
+                    p[nt][e] = x;
+                }
+            // dV += P^T dO
+            mma_pv<HD, BR>(dva, p, dOt, lane);
+            // dP^T = V dO^T, then dS^T = P^T (dP^T - D)
+            float ds[BR / 8][4];
+#pragma unroll
+            for (int i = 0; i < BR / 8; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0.f;
+            mma_abt_smem<HD, BR / 8>(ds, Vs, warp * 16, dOt, lane);
+#pragma unroll
+            for (int nt = 0; nt < BR / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - Dt[nt * 8 + 2 * c4 + (e & 1)]);
+            // dK += dS^T Q (times scale at the end)
+            mma_pv<HD, BR>(dka, ds, Qt, lane);
+        }
+        __syncthreads();
+    }
+
+    // the warp's own K and V rows are free now
+    stage_acc<HD>(Ks, warp * 16, dka, scale, scale, lane);
+    stage_acc<HD>(Vs, warp * 16, dva, 1.f, 1.f, lane);
+    __syncwarp();
+    size_t koff = ((size_t)b * T * KV + kvh) * HD;
+    store_rows16<HD>(dk + koff, kstride, wkey, T, Ks, warp * 16, lane);
+    store_rows16<HD>(dv + koff, kstride, wkey, T, Vs, warp * 16, lane);
+}
+
+// ---- backward: dQ -------------------------------------------------------------
+
+template <int HD>
+struct BwdQCfg {
+    static constexpr int WARPS = 4, BR = 16 * WARPS, NT = 32 * WARPS;
+    static constexpr int BC = HD >= 128 ? 32 : 64; // keys per step
+    static constexpr size_t SMEM = (size_t)(2 * BR + 4 * BC) * Tile<HD>::STRIDE * sizeof(bf16);
+};
+
+// grid (H, B, query blocks), heaviest (last) query blocks first.
+template <int HD>
+__global__ void __launch_bounds__(BwdQCfg<HD>::NT)
+    attention_backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                                 const float *lse2, const float *D, int T, int H, int KV, float scale_log2,
+                                 float scale) {
+    using Cfg = BwdQCfg<HD>;
+    constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem;    // [BR][S]
+    bf16 *dOs = Qs + BR * S;    // [BR][S]
+    bf16 *Ks = dOs + BR * S;    // [2][BC][S]
+    bf16 *Vs = Ks + 2 * BC * S; // [2][BC][S]
+
+    int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;
+    int kvh = h / (H / KV);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c4 = lane & 3;
+    int q0 = qb * BR, wrow = q0 + warp * 16;
+    size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
+    size_t qoff = ((size_t)b * T * H + h) * HD, loff = ((size_t)b * H + h) * T;
+    const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
+    const bf16 *vg = v + ((size_t)b * T * KV + kvh) * HD;
+    int nkb = div_up(min(T, q0 + BR), BC);
+
+    load_rows<HD, BR, NT>(Qs, q + qoff, q0, T, qstride);
+    load_rows<HD, BR, NT>(dOs, dout + qoff, q0, T, qstride);
+    load_rows<HD, BC, NT>(Ks, kg, 0, T, kstride);
+    load_rows<HD, BC, NT>(Vs, vg, 0, T, kstride);
+    cp_async_commit();
+
+    float lrow[2], drow[2]; // rows g, g+8 of this warp
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int t = wrow + g + r * 8;
+        lrow[r] = t < T ? lse2[loff + t] : 0.f;
+        drow[r] = t < T ? D[loff + t] : 0.f;
+    }
+    uint32_t qf[HD / 16][4], df[HD / 16][4];
+    float dqa[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
+
+    for (int j = 0; j < nkb; j++) {
+        if (j + 1 < nkb) {
+            int st = (j + 1) & 1;
+            load_rows<HD, BC, NT>(Ks + st * BC * S, kg, (j + 1) * BC, T, kstride);
+            load_rows<HD, BC, NT>(Vs + st * BC * S, vg, (j + 1) * BC, T, kstride);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                frag_a<HD>(qf[kk], Qs, warp * 16, kk * 16, lane);
+                frag_a<HD>(df[kk], dOs, warp * 16, kk * 16, lane);
+            }
+        }
+        int k0 = j * BC;
+        if (k0 <= wrow + 15) {
+            const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
+            float p[BC / 8][4], ds[BC / 8][4];
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) p[i][e] = ds[i][e] = 0.f;
+            mma_abt_regs<HD, BC / 8>(p, qf, Kt, 0, lane);
+            bool mask = k0 + BC - 1 > wrow;
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = fast_exp2(p[nt][e] * scale_log2 - lrow[e >> 1]);
+                    if (mask && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8) x = 0.f;
+                    p[nt][e] = x;
+                }
+            mma_abt_regs<HD, BC / 8>(ds, df, Vt, 0, lane); // dP = dO V^T
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - drow[e >> 1]);
+            mma_pv<HD, BC>(dqa, ds, Kt, lane); // dQ += dS K
+        }
+        __syncthreads();
+    }
+
+    stage_acc<HD>(Qs, warp * 16, dqa, scale, scale, lane);
+    __syncwarp();
+    store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 16, lane);
+}
+
+// ---- launchers ----------------------------------------------------------------
+
+static void check_shape(const char *what, int B, int T, int H, int KV, int hd) {
+    if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV) {
+        fprintf(stderr, "moecore: %s: bad shape B=%d T=%d H=%d KV=%d (need H %% KV == 0)\n", what, B, T, H, KV);
+        exit(3);
+    }
+    if (hd != 16 && hd != 32 && hd != 64 && hd != 128) {
+        fprintf(stderr, "moecore: %s: head dim %d is not supported on CUDA (16, 32, 64 or 128)\n", what, hd);
+        exit(3);
+    }
+    if (ceil_div(T, 16) > 65535 || B > 65535) { // grid.z counts blocks of T, grid.y is B
+        fprintf(stderr, "moecore: %s: B=%d T=%d too large for the launch grid\n", what, B, T);
+        exit(3);
+    }
+}
+
+// Lets a kernel use more than 48 KB of dynamic shared memory (once per kernel).
+template <typename K>
+static void allow_smem(K kernel, size_t bytes, bool *done) {
+    if (*done) return;
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    *done = true;
+}
+
+static inline float log2e_scale(int hd) { return (float)(1.4426950408889634 / sqrt((double)hd)); }
+
+template <int HD>
+static void forward_hd(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                       int KV) {
+    using Cfg = FwdCfg<HD>;
+    static bool smem_set;
+    allow_smem(attention_forward_kernel<HD>, Cfg::SMEM, &smem_set);
+    dim3 grid(H, B, ceil_div(T, Cfg::BR));
+    attention_forward_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, T, H, KV,
+                                                                             log2e_scale(HD));
+    cudaLaunchCheck();
+}
+
+template <int HD>
+static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse2, const bf16 *q,
+                        const bf16 *k, const bf16 *v, const bf16 *out, float *D, int B, int T, int H, int KV) {
+    size_t threads = (size_t)B * T * H * (HD / 8);
+    attention_backward_d_kernel<HD><<<ceil_div(threads, 256), 256, 0, cuda_stream()>>>(D, out, dout, B, T, H);
+    cudaLaunchCheck();
+
+    float sl2 = log2e_scale(HD), scale = (float)(1.0 / sqrt((double)HD));
+    {
+        using Cfg = BwdQCfg<HD>;
+        static bool smem_set;
+        allow_smem(attention_backward_dq_kernel<HD>, Cfg::SMEM, &smem_set);
+        dim3 grid(H, B, ceil_div(T, Cfg::BR));
+        attention_backward_dq_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, q, k, v, dout, lse2, D,
+                                                                                   T, H, KV, sl2, scale);
+        cudaLaunchCheck();
+    }
+    {
+        using Cfg = BwdKVCfg<HD>;
+        static bool smem_set;
+        allow_smem(attention_backward_dkv_kernel<HD>, Cfg::SMEM, &smem_set);
+        dim3 grid(KV, B, ceil_div(T, Cfg::BC));
+        attention_backward_dkv_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
+            dk, dv, q, k, v, dout, lse2, D, T, H, KV, sl2, scale);
+        cudaLaunchCheck();
+    }
+}
+
+extern "C" void cuda_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
+                                       int B, int T, int H, int KV, int hd) {
+    check_shape("attention forward", B, T, H, KV, hd);
+    if (B == 0 || T == 0) return;
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    switch (hd) {
+    case 16: forward_hd<16>(o, saved, qq, kk, vv, B, T, H, KV); break;
+    case 32: forward_hd<32>(o, saved, qq, kk, vv, B, T, H, KV); break;
+    case 64: forward_hd<64>(o, saved, qq, kk, vv, B, T, H, KV); break;
+    case 128: forward_hd<128>(o, saved, qq, kk, vv, B, T, H, KV); break;
+    }
+}
+
+extern "C" void cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const float *saved,
+                                        const void *q, const void *k, const void *v, const void *out,
+                                        float *scratch, int B, int T, int H, int KV, int hd) {
+    check_shape("attention backward", B, T, H, KV, hd);
+    if (B == 0 || T == 0) return;
+    bf16 *a = (bf16 *)dq, *bk = (bf16 *)dk, *bv = (bf16 *)dv;
+    const bf16 *d = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v,
+               *o = (const bf16 *)out;
+    switch (hd) {
+    case 16: backward_hd<16>(a, bk, bv, d, saved, qq, kk, vv, o, scratch, B, T, H, KV); break;
+    case 32: backward_hd<32>(a, bk, bv, d, saved, qq, kk, vv, o, scratch, B, T, H, KV); break;
+    case 64: backward_hd<64>(a, bk, bv, d, saved, qq, kk, vv, o, scratch, B, T, H, KV); break;
+    case 128: backward_hd<128>(a, bk, bv, d, saved, qq, kk, vv, o, scratch, B, T, H, KV); break;
+    }
+}
+
+// saved: lse2 [B,H,T]; scratch: D [B,H,T]
+extern "C" size_t cuda_attention_saved_floats(int B, int T, int H, int hd) { return (size_t)B * H * T; }
+extern "C" size_t cuda_attention_scratch_floats(int B, int T, int H, int hd) { return (size_t)B * H * T; }

@@ -1,0 +1,112 @@
+// The CUDA backend's launchers, one per op of src/ops/ops.h with the same
+// signature and semantics (act = BF16, f32 = float, all device memory, all
+// on cuda_stream()). ops_cuda.cu gathers them into the ops_cuda table.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// gemm.cu: cuBLASLt and the grouped GEMM
+void cuda_matmul_forward(void *out, const void *inp, const void *w, int N, int C, int OC);
+void cuda_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                          int N, int C, int OC, int accumulate);
+void cuda_router_logits_forward(float *logits, const void *inp, const void *w, int N, int C, int E);
+void cuda_router_logits_backward(void *dinp, float *dw, const float *dlogits, const void *inp,
+                                 const void *w, int N, int C, int E);
+void cuda_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets,
+                                 int E, int C, int OC);
+void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp,
+                                  const void *w, const int *offsets, int E, int C, int OC);
+
+// attention.cu
+void cuda_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
+                            int B, int T, int H, int KV, int hd);
+void cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const float *saved,
+                             const void *q, const void *k, const void *v, const void *out,
+                             float *scratch, int B, int T, int H, int KV, int hd);
+size_t cuda_attention_saved_floats(int B, int T, int H, int hd);
+size_t cuda_attention_scratch_floats(int B, int T, int H, int hd);
+
+// kernels.cu: everything else
+void cuda_cast_to_act(void *dst, const float *src, size_t n);
+void cuda_embedding_forward(void *out, const int *tokens, const void *wte, int N, int C);
+void cuda_embedding_backward(float *dwte, const void *dout, const int *tokens, int N, int C);
+void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int N, int C, float eps);
+void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                           const float *rstd, int N, int C, int accumulate);
+void cuda_rope_forward(void *out, const void *inp, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
+void cuda_rope_backward(void *dinp, const void *dout, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
+void cuda_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
+void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+void cuda_router_probs_forward(float *probs, const float *logits, int N, int E, Gating g);
+void cuda_router_probs_backward(float *dlogits, const float *dprobs, const float *probs, int N, int E,
+                                Gating g, int accumulate);
+void cuda_router_topk(int *idx, const float *probs, const float *bias, int N, int E, int k,
+                      RoutingMode mode, uint64_t seed);
+void cuda_router_weights_forward(float *weights, const float *probs, const int *idx, int N, int E, int k, int renorm);
+void cuda_router_weights_backward(float *dprobs, const float *dweights, const float *probs, const int *idx,
+                                  int N, int E, int k, int renorm, int accumulate);
+void cuda_router_count(float *counts, const int *idx, int N, int E, int k);
+void cuda_lb_loss_forward(float *out, const float *probs, const float *counts, float count_tokens,
+                          int N, int E, int k, Gating g);
+void cuda_lb_loss_backward(float *dprobs, const float *probs, const float *counts, float count_tokens,
+                           int N, int E, int k, Gating g, float scale);
+void cuda_zloss_forward(float *out, const float *logits, int N, int E);
+void cuda_zloss_backward(float *dlogits, const float *logits, int N, int E, float scale);
+void cuda_moe_route_index(int *offsets, int *row_of, int *token_of_row, const int *idx, int N, int E, int k);
+void cuda_permute_forward(void *xp, const void *x, const int *token_of_row, int R, int C);
+void cuda_permute_backward(void *dx, const void *dxp, const int *token_of_row, int N, int R, int C, int accumulate);
+void cuda_unpermute_forward(void *out, const void *y, const float *weights, const int *row_of,
+                            int N, int k, int C, int accumulate);
+void cuda_unpermute_backward(void *dy, float *dweights, const void *dout, const void *y,
+                             const float *weights, const int *row_of, int N, int k, int C);
+void cuda_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V);
+void cuda_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N, int V);
+void cuda_loss_sum(double *acc, const float *losses, const int *targets, int N);
+void cuda_add_act(void *y, const void *x, size_t n);
+void cuda_copy_act(void *dst, const void *src, size_t n);
+void cuda_add_f32(float *y, const float *x, size_t n);
+void cuda_copy_f32(float *dst, const float *src, size_t n);
+void cuda_adamw_update(float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+void cuda_sum_squares(double *acc, const float *x, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// ops_cuda.cu: memory and the stream
+void *cuda_alloc(size_t bytes);
+void cuda_free(void *p);
+void cuda_to_device(void *dst, const void *src, size_t bytes);
+void cuda_to_host(void *dst, const void *src, size_t bytes);
+void cuda_zero(void *p, size_t bytes);
+void cuda_synchronize(void);
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// CUDA graphs of work on cuda_stream(): capture_end returns NULL (and the
+// reason in err) when the captured work was invalid, e.g. because it
+// synchronised with the host.
+void cuda_capture_begin(void);
+void *cuda_capture_end(char *err, size_t errlen);
+void cuda_graph_launch(void *exec);
+void cuda_graph_free(void *exec);
+// Milliseconds between two points on the stream (events), for benchmarks.
+void *cuda_event_record(void);
+float cuda_event_elapsed_ms(void *start, void *stop);
+#ifdef __cplusplus
+}
+#endif
