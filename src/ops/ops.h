@@ -40,6 +40,8 @@ typedef struct Ops {
     void (*free)(void *p);
     void (*to_device)(void *dst, const void *host_src, size_t bytes);
     void (*to_host)(void *host_dst, const void *src, size_t bytes); // waits for the device
+    // bytes of device memory in use (NULL on the CPU)
+    size_t (*device_memory_used)(void);
     // compute weights from FP32 master weights (CPU: the same buffer, no-op)
     void (*cast_to_act)(void *dst, const float *src, size_t n);
 

@@ -414,6 +414,7 @@ int cmd_train(int argc, char **argv) {
     int64_t first_step = st.step, window_tokens = 0;
     float *opt_grads[N_CLASSES];
     int32_t stop = 0;
+    double peak_dev_mib = 0;
 
     while (st.step < t->steps && !stop) {
         double t0 = now_s();
@@ -438,12 +439,22 @@ int cmd_train(int argc, char **argv) {
             size_t off = (size_t)mi * MB * T;
             if (mi == M - 1) ddp_arm(&ddp); // grads become final in this backward
             uint64_t micro = (uint64_t)mesh.dp_rank * M + mi;
-            model_forward(&m, tokens + off, targets + off, mix(st.seed, (uint64_t)step * 1024 + micro));
+            model_set_batch(&m, tokens + off, targets + off);
+            model_forward_async(&m, mix(st.seed, (uint64_t)step * 1024 + micro));
             model_backward(&m, valid ? 1.0f / (float)valid : 0.0f, 1.0f / M_total);
-            ce_sum += m.ce_sum;
-            for (int l = 0; l < L; l++) { lb_step[l] += m.lb[l]; z_step[l] += m.z[l]; }
         }
         ddp_finish(&ddp);
+        // the step's sums, read once (the only wait for the device in the step)
+        {
+            float *lz = mallocCheck(2 * (L + 1) * sizeof(float));
+            ops->to_host(&ce_sum, m.ce_acc + 1, sizeof(double));
+            if (L) {
+                ops->to_host(lz, m.lb_step, L * sizeof(float));
+                ops->to_host(lz + L, m.z_step, L * sizeof(float));
+            }
+            for (int l = 0; l < L; l++) { lb_step[l] = lz[l]; z_step[l] = lz[L + l]; }
+            free(lz);
+        }
         // statistics over the dp group: CE, aux losses, expert counts, drops
         {
             int k = 0;
@@ -510,6 +521,11 @@ int cmd_train(int argc, char **argv) {
         json_object_object_add(o, "mfu", json_object_new_double(tflops / peak));
         json_object_object_add(o, "mfu_denominator_tflops", json_object_new_double(peak));
         json_object_object_add(o, "peak_mem_mib", json_object_new_double(peak_rss_mib()));
+        if (ops->device_memory_used) {
+            double used = ops->device_memory_used() / 1048576.0;
+            if (used > peak_dev_mib) peak_dev_mib = used;
+            json_object_object_add(o, "device_mem_mib", json_object_new_double(peak_dev_mib));
+        }
         json_object_object_add(o, "step_time_s", json_object_new_double(dt));
         json_object *layers = json_object_new_array();
         double worst_max = 0, dropped_total = 0, rows_total = 0;
@@ -560,11 +576,15 @@ int cmd_train(int argc, char **argv) {
             fmt_duration(eta, sizeof eta, (now - t_start) / (st.step - first_step) * (t->steps - st.step));
             char drop[48] = "";
             if (dropped_total > 0) snprintf(drop, sizeof drop, " | dropped %.2f%%", 100 * dropped_total / rows_total);
+            char mem[48];
+            if (ops->device_memory_used) snprintf(mem, sizeof mem, "%.1f GiB GPU", peak_dev_mib / 1024);
+            else snprintf(mem, sizeof mem, "%.0f MiB RSS", peak_rss_mib());
             SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb %.4f | z %.4f | lr %.2e | gnorm %.3f%s | "
-                "%.0f tok/s | %.3f TFLOP/s/dev | MFU %.1f%% | load max/mean %.2f%s%s | ETA %s\n",
+                "%.0f tok/s | %.3f TFLOP/s/dev | MFU %.1f%% | load max/mean %.2f%s%s | %s | ETA %s\n",
                 (long long)st.step, (long long)t->steps, loss, ce, lb_raw, z_raw, lr, gnorm,
                 skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / world_size,
-                100 * avg_tps * fpt / 1e12 / world_size / peak, worst_max, drop, flagged ? " GERRYMANDER?" : "", eta);
+                100 * avg_tps * fpt / 1e12 / world_size / peak, worst_max, drop, flagged ? " GERRYMANDER?" : "",
+                mem, eta);
             t_window = now;
             window_tokens = 0;
         }

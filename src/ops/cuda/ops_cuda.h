@@ -90,6 +90,7 @@ void cuda_to_device(void *dst, const void *src, size_t bytes);
 void cuda_to_host(void *dst, const void *src, size_t bytes);
 void cuda_zero(void *p, size_t bytes);
 void cuda_synchronize(void);
+size_t cuda_device_memory_used(void);
 #ifdef __cplusplus
 }
 #endif

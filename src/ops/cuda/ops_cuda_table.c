@@ -9,6 +9,7 @@ const Ops ops_cuda = {
     .free = cuda_free,
     .to_device = cuda_to_device,
     .to_host = cuda_to_host,
+    .device_memory_used = cuda_device_memory_used,
     .cast_to_act = cuda_cast_to_act,
     .embedding_forward = cuda_embedding_forward,
     .embedding_backward = cuda_embedding_backward,
