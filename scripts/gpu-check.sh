@@ -33,10 +33,11 @@ while [ $# -gt 0 ]; do
         grep -E "^FAIL|TFLOP|GB/s|captured|worst|error" "$out/$n.log" | head -n 40
       done
       shift ;;
-    olmoe|tiny)
-      cfg=configs/olmoe-1b-7b.yaml; [ "$1" = tiny ] && cfg=configs/tiny.yaml
+    olmoe|tiny|olmoe-nograph|tiny-nograph)
+      cfg=configs/olmoe-1b-7b.yaml; case $1 in tiny*) cfg=configs/tiny.yaml ;; esac
+      graph=true; case $1 in *-nograph) graph=false ;; esac
       steps=$2
-      timeout 500 ./build/moecore train "$cfg" --device.type=cuda --train.steps="$steps" \
+      timeout 500 ./build/moecore train "$cfg" --device.type=cuda --train.steps="$steps" --device.cuda_graph=$graph \
         --logging.run_dir="$out/run_$1" --checkpoint.save_final=false --train.eval_interval=0 > "$out/train_$1.log" 2>&1
       echo "== train $1: exit $?"; grep -vE "^\s*$" "$out/train_$1.log" | tail -n 25
       shift 2 ;;

@@ -41,7 +41,7 @@ static const Key table[] = {
     F(checkpoint.dir, T_STR), F(checkpoint.interval, T_I64), F(checkpoint.keep, T_INT), F(checkpoint.save_final, T_BOOL),
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
     F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE),
-    FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE),
+    FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
 };
 #define NTABLE ((int)(sizeof(table) / sizeof(table[0])))
 
@@ -86,6 +86,7 @@ void run_config_defaults(RunConfig *c) {
     c->logging.gerrymander_window = 50;
     c->parallel.dp = c->parallel.ep = c->parallel.pp = 1;
     c->parallel.bucket_mb = 16;
+    c->device.cuda_graph = 1;
 }
 
 static void list_clear(StrList *l) {

@@ -67,6 +67,7 @@ typedef struct {
 typedef struct {
     int type;                // 0 cpu, 1 cuda
     double peak_tflops;      // MFU denominator; 0 = device default (CPU: measured SGEMM)
+    int cuda_graph;          // replay each micro-batch's forward + backward as a CUDA graph
 } DeviceSection;
 
 typedef struct {

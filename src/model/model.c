@@ -425,7 +425,6 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
     ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->local_offsets, El, Fe, D);
     if (a->use_plan) ep_combine(epc, &a->plan, a->yl, a->ey, m->ep_scratch, row);
-    m->step_rows[li] += R;
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
     if (c->n_shared > 0) {
         int Fs = c->n_shared * c->shared_hidden;
@@ -465,7 +464,6 @@ void model_forward_async(Model *m, uint64_t route_seed) {
         ops->copy_act(y, a->h, (size_t)N * D);
         ops->add_act(y, add, (size_t)N * D);
     }
-    m->step_tokens += N;
     if (m->n_moe) {
         ops->add_f32(m->lb_step, m->lb_mb, m->n_moe);
         ops->add_f32(m->z_step, m->z_mb, m->n_moe);
@@ -478,9 +476,16 @@ void model_forward_async(Model *m, uint64_t route_seed) {
     ops->loss_sum(m->ce_acc + 1, m->losses, m->targets, N);  // the step
 }
 
+void model_count_micro_batch(Model *m) {
+    int N = m->B * m->T;
+    m->step_tokens += N;
+    for (int li = 0; li < m->n_moe; li++) m->step_rows[li] += (float)N * m->cfg.top_k;
+}
+
 float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed) {
     model_set_batch(m, tokens, targets);
     model_forward_async(m, route_seed);
+    model_count_micro_batch(m);
     const ModelConfig *c = &m->cfg;
     m->ops->to_host(&m->ce_sum, m->ce_acc, sizeof(double));
     if (m->n_moe) {

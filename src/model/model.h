@@ -155,6 +155,11 @@ void model_begin_step(Model *m);
 // this micro-batch's losses to the host fields below, returning the total.
 void model_set_batch(Model *m, const int *tokens, const int *targets);
 void model_forward_async(Model *m, uint64_t route_seed);
+// Host-side counts of one executed micro-batch (tokens and routed rows of
+// the step): model_forward calls it; callers of model_forward_async call it
+// once per micro-batch the device runs (a captured graph runs the forward
+// without the host code).
+void model_count_micro_batch(Model *m);
 float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed);
 // Backward of ce_scale * ce_sum + aux_scale * (lb_coef sum LB + z_coef sum Z);
 // grads accumulate.

@@ -42,6 +42,13 @@ typedef struct Ops {
     void (*to_host)(void *host_dst, const void *src, size_t bytes); // waits for the device
     // bytes of device memory in use (NULL on the CPU)
     size_t (*device_memory_used)(void);
+    // Graphs of the work issued between capture_begin and capture_end (NULL
+    // on the CPU). capture_end returns NULL, with the reason in err, when the
+    // work could not be captured (a host synchronisation inside, say).
+    void (*capture_begin)(void);
+    void *(*capture_end)(char *err, size_t errlen);
+    void (*graph_launch)(void *graph);
+    void (*graph_free)(void *graph);
     // compute weights from FP32 master weights (CPU: the same buffer, no-op)
     void (*cast_to_act)(void *dst, const float *src, size_t n);
 

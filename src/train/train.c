@@ -414,6 +414,17 @@ int cmd_train(int argc, char **argv) {
     int64_t first_step = st.step, window_tokens = 0;
     float *opt_grads[N_CLASSES];
     int32_t stop = 0;
+    // CUDA graph of one micro-batch's forward + backward: its inputs are the
+    // uploaded batch and fixed buffers, so one graph serves every micro-batch
+    // (a different CE scale, from a batch with other masked targets, runs
+    // uncaptured). Random routing and lb_global change kernel arguments per
+    // micro-batch, and DDP hooks need the host: those run uncaptured.
+    int use_graph = cfg.device.cuda_graph && ops->capture_begin && world_size == 1 &&
+                    m.cfg.routing != ROUTING_RANDOM && !m.cfg.lb_global;
+    void *graph = NULL;
+    int graph_tries = 0;
+    float graph_scale = 0;
+    if (ops->capture_begin) SAY("cuda graph: %s\n", use_graph ? "on" : "off");
     double peak_dev_mib = 0;
 
     while (st.step < t->steps && !stop) {
@@ -440,8 +451,31 @@ int cmd_train(int argc, char **argv) {
             if (mi == M - 1) ddp_arm(&ddp); // grads become final in this backward
             uint64_t micro = (uint64_t)mesh.dp_rank * M + mi;
             model_set_batch(&m, tokens + off, targets + off);
-            model_forward_async(&m, mix(st.seed, (uint64_t)step * 1024 + micro));
-            model_backward(&m, valid ? 1.0f / (float)valid : 0.0f, 1.0f / M_total);
+            float ce_scale = valid ? 1.0f / (float)valid : 0.0f;
+            if (use_graph && graph && ce_scale == graph_scale) {
+                ops->graph_launch(graph);
+            } else if (use_graph && graph_tries == 1) {
+                // the second micro-batch on: every lazy allocation has happened
+                graph_tries++;
+                ops->capture_begin();
+                model_forward_async(&m, mix(st.seed, (uint64_t)step * 1024 + micro));
+                model_backward(&m, ce_scale, 1.0f / M_total);
+                graph = ops->capture_end(err, sizeof err);
+                if (graph) {
+                    graph_scale = ce_scale;
+                    ops->graph_launch(graph);
+                } else {
+                    SAY("cuda graph: %s; running uncaptured\n", err);
+                    use_graph = 0;
+                    model_forward_async(&m, mix(st.seed, (uint64_t)step * 1024 + micro));
+                    model_backward(&m, ce_scale, 1.0f / M_total);
+                }
+            } else {
+                if (use_graph && !graph) graph_tries++;
+                model_forward_async(&m, mix(st.seed, (uint64_t)step * 1024 + micro));
+                model_backward(&m, ce_scale, 1.0f / M_total);
+            }
+            model_count_micro_batch(&m);
         }
         ddp_finish(&ddp);
         // the step's sums, read once (the only wait for the device in the step)
@@ -613,6 +647,7 @@ int cmd_train(int argc, char **argv) {
         SAY("%s: step %lld of %lld, %lld tokens, %s\n", st.step < t->steps ? "stopped (--stop-after)" : "done",
             (long long)st.step, (long long)t->steps, (long long)st.tokens_seen, d);
     }
+    if (graph) ops->graph_free(graph);
     if (metrics) fclose(metrics);
     free(config_yaml);
     free(tokens); free(targets); free(lb_step); free(z_step); free(maxload); free(gflags); free(red); free(counts_host);
