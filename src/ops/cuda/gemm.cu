@@ -173,11 +173,6 @@ extern "C" void cuda_router_logits_forward(float *logits, const void *inp, const
     dense_forward(logits, CUDA_R_32F, inp, w, N, C, E);
 }
 
-__global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = __float2bfloat16(src[i]);
-}
-
 // cuBLASLt wants A and B of one type: dlogits (FP32, [N, E], small) goes to
 // BF16 in the scratch buffer first, then both products are the dense ones.
 extern "C" void cuda_router_logits_backward(void *dinp, float *dw, const float *dlogits, const void *inp,
@@ -185,8 +180,7 @@ extern "C" void cuda_router_logits_backward(void *dinp, float *dw, const float *
     size_t n = (size_t)N * E;
     if (n == 0 || (!dinp && !dw)) return;
     bf16 *dl = (bf16 *)gemm_scratch(n * sizeof(bf16));
-    f32_to_bf16_kernel<<<ceil_div((long)n, 256), 256, 0, cuda_stream()>>>(dl, dlogits, n);
-    cudaLaunchCheck();
+    cuda_cast_to_act(dl, dlogits, n);
     if (dinp) dense_dinp(dinp, dl, w, N, C, E, 1);
     if (dw) dense_dw(dw, dl, inp, N, C, E);
 }
