@@ -21,6 +21,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  train CONFIG.yaml [--resume] [--section.key=value ...]\n"
             "                                    train a model (see configs/reference.yaml)\n"
+            "  bench CONFIG.yaml [...] [--steps=N] throughput of whole steps on synthetic tokens\n"
             "  tokenize --out OUT.bin FILE...    byte-level tokenize text files (see --help)\n"
             "  detokenize FILE.bin               print token files as text\n"
             "  export-hf CKPT_DIR OUT_DIR [...]  write a checkpoint as a Hugging Face olmoe / flex_olmo model (docs/hf.md)\n"
@@ -115,6 +116,7 @@ int main(int argc, char **argv) {
         comm_finalize();
         return rc;
     }
+    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "export-hf")) return cmd_export_hf(argc - 2, argv + 2);

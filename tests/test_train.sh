@@ -138,5 +138,14 @@ expect_refused missing_data_file "missing.bin" noop
 extra=(--model.d_modle=3)
 expect_refused unknown_key "did you mean model.d_model" noop
 
+# ---- 4. moecore bench on synthetic tokens ------------------------------------------------------
+out=$($bin bench configs/tiny.yaml --steps=4 --warmup=1 --record="$tmp/bench.jsonl" --model.d_model=64 \
+      --model.n_layers=2 --model.n_heads=4 --model.n_experts=4 --model.expert_hidden=64 --model.seq_len=32 \
+      --train.global_batch=4 --train.micro_batch=2 2>&1); rc=$?
+row=$(grep -E "^configs/tiny.yaml +[0-9]+" <<<"$out")
+if [ $rc -eq 0 ] && [ -n "$row" ] && $py -c 'import json,sys; r=json.loads(open(sys.argv[1]).read()); assert r["tokens_per_s"] > 0 and r["steps"] == 4' "$tmp/bench.jsonl"; then
+  ok "bench: $row"
+else echo "$out" | tail; bad "bench failed (rc $rc)"; fi
+
 echo "$fails failures"
 [ $fails -eq 0 ]

@@ -29,7 +29,7 @@ static const char *const device_names[] = {"cpu", "cuda", NULL};
 #define FE(field, names) {#field, T_ENUM, offsetof(RunConfig, field), names}
 static const Key table[] = {
     F(data.train, T_LIST), F(data.train_weights, T_LIST), F(data.eval, T_LIST),
-    FE(data.dtype, dtype_names), F(data.validate, T_BOOL),
+    FE(data.dtype, dtype_names), F(data.validate, T_BOOL), F(data.synthetic, T_BOOL),
     F(train.global_batch, T_INT), F(train.micro_batch, T_INT), F(train.steps, T_I64),
     F(train.tokens, T_I64), FE(train.lr_schedule, sched_names), F(train.warmup_steps, T_I64),
     F(train.decay_fraction, T_DOUBLE), F(train.min_lr_ratio, T_DOUBLE), F(train.clip_grad, T_DOUBLE),
@@ -347,7 +347,8 @@ int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
     char msg[400];
     if (model_config_validate(&c->model, msg, sizeof msg)) FAIL("%s", msg);
     TrainSection *t = &c->train;
-    if (c->data.train.n == 0) FAIL("data.train: no training data given (a list of token files or globs)");
+    if (c->data.train.n == 0 && !c->data.synthetic)
+        FAIL("data.train: no training data given (a list of token files or globs, or data.synthetic: true)");
     if (c->data.train_weights.n && c->data.train_weights.n != c->data.train.n)
         FAIL("data.train_weights: %d weights for %d data.train entries", c->data.train_weights.n, c->data.train.n);
     for (int i = 0; i < c->data.train_weights.n; i++) {

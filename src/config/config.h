@@ -27,6 +27,7 @@ typedef struct {
     StrList eval;           // held-out paths or globs
     int dtype;              // TokenDtype: uint16 | uint32
     int validate;           // scan every token of every file at start
+    int synthetic;          // uniformly random tokens instead of files (benchmarks)
 } DataSection;
 
 typedef struct {

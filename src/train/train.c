@@ -137,6 +137,27 @@ static uint64_t mix(uint64_t a, uint64_t b) {
     return z ^ (z >> 31);
 }
 
+// Synthetic data (data.synthetic): instance g of the stream is uniformly
+// random tokens keyed by (seed, g), with the usual shifted targets.
+static void synthetic_instances(uint64_t seed, int64_t g_start, int count, int T, int vocab, int *tokens,
+                                int *targets) {
+    for (int i = 0; i < count; i++) {
+        uint64_t s = mix(seed, (uint64_t)(g_start + i));
+        for (int t = 0; t < T; t++) tokens[(size_t)i * T + t] = (int)(mix(s, (uint64_t)t) % (uint64_t)vocab);
+        for (int t = 0; t < T; t++) targets[(size_t)i * T + t] = t < T - 1 ? tokens[(size_t)i * T + t + 1] : -1;
+    }
+}
+
+// The count instances from global index g_start of the train stream.
+static int read_instances(const RunConfig *cfg, DataLoader *d, int64_t g_start, int count, int *tokens,
+                          int *targets, char *err, size_t errlen) {
+    if (!d) {
+        synthetic_instances(cfg->train.seed, g_start, count, cfg->model.seq_len, cfg->model.vocab_size, tokens, targets);
+        return 0;
+    }
+    return data_read(d, g_start, count, tokens, targets, err, errlen);
+}
+
 static DataLoader *open_loader(const RunConfig *c, const StrList *paths, const StrList *weights,
                                int shuffle, char *err, size_t errlen) {
     int n = weights && weights->n ? paths->n : 1;
@@ -264,16 +285,19 @@ int cmd_train(int argc, char **argv) {
     int G_local = G / mesh.dp, M = G_local / MB, M_total = G / MB;
 
     // data: every file is checked before anything is written
-    DataLoader *train = open_loader(&cfg, &cfg.data.train, &cfg.data.train_weights, 1, err, sizeof err);
-    if (!train) return fatal("data.train: %s", err);
+    DataLoader *train = NULL;
+    if (!cfg.data.synthetic) {
+        train = open_loader(&cfg, &cfg.data.train, &cfg.data.train_weights, 1, err, sizeof err);
+        if (!train) return fatal("data.train: %s", err);
+    }
     DataLoader *eval = NULL;
-    if (cfg.data.eval.n) {
+    if (cfg.data.eval.n && !cfg.data.synthetic) {
         eval = open_loader(&cfg, &cfg.data.eval, NULL, 0, err, sizeof err);
         if (!eval) return fatal("data.eval: %s", err);
     }
     if (cfg.data.validate) {
         SAY("validating every token of the data ...\n");
-        if (data_validate_all(train, err, sizeof err) || (eval && data_validate_all(eval, err, sizeof err)))
+        if ((train && data_validate_all(train, err, sizeof err)) || (eval && data_validate_all(eval, err, sizeof err)))
             return fatal("%s", err);
     }
 
@@ -329,7 +353,7 @@ int cmd_train(int argc, char **argv) {
     // token there (the common case of a wrong vocab or dtype) leaves no trace
     int *tokens = mallocCheck((size_t)G_local * T * sizeof(int)), *targets = mallocCheck((size_t)G_local * T * sizeof(int));
     if (st.step < t->steps &&
-        data_read(train, st.data_position + (int64_t)mesh.dp_rank * G_local, G_local, tokens, targets, err, sizeof err))
+        read_instances(&cfg, train, st.data_position + (int64_t)mesh.dp_rank * G_local, G_local, tokens, targets, err, sizeof err))
         return fatal("%s", err);
 
     // only now, with a valid config, data and checkpoint, write anything
@@ -367,7 +391,8 @@ int cmd_train(int argc, char **argv) {
     if (peak <= 0) { peak = measure_cpu_peak_tflops(); peak_name = "measured CPU SGEMM 512^3"; }
     double fpt = flops_per_token(&m.cfg);
     char desc[1024];
-    data_describe(train, desc, sizeof desc);
+    if (train) data_describe(train, desc, sizeof desc);
+    else snprintf(desc, sizeof desc, "synthetic: uniformly random tokens from seed %llu", (unsigned long long)t->seed);
     SAY("moecore train: %s\n", config_path);
     SAY("model: %zu parameters (%zu dense, %zu expert), %d layers (%d MoE, E=%d top-%d), vocab %d (padded %d)\n",
         m.table.class_numel[CLASS_DENSE] + m.table.class_numel[CLASS_EXPERT] * mesh.ep,
@@ -433,7 +458,7 @@ int cmd_train(int argc, char **argv) {
         double lr = lr_at(t, cfg.optim.lr, step);
         // this rank's slice of the global batch, read whole: the CE
         // normalisation needs the global count of valid targets first
-        if (data_read(train, st.data_position + (int64_t)mesh.dp_rank * G_local, G_local, tokens, targets, err, sizeof err)) {
+        if (read_instances(&cfg, train, st.data_position + (int64_t)mesh.dp_rank * G_local, G_local, tokens, targets, err, sizeof err)) {
             char msg[2600];
             snprintf(msg, sizeof msg, "step %lld: %s", (long long)step + 1, err);
             rc = fatal("%s", msg);
@@ -656,7 +681,7 @@ int cmd_train(int argc, char **argv) {
     ddp_free(&ddp);
     model_free(&m);
     mesh_free(&mesh);
-    data_close(train);
+    if (train) data_close(train);
     if (eval) data_close(eval);
     run_config_free(&cfg);
     return rc;

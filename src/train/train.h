@@ -8,6 +8,8 @@
 
 // moecore train CONFIG.yaml [--resume] [--section.key=value ...]
 int cmd_train(int argc, char **argv);
+// moecore bench CONFIG.yaml ... (src/train/bench.c)
+int cmd_bench(int argc, char **argv);
 
 // Learning rate for the 0-based step index (warmup, then the schedule).
 double lr_at(const TrainSection *t, double base_lr, int64_t step);

@@ -1,0 +1,112 @@
+// `moecore bench CONFIG...`: throughput of whole optimizer steps on
+// synthetic tokens, one row per config: the training loop itself (so the
+// numbers include data, optimizer and logging), median over the steps after
+// a warm-up.
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "train/train.h"
+#include "util/check.h"
+
+static const char *bench_usage =
+    "usage: moecore bench CONFIG.yaml [CONFIG.yaml ...] [--steps=N] [--warmup=N] [--record=FILE]\n"
+    "                     [--section.key=value ...]\n"
+    "  Trains each config for N steps (default 12) on synthetic tokens, without checkpoints\n"
+    "  or eval, and prints the median tokens/s, TFLOP/s and MFU of the steps after the\n"
+    "  first W (default 3). --record appends one JSON object per config to FILE.\n";
+
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) { double t = v[j]; v[j] = v[j - 1]; v[j - 1] = t; }
+    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    int steps = 12, warmup = 3;
+    const char *record = NULL;
+    const char *configs[32];
+    char *overrides[64];
+    int nc = 0, no = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(bench_usage, stdout); return 0; }
+        if (!strncmp(argv[i], "--steps=", 8)) steps = atoi(argv[i] + 8);
+        else if (!strncmp(argv[i], "--warmup=", 9)) warmup = atoi(argv[i] + 9);
+        else if (!strncmp(argv[i], "--record=", 9)) record = argv[i] + 9;
+        else if (!strncmp(argv[i], "--", 2) && no < 60) overrides[no++] = argv[i];
+        else if (nc < 32) configs[nc++] = argv[i];
+    }
+    if (!nc || steps <= warmup || warmup < 0) {
+        fputs(bench_usage, stderr);
+        return 2;
+    }
+    char rows[32][256];
+    int rc = 0;
+    for (int c = 0; c < nc; c++) {
+        char dir[] = "/tmp/moecore-bench-XXXXXX";
+        if (!mkdtemp(dir)) { perror("moecore: bench: mkdtemp"); return 2; }
+        char a_steps[64], a_dir[128];
+        snprintf(a_steps, sizeof a_steps, "--train.steps=%d", steps);
+        snprintf(a_dir, sizeof a_dir, "--logging.run_dir=%s/run", dir);
+        char *args[80];
+        int n = 0;
+        args[n++] = (char *)configs[c];
+        args[n++] = "--data.synthetic=true";
+        args[n++] = "--checkpoint.save_final=false";
+        args[n++] = "--checkpoint.interval=0";
+        args[n++] = "--train.eval_interval=0";
+        args[n++] = a_steps;
+        args[n++] = a_dir;
+        for (int i = 0; i < no; i++) args[n++] = overrides[i];
+        printf("== bench %s\n", configs[c]);
+        fflush(stdout);
+        int r = cmd_train(n, args);
+        if (r) { rc = r; snprintf(rows[c], sizeof rows[c], "%-36s failed (exit %d)", configs[c], r); continue; }
+        char path[256];
+        snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
+        FILE *f = fopen(path, "r");
+        double tps[4096], tfl[4096], mfu[4096], mem = 0, mem_host = 0;
+        int k = 0;
+        char line[1 << 16];
+        while (f && fgets(line, sizeof line, f) && k < 4096) {
+            json_object *o = json_tokener_parse(line), *v;
+            if (!o) continue;
+            int step = json_object_object_get_ex(o, "step", &v) ? json_object_get_int(v) : 0;
+            if (step > warmup) {
+                json_object_object_get_ex(o, "tokens_per_s", &v); tps[k] = json_object_get_double(v);
+                json_object_object_get_ex(o, "tflops_per_device", &v); tfl[k] = json_object_get_double(v);
+                json_object_object_get_ex(o, "mfu", &v); mfu[k] = json_object_get_double(v);
+                if (json_object_object_get_ex(o, "device_mem_mib", &v)) mem = json_object_get_double(v);
+                if (json_object_object_get_ex(o, "peak_mem_mib", &v)) mem_host = json_object_get_double(v);
+                k++;
+            }
+            json_object_put(o);
+        }
+        if (f) fclose(f);
+        double mt = median(tps, k), mf = median(tfl, k), mm = median(mfu, k);
+        snprintf(rows[c], sizeof rows[c], "%-36s %12.0f %10.1f %7.1f%% %10.1f GiB", configs[c], mt, mf, 100 * mm,
+                 (mem > 0 ? mem : mem_host) / 1024);
+        if (record) {
+            FILE *rf = fopen(record, "a");
+            if (!rf) { fprintf(stderr, "moecore: bench: cannot append to %s\n", record); rc = 2; }
+            else {
+                char date[32];
+                time_t now = time(NULL);
+                strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+                fprintf(rf, "{\"date\": \"%s\", \"config\": \"%s\", \"steps\": %d, \"warmup\": %d, "
+                            "\"tokens_per_s\": %.1f, \"tflops_per_device\": %.2f, \"mfu\": %.4f, \"memory_mib\": %.1f}\n",
+                        date, configs[c], steps, warmup, mt, mf, mm, mem > 0 ? mem : mem_host);
+                fclose(rf);
+            }
+        }
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd)) { /* leaving a temporary directory behind is harmless */ }
+    }
+    printf("\n%-36s %12s %10s %8s %14s\n", "config", "tokens/s", "TFLOP/s", "MFU", "memory");
+    for (int c = 0; c < nc; c++) printf("%s\n", rows[c]);
+    return rc;
+}
