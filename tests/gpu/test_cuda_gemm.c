@@ -5,6 +5,14 @@
 // 4096 tokens x top-8); then timings of the OLMoE shape against dense
 // cuBLASLt of the same size.
 //
+// The grouped forward has two kernels: the Hopper wgmma one
+// (grouped_wgmma.cu), which cuda_grouped_matmul_forward takes first, and the
+// mma.sync one (gemm.cu) it falls back to. main() sets MOECORE_NO_WGMMA=1
+// before any call (gemm.cu reads it once), so cuda_grouped_matmul_forward
+// runs the fallback here, and the wgmma kernel is called directly through
+// cuda_grouped_forward_wgmma: each forward shape checks both against the
+// CPU and against each other, and the timings print both.
+//
 // Tolerances (relative L2 error against the FP32 CPU result on the same
 // BF16-representable inputs):
 // - BF16 outputs: the GPU rounds each output to BF16 (8-bit mantissa,
@@ -25,6 +33,9 @@
 #define TOL_BF16 1e-2
 #define TOL_DW 1e-2
 #define TOL_F32 1e-4
+
+// grouped_wgmma.cu: 0 when it ran, -1 (nothing launched) when it does not take the shape or device
+int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C, int OC);
 
 static uint64_t count_rng = 0x9e3779b97f4a7c15ULL;
 static double uniform01(void) {
@@ -208,14 +219,18 @@ static double median_ms(float *ms, int n) {
     return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
 }
 
-enum { T_GFWD, T_GDGRAD, T_GWGRAD, T_DFWD, T_DDGRAD, T_DWGRAD };
-static const char *timed_name[] = {"grouped forward", "grouped data-grad", "grouped weight-grad",
+enum { T_GFWD, T_GFWD_WGMMA, T_GDGRAD, T_GWGRAD, T_DFWD, T_DDGRAD, T_DWGRAD };
+static const char *timed_name[] = {"grouped forward (mma.sync)", "grouped forward (wgmma)", "grouped data-grad",
+                                   "grouped weight-grad",
                                    "dense cuBLASLt forward", "dense cuBLASLt data-grad",
                                    "dense cuBLASLt weight-grad"};
 
 static void run_timed(const Grouped *g, int op) {
     switch (op) {
     case T_GFWD: cuda_grouped_matmul_forward(g->d_out, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC); break;
+    case T_GFWD_WGMMA:
+        cuda_grouped_forward_wgmma(g->d_out, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC);
+        break;
     case T_GDGRAD:
         cuda_grouped_matmul_backward(g->d_dinp, NULL, g->d_dout, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC);
         break;
@@ -230,9 +245,13 @@ static void run_timed(const Grouped *g, int op) {
 }
 
 // Median of 10 timed runs after 3 warm-ups; prints TFLOP/s at 2 R C OC.
-static void time_grouped(const Grouped *g, const char *label) {
+static void time_grouped(const Grouped *g, const char *label, int wgmma_ok) {
     double flops = 2.0 * g->R * g->C * g->OC;
     for (int op = T_GFWD; op <= T_DWGRAD; op++) {
+        if (op == T_GFWD_WGMMA && !wgmma_ok) {
+            printf("time %-28s %s: not taken for this shape/device\n", timed_name[op], label);
+            continue;
+        }
         for (int i = 0; i < 3; i++) run_timed(g, op);
         float ms[10];
         for (int i = 0; i < 10; i++) {
@@ -277,6 +296,7 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
 
     // forward
     float *ref = malloc(nout * 4 + 4), *got;
+    int wgmma_ok = 0;
     ops_cpu.grouped_matmul_forward(ref, inp, w, g.offsets, E, C, OC);
     if (R > 0) {
         gt_poison(g.d_out, nout * 2);
@@ -284,9 +304,23 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
         got = gt_host_bf16(g.d_out, nout);
         snprintf(what, sizeof what, "grouped forward out (%s)", label);
         check2d(what, got, ref, R, OC, g.offsets, E, TOL_BF16);
+        // the wgmma kernel, against the CPU and the fallback's result `got`
+        gt_poison(g.d_out, nout * 2);
+        wgmma_ok = cuda_grouped_forward_wgmma(g.d_out, g.d_inp, g.d_w, g.d_offsets, E, C, OC) == 0;
+        if (wgmma_ok) {
+            float *got2 = gt_host_bf16(g.d_out, nout);
+            snprintf(what, sizeof what, "grouped forward wgmma out (%s)", label);
+            check2d(what, got2, ref, R, OC, g.offsets, E, TOL_BF16);
+            snprintf(what, sizeof what, "grouped forward wgmma vs mma.sync (%s)", label);
+            check2d(what, got2, got, R, OC, g.offsets, E, TOL_BF16);
+            free(got2);
+        } else {
+            printf("      (wgmma forward does not take this shape/device)\n");
+        }
         free(got);
     } else { // nothing to write: must still run and leave nothing behind
         cuda_grouped_matmul_forward(g.d_out, g.d_inp, g.d_w, g.d_offsets, E, C, OC);
+        wgmma_ok = cuda_grouped_forward_wgmma(g.d_out, g.d_inp, g.d_w, g.d_offsets, E, C, OC) == 0;
         cuda_synchronize();
     }
     free(ref);
@@ -317,7 +351,7 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
     }
     free(dinp_ref); free(dw_ref);
 
-    if (timed) time_grouped(&g, label);
+    if (timed) time_grouped(&g, label, wgmma_ok);
 
     cuda_free(g.d_offsets); cuda_free(g.d_inp); cuda_free(g.d_w); cuda_free(g.d_dout);
     cuda_free(g.d_out); cuda_free(g.d_dinp); cuda_free(g.d_dw);
@@ -344,6 +378,7 @@ static void uneven_counts(int *counts, int E, int R, const int *zero, int nzero)
 }
 
 int main(void) {
+    setenv("MOECORE_NO_WGMMA", "1", 1); // before any grouped call: see the header
     // dense: odd sizes (tails everywhere), then OLMoE's attention-sized GEMM
     test_matmul(37, 64, 96);
     test_matmul(37, 72, 40);
@@ -359,6 +394,11 @@ int main(void) {
     test_grouped("one row", 1, 8, 8, one_row, 0);
     int none[] = {0, 0, 0};
     test_grouped("no rows", 3, 64, 96, none, 0);
+    // the wgmma kernel's 256-column tile with tails in every dimension:
+    // K = 200 (3 x 64 + 8), OC = 264 (a second column tile with 8 columns),
+    // rows around its 128-row tile and a zero-row expert
+    int wide[] = {37, 0, 130, 1, 300};
+    test_grouped("wide tails", 5, 200, 264, wide, 0);
 
     // OLMoE: 64 experts, 2048 -> 1024, 4096 tokens x top-8, uneven with
     // empty experts (first, middle, last)

@@ -501,11 +501,22 @@ static void launch_grouped_rows(bf16 *out, const bf16 *A, const bf16 *B, const i
     cudaLaunchCheck();
 }
 
+// The Hopper forward (grouped_wgmma.cu): 0 when it ran, -1 (nothing
+// launched) for shapes or devices it does not take.
+extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C,
+                                          int OC);
+
 extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets, int E,
                                             int C, int OC) {
     const void *operands[3] = {inp, w, w};
     grouped_check("grouped_matmul_forward", E, C, OC, operands, out, 4);
     if (E == 0) return;
+    static int no_wgmma = -1; // MOECORE_NO_WGMMA=1: always the mma.sync kernel below (read once)
+    if (no_wgmma < 0) {
+        const char *s = getenv("MOECORE_NO_WGMMA");
+        no_wgmma = s && atoi(s) == 1;
+    }
+    if (!no_wgmma && cuda_grouped_forward_wgmma(out, inp, w, offsets, E, C, OC) == 0) return;
     launch_grouped_rows<true>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, OC, C);
 }
 

@@ -1,0 +1,346 @@
+// The grouped GEMM's forward on Hopper tensor cores (wgmma, sm_90a):
+// out[R, OC] = inp[R, C] w_e[OC, C]^T over the experts' row segments
+// offsets[e]..offsets[e+1], offsets on the device (see gemm.cu's header for
+// the persistent tile scheduler, which this kernel shares in design).
+//
+// A block of 2 warpgroups owns a 128 x BN output tile (BN = 256, or 128),
+// each warpgroup 64 rows of it as one m64nBNk16 accumulator in registers.
+// K goes in steps of 64 BF16 (128 bytes, one swizzle row) through a STAGES
+// deep ring of shared-memory tiles that every thread fills with 16-byte
+// cp.async; rows past the expert's segment, columns past OC and K past C
+// are zero-filled (src-size 0), so they add nothing. Tiles are stored in
+// wgmma's canonical K-major 128-byte-swizzled layout: row r's 16-byte chunk
+// c sits at r * 128 + ((c ^ (r % 8)) * 16) from a 1024-byte aligned base,
+// and the k16 steps inside a row are reached by moving the descriptor's
+// start address 32 bytes at a time (the hardware swizzles the final
+// address, so this stays consistent with the layout).
+//
+// Per K step: wait for its cp.async group, fence.proxy.async (cp.async
+// writes are generic-proxy, wgmma reads are async-proxy), barrier, issue 4
+// wgmma and commit, wait until at most this group is pending (the previous
+// step's wgmma are done), barrier (both warpgroups are done with the
+// previous slot), refill that slot with the step STAGES-1 ahead. When a tile
+// ends, the next tile's first stages are issued before the epilogue stores
+// the accumulators, so the loads overlap the stores.
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/ops_cuda.h"
+
+namespace {
+
+constexpr int WG_BM = 128;     // block tile rows: 2 warpgroups x m64
+constexpr int WG_BK = 64;      // K per stage: one 128-byte swizzle row
+constexpr int WG_THREADS = 256;
+constexpr int WG_SMEM_LIMIT = 227 * 1024;
+
+template <int BN> struct WgConfig {
+    static constexpr int STAGES = BN == 256 ? 4 : 6;
+    static constexpr int A_BYTES = WG_BM * WG_BK * 2;          // 16 KB
+    static constexpr int B_BYTES = BN * WG_BK * 2;             // 32 or 16 KB
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;      // multiple of 1024
+    static constexpr int TILE_BYTES = STAGES * STAGE_BYTES;    // 192 KB
+    static constexpr int ACC = BN / 2;                         // fp32 accumulators per thread
+    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "swizzle atoms need 1024-byte alignment");
+};
+
+__device__ __forceinline__ void cp_async16(uint32_t s, const void *gmem, bool valid) {
+    int n = valid ? 16 : 0; // 0: fills 16 zero bytes, reads nothing
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Matrix descriptor of a K-major, 128-byte-swizzled operand at shared
+// address `addr`: start address >> 4 in bits 0-13, leading byte offset
+// (unused for this layout; 1 by convention) in 16-29, stride byte offset
+// (1024 bytes between 8-row groups) >> 4 in 32-45, base offset 0 (atoms
+// are 1024-byte aligned) in 49-51, swizzle mode 1 = 128B in 62-63.
+__host__ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+// Byte offset in a swizzled tile of 16-byte chunk `chunk` (0..7) of row `row`.
+__host__ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
+    return (uint32_t)(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// d[64] (+)= A(desc a) B(desc b)^T, m64n128k16, both operands K-major in shared memory
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+// d[128] (+)= A(desc a) B(desc b)^T, m64n256k16, both operands K-major in shared memory
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+                 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+                 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+                 "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+                 "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+                 "%128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// One output tile: expert e's rows m0.. of its segment (which starts at
+// row r0 of the grouped activations and holds `rows` rows), columns n0..
+struct Tile {
+    int e, m0, n0, r0, rows;
+};
+
+// Tile t of the list whose expert e starts at s_tile[e] (see gemm.cu).
+__device__ __forceinline__ Tile locate(int t, const int *s_off, const int *s_tile, int E, int col_tiles, int bn) {
+    int lo = 0, hi = E - 1; // the last expert whose first tile is <= t
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (s_tile[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    Tile tl;
+    int local = t - s_tile[lo];
+    tl.e = lo;
+    tl.m0 = local / col_tiles * WG_BM;
+    tl.n0 = local % col_tiles * bn;
+    tl.r0 = s_off[lo];
+    tl.rows = s_off[lo + 1] - tl.r0;
+    return tl;
+}
+
+// Issues this thread's cp.async for K step kt of tile tl into the stage at
+// shared address st: chunk (tid % 8) of rows tid / 8 + 32 i, A then B.
+template <int BN>
+__device__ __forceinline__ void load_stage(uint32_t st, const bf16 *A, const bf16 *B, const Tile &tl, int N, int K,
+                                           int kt) {
+    int chunk = threadIdx.x & 7, rb = threadIdx.x >> 3;
+    int k = kt * WG_BK + chunk * 8;
+    bool kv = k < K;
+    const bf16 *a = A + ((size_t)tl.r0 + tl.m0) * K + k;
+    int a_rows = tl.rows - tl.m0;
+#pragma unroll
+    for (int i = 0; i < WG_BM / 32; i++) {
+        int r = rb + 32 * i;
+        bool v = kv && r < a_rows;
+        cp_async16(st + swz(r, chunk), v ? a + (size_t)r * K : A, v);
+    }
+    const bf16 *b = B + ((size_t)tl.e * N + tl.n0) * K + k;
+    int b_rows = N - tl.n0;
+#pragma unroll
+    for (int i = 0; i < BN / 32; i++) {
+        int r = rb + 32 * i;
+        bool v = kv && r < b_rows;
+        cp_async16(st + WgConfig<BN>::A_BYTES + swz(r, chunk), v ? b + (size_t)r * K : B, v);
+    }
+}
+
+// The first STAGES-1 K steps of a tile, one cp.async group each (empty
+// groups past the end keep the count uniform).
+template <int BN>
+__device__ __forceinline__ void load_prologue(uint32_t tiles, const bf16 *A, const bf16 *B, const Tile &tl, int N,
+                                              int K, int ktiles) {
+#pragma unroll
+    for (int s = 0; s < WgConfig<BN>::STAGES - 1; s++) {
+        if (s < ktiles) load_stage<BN>(tiles + s * WgConfig<BN>::STAGE_BYTES, A, B, tl, N, K, s);
+        cp_async_commit();
+    }
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t a, uint64_t b, int accumulate);
+template <>
+__device__ __forceinline__ void wgmma_step<128>(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+    wgmma_n128(d, a, b, accumulate);
+}
+template <>
+__device__ __forceinline__ void wgmma_step<256>(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+    wgmma_n256(d, a, b, accumulate);
+}
+
+// out[R, N] = A[R, K] B_e[N, K]^T over the expert segments; a persistent
+// grid whose block b takes tiles b, b + gridDim.x, ...
+template <int BN>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+grouped_wgmma_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int N, int K) {
+    using Cfg = WgConfig<BN>;
+    constexpr int S = Cfg::STAGES;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    uint32_t tiles = (raw + 1023) & ~1023u; // swizzle atoms want 1024-byte alignment
+    int *s_off = (int *)(smem_raw + (tiles - raw) + Cfg::TILE_BYTES); // offsets[0..E]
+    int *s_tile = s_off + E + 1;                                      // first tile of each expert, [0..E]
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int col_tiles = (N + BN - 1) / BN;
+
+    for (int i = threadIdx.x; i <= E; i += WG_THREADS) s_off[i] = offsets[i];
+    __syncthreads();
+    if (warp == 0) { // exclusive prefix sum of tiles per expert, 32 experts at a time
+        int carry = 0;
+        for (int base = 0; base < E; base += 32) {
+            int e = base + lane, v = 0;
+            if (e < E) {
+                int rows = s_off[e + 1] - s_off[e];
+                v = rows > 0 ? (rows + WG_BM - 1) / WG_BM * col_tiles : 0;
+            }
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                int y = __shfl_up_sync(0xffffffffu, v, d);
+                if (lane >= d) v += y;
+            }
+            if (e < E) s_tile[e + 1] = carry + v;
+            carry += __shfl_sync(0xffffffffu, v, 31);
+        }
+        if (lane == 0) s_tile[0] = 0;
+    }
+    __syncthreads();
+    int total = s_tile[E];
+    int t = blockIdx.x;
+    if (t >= total) return;
+
+    int ktiles = (K + WG_BK - 1) / WG_BK;
+    int wg = threadIdx.x >> 7, wwarp = warp & 3; // warpgroup, warp within it
+    Tile cur = locate(t, s_off, s_tile, E, col_tiles, BN);
+    load_prologue<BN>(tiles, A, B, cur, N, K, ktiles);
+
+    float acc[Cfg::ACC];
+#pragma unroll
+    for (int i = 0; i < Cfg::ACC; i++) acc[i] = 0.0f;
+
+    for (;;) {
+        int slot = 0, fill = S - 1; // slot of step kt, slot that step kt + S - 1 goes to
+        for (int kt = 0; kt < ktiles; kt++) {
+            cp_async_wait<S - 2>(); // this thread's part of step kt has landed
+            fence_proxy_async();    // ... and is visible to the async proxy
+            __syncthreads();        // ... for every thread's part
+            uint32_t st = tiles + slot * Cfg::STAGE_BYTES;
+            uint64_t da = smem_desc(st + wg * 64 * 128), db = smem_desc(st + Cfg::A_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < WG_BK / 16; kk++) // k16 steps: 32 bytes along the swizzled row
+                wgmma_step<BN>(acc, da + 2 * kk, db + 2 * kk, kt > 0 || kk > 0);
+            wgmma_commit();
+            wgmma_wait<1>(); // step kt-1's wgmma (this warpgroup's) are done
+            __syncthreads(); // ... both warpgroups': its slot, `fill`, is free
+            if (kt + S - 1 < ktiles) load_stage<BN>(tiles + fill * Cfg::STAGE_BYTES, A, B, cur, N, K, kt + S - 1);
+            cp_async_commit();
+            slot = slot == S - 1 ? 0 : slot + 1;
+            fill = fill == S - 1 ? 0 : fill + 1;
+        }
+        wgmma_wait<0>();
+        __syncthreads(); // all wgmma done reading shared memory
+
+        int tn = t + gridDim.x;
+        Tile nxt = cur;
+        if (tn < total) { // start the next tile's loads under this tile's stores
+            nxt = locate(tn, s_off, s_tile, E, col_tiles, BN);
+            load_prologue<BN>(tiles, A, B, nxt, N, K, ktiles);
+        }
+
+        // acc[4 j + h] is row (16 warp + lane / 4 + 8 (h / 2)), column
+        // (8 j + 2 (lane % 4) + h % 2) of this warpgroup's 64 x BN block
+        bf16 *o = out + (size_t)cur.r0 * N;
+        int r = cur.m0 + wg * 64 + wwarp * 16 + (lane >> 2);
+        int c0 = cur.n0 + 2 * (lane & 3);
+        bool lo_ok = r < cur.rows, hi_ok = r + 8 < cur.rows;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            int c = c0 + 8 * j;
+            if (c < N) {
+                if (lo_ok)
+                    *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+                if (hi_ok)
+                    *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) =
+                        __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+            }
+        }
+        if (tn >= total) break;
+        t = tn;
+        cur = nxt;
+    }
+}
+
+template <int BN> int launch_wgmma(bf16 *out, const bf16 *inp, const bf16 *w, const int *offsets, int E, int C, int OC) {
+    static int smem_set;
+    int smem = WgConfig<BN>::TILE_BYTES + 1024 + 2 * (E + 1) * (int)sizeof(int);
+    if (smem > WG_SMEM_LIMIT) return -1;
+    if (smem > smem_set) {
+        cudaCheck(cudaFuncSetAttribute((const void *)grouped_wgmma_kernel<BN>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        smem_set = smem;
+    }
+    grouped_wgmma_kernel<BN><<<cuda_num_sms(), WG_THREADS, smem, cuda_stream()>>>(out, inp, w, offsets, E, OC, C);
+    cudaLaunchCheck();
+    return 0;
+}
+
+} // namespace
+
+// Runs the forward on the wgmma kernel and returns 0, or returns -1 having
+// launched nothing when it cannot: not a compute capability 9.0 device (the
+// code is sm_90a only), C or OC not multiples of 8, operands not 16-byte
+// aligned, or too many experts for shared memory. MOECORE_WGMMA_BN=128
+// picks the 128-column tile (default 256 when OC >= 256).
+extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C,
+                                          int OC) {
+    static int cc_device = -1, cc_ok, bn_env = -1;
+    int dev;
+    cudaCheck(cudaGetDevice(&dev));
+    if (dev != cc_device) {
+        int major, minor;
+        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        cc_ok = major == 9 && minor == 0;
+        cc_device = dev;
+    }
+    if (bn_env < 0) {
+        const char *s = getenv("MOECORE_WGMMA_BN");
+        bn_env = s && atoi(s) == 128 ? 128 : 0;
+    }
+    if (!cc_ok || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
+    if (((uintptr_t)out | (uintptr_t)inp | (uintptr_t)w) & 15) return -1;
+    if (bn_env == 128 || OC < 256)
+        return launch_wgmma<128>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
+    return launch_wgmma<256>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
+}
