@@ -5,13 +5,15 @@
 // 4096 tokens x top-8); then timings of the OLMoE shape against dense
 // cuBLASLt of the same size.
 //
-// The grouped forward has two kernels: the Hopper wgmma one
-// (grouped_wgmma.cu), which cuda_grouped_matmul_forward takes first, and the
-// mma.sync one (gemm.cu) it falls back to. main() sets MOECORE_NO_WGMMA=1
-// before any call (gemm.cu reads it once), so cuda_grouped_matmul_forward
-// runs the fallback here, and the wgmma kernel is called directly through
-// cuda_grouped_forward_wgmma: each forward shape checks both against the
-// CPU and against each other, and the timings print both.
+// Each grouped op has two kernels: the Hopper wgmma one (grouped_wgmma.cu),
+// which cuda_grouped_matmul_forward / _backward take first, and the
+// mma.sync one (gemm.cu) they fall back to. main() sets MOECORE_NO_WGMMA=1
+// before any call (gemm.cu reads it once), so the gemm.cu entry points run
+// the fallback here, and the wgmma kernels are called directly through
+// cuda_grouped_forward_wgmma, cuda_grouped_dgrad_wgmma and
+// cuda_grouped_wgrad_wgmma: each grouped shape checks forward, data-grad
+// and weight-grad of both against the CPU and against each other, and the
+// timings print both.
 //
 // Tolerances (relative L2 error against the FP32 CPU result on the same
 // BF16-representable inputs):
@@ -36,6 +38,8 @@
 
 // grouped_wgmma.cu: 0 when it ran, -1 (nothing launched) when it does not take the shape or device
 int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C, int OC);
+int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C, int OC);
+int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C, int OC);
 
 static uint64_t count_rng = 0x9e3779b97f4a7c15ULL;
 static double uniform01(void) {
@@ -219,9 +223,10 @@ static double median_ms(float *ms, int n) {
     return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
 }
 
-enum { T_GFWD, T_GFWD_WGMMA, T_GDGRAD, T_GWGRAD, T_DFWD, T_DDGRAD, T_DWGRAD };
-static const char *timed_name[] = {"grouped forward (mma.sync)", "grouped forward (wgmma)", "grouped data-grad",
-                                   "grouped weight-grad",
+enum { T_GFWD, T_GFWD_WGMMA, T_GDGRAD, T_GDGRAD_WGMMA, T_GWGRAD, T_GWGRAD_WGMMA, T_DFWD, T_DDGRAD, T_DWGRAD };
+static const char *timed_name[] = {"grouped forward (mma.sync)", "grouped forward (wgmma)",
+                                   "grouped data-grad (mma.sync)", "grouped data-grad (wgmma)",
+                                   "grouped weight-grad (mma.sync)", "grouped weight-grad (wgmma)",
                                    "dense cuBLASLt forward", "dense cuBLASLt data-grad",
                                    "dense cuBLASLt weight-grad"};
 
@@ -234,8 +239,14 @@ static void run_timed(const Grouped *g, int op) {
     case T_GDGRAD:
         cuda_grouped_matmul_backward(g->d_dinp, NULL, g->d_dout, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC);
         break;
+    case T_GDGRAD_WGMMA:
+        cuda_grouped_dgrad_wgmma(g->d_dinp, g->d_dout, g->d_w, g->d_offsets, g->E, g->C, g->OC);
+        break;
     case T_GWGRAD:
         cuda_grouped_matmul_backward(NULL, g->d_dw, g->d_dout, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC);
+        break;
+    case T_GWGRAD_WGMMA:
+        cuda_grouped_wgrad_wgmma(g->d_dw, g->d_dout, g->d_inp, g->d_offsets, g->E, g->C, g->OC);
         break;
     // dense over all R rows with expert 0's weights: the same FLOPs in one GEMM
     case T_DFWD: cuda_matmul_forward(g->d_out, g->d_inp, g->d_w, g->R, g->C, g->OC); break;
@@ -245,10 +256,12 @@ static void run_timed(const Grouped *g, int op) {
 }
 
 // Median of 10 timed runs after 3 warm-ups; prints TFLOP/s at 2 R C OC.
-static void time_grouped(const Grouped *g, const char *label, int wgmma_ok) {
+// wgmma_ok[0..2]: whether the wgmma forward, data-grad, weight-grad took the shape.
+static void time_grouped(const Grouped *g, const char *label, const int *wgmma_ok) {
     double flops = 2.0 * g->R * g->C * g->OC;
     for (int op = T_GFWD; op <= T_DWGRAD; op++) {
-        if (op == T_GFWD_WGMMA && !wgmma_ok) {
+        if ((op == T_GFWD_WGMMA && !wgmma_ok[0]) || (op == T_GDGRAD_WGMMA && !wgmma_ok[1]) ||
+            (op == T_GWGRAD_WGMMA && !wgmma_ok[2])) {
             printf("time %-28s %s: not taken for this shape/device\n", timed_name[op], label);
             continue;
         }
@@ -349,9 +362,53 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
             free(got);
         }
     }
+
+    // the wgmma backward kernels, called directly: against the CPU and
+    // against the mma.sync kernels' results (run again here, variant 0)
+    int ok[3] = {wgmma_ok, 0, 0};
+    {
+        float *fb_dinp = NULL, *fb_dw;
+        if (R > 0) gt_poison(g.d_dinp, nin * 2);
+        cuda_to_device(g.d_dw, dw0, nw * 4);
+        cuda_grouped_matmul_backward(R > 0 ? g.d_dinp : NULL, g.d_dw, g.d_dout, g.d_inp, g.d_w, g.d_offsets, E, C, OC);
+        cuda_synchronize();
+        if (R > 0) fb_dinp = gt_host_bf16(g.d_dinp, nin);
+        fb_dw = gt_host_f32(g.d_dw, nw);
+
+        if (R > 0) gt_poison(g.d_dinp, nin * 2);
+        ok[1] = cuda_grouped_dgrad_wgmma(g.d_dinp, g.d_dout, g.d_w, g.d_offsets, E, C, OC) == 0;
+        cuda_synchronize();
+        if (!ok[1]) {
+            printf("      (wgmma data-grad does not take this shape/device)\n");
+        } else if (R > 0) {
+            got = gt_host_bf16(g.d_dinp, nin);
+            snprintf(what, sizeof what, "grouped backward wgmma dinp (%s)", label);
+            check2d(what, got, dinp_ref, R, C, g.offsets, E, TOL_BF16);
+            snprintf(what, sizeof what, "grouped backward wgmma dinp vs mma.sync (%s)", label);
+            check2d(what, got, fb_dinp, R, C, g.offsets, E, TOL_BF16);
+            free(got);
+        } else {
+            printf("      (wgmma data-grad ran with no rows: nothing to check)\n");
+        }
+
+        cuda_to_device(g.d_dw, dw0, nw * 4);
+        ok[2] = cuda_grouped_wgrad_wgmma(g.d_dw, g.d_dout, g.d_inp, g.d_offsets, E, C, OC) == 0;
+        cuda_synchronize();
+        if (!ok[2]) {
+            printf("      (wgmma weight-grad does not take this shape/device)\n");
+        } else { // with no rows, dw must come back as prefilled
+            got = gt_host_f32(g.d_dw, nw);
+            snprintf(what, sizeof what, "grouped backward wgmma dw += (%s)", label);
+            check2d(what, got, dw_ref, E * OC, C, dw_seg, E, TOL_DW);
+            snprintf(what, sizeof what, "grouped backward wgmma dw += vs mma.sync (%s)", label);
+            check2d(what, got, fb_dw, E * OC, C, dw_seg, E, TOL_DW);
+            free(got);
+        }
+        free(fb_dinp); free(fb_dw);
+    }
     free(dinp_ref); free(dw_ref);
 
-    if (timed) time_grouped(&g, label, wgmma_ok);
+    if (timed) time_grouped(&g, label, ok);
 
     cuda_free(g.d_offsets); cuda_free(g.d_inp); cuda_free(g.d_w); cuda_free(g.d_dout);
     cuda_free(g.d_out); cuda_free(g.d_dinp); cuda_free(g.d_dw);

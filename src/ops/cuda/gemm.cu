@@ -501,22 +501,45 @@ static void launch_grouped_rows(bf16 *out, const bf16 *A, const bf16 *B, const i
     cudaLaunchCheck();
 }
 
-// The Hopper forward (grouped_wgmma.cu): 0 when it ran, -1 (nothing
+// The Hopper kernels (grouped_wgmma.cu): 0 when it ran, -1 (nothing
 // launched) for shapes or devices it does not take.
 extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C,
                                           int OC);
+extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C,
+                                        int OC);
+extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
+                                        int OC);
+
+// MOECORE_NO_WGMMA=1: always the mma.sync kernels below (read once)
+static int no_wgmma(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("MOECORE_NO_WGMMA");
+        v = s && atoi(s) == 1;
+    }
+    return v;
+}
+
+// MOECORE_WGMMA_WGRAD=1: the wgmma weight-grad too. Off by default: with
+// short expert segments (K = rows per expert: ~512 on OLMoE-1B-7B, 256 on the
+// E=128 sweep) its pipeline start-up loses to the mma.sync kernel (120 vs 167
+// TFLOP/s on the OLMoE shape, H200, 2026-11-30); with long ones it wins (240
+// vs 189 with one expert holding 32k rows).
+static int wgmma_wgrad(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("MOECORE_WGMMA_WGRAD");
+        v = s && atoi(s) == 1;
+    }
+    return v;
+}
 
 extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets, int E,
                                             int C, int OC) {
     const void *operands[3] = {inp, w, w};
     grouped_check("grouped_matmul_forward", E, C, OC, operands, out, 4);
     if (E == 0) return;
-    static int no_wgmma = -1; // MOECORE_NO_WGMMA=1: always the mma.sync kernel below (read once)
-    if (no_wgmma < 0) {
-        const char *s = getenv("MOECORE_NO_WGMMA");
-        no_wgmma = s && atoi(s) == 1;
-    }
-    if (!no_wgmma && cuda_grouped_forward_wgmma(out, inp, w, offsets, E, C, OC) == 0) return;
+    if (!no_wgmma() && cuda_grouped_forward_wgmma(out, inp, w, offsets, E, C, OC) == 0) return;
     launch_grouped_rows<true>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, OC, C);
 }
 
@@ -526,9 +549,10 @@ extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *
     grouped_check("grouped_matmul_backward", E, C, OC, operands, dinp, 4);
     grouped_check("grouped_matmul_backward", E, C, OC, operands, dw, 8);
     if (E == 0) return;
-    if (dinp) // dinp[R, C] = dout[R, OC] w_e[OC, C]: K = OC, B stored [K, N]
+    // dinp[R, C] = dout[R, OC] w_e[OC, C]: K = OC, B stored [K, N]
+    if (dinp && (no_wgmma() || cuda_grouped_dgrad_wgmma(dinp, dout, w, offsets, E, C, OC) != 0))
         launch_grouped_rows<false>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, C, OC);
-    if (dw) {
+    if (dw && (no_wgmma() || !wgmma_wgrad() || cuda_grouped_wgrad_wgmma(dw, dout, inp, offsets, E, C, OC) != 0)) {
         static int smem_set;
         int smem = GemmSmem<false, false>::BYTES;
         smem_limit((const void *)grouped_wgrad_kernel, &smem_set, smem);

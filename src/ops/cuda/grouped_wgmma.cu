@@ -74,7 +74,9 @@ __host__ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
     return (uint32_t)(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-// d[64] (+)= A(desc a) B(desc b)^T, m64n128k16, both operands K-major in shared memory
+// d[64] (+)= A(desc a) B(desc b)^T, m64n128k16; TA / TB: 0 = that operand is
+// K-major in shared memory, 1 = M/N-major (imm-trans-a / imm-trans-b)
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
     asm volatile("{\n.reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -83,7 +85,7 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t a, uint64_t 
                  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
                  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
                  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 "%64, %65, p, 1, 1, %67, %68;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -92,9 +94,10 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t a, uint64_t 
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(a), "l"(b), "r"(accumulate));
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
 }
-// d[128] (+)= A(desc a) B(desc b)^T, m64n256k16, both operands K-major in shared memory
+// d[128] (+)= A(desc a) B(desc b)^T, m64n256k16; TA / TB as for wgmma_n128
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
     asm volatile("{\n.reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -107,7 +110,7 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t a, uint64_t
                  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
                  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
                  "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
-                 "%128, %129, p, 1, 1, 0, 0;\n}\n"
+                 "%128, %129, p, 1, 1, %131, %132;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -124,7 +127,7 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t a, uint64_t
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "l"(a), "l"(b), "r"(accumulate));
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
 // One output tile: expert e's rows m0.. of its segment (which starts at
@@ -134,7 +137,7 @@ struct Tile {
 };
 
 // Tile t of the list whose expert e starts at s_tile[e] (see gemm.cu).
-__device__ __forceinline__ Tile locate(int t, const int *s_off, const int *s_tile, int E, int col_tiles, int bn) {
+__host__ __device__ __forceinline__ Tile locate(int t, const int *s_off, const int *s_tile, int E, int col_tiles, int bn) {
     int lo = 0, hi = E - 1; // the last expert whose first tile is <= t
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
@@ -315,16 +318,306 @@ template <int BN> int launch_wgmma(bf16 *out, const bf16 *inp, const bf16 *w, co
     return 0;
 }
 
+// ---------------------------------------------------------------------------
+// Backward: the same block, pipeline and scheduler, with M/N-major operands.
+//
+// Data-grad: dinp[R, C] = dout[R, OC] w_e[OC, C] over the expert segments
+// (M = rows, N = C, K = OC). A = dout is K-major as in the forward; B = w_e
+// is stored [K][N], N contiguous: N-major. Weight-grad: dw[e][OC, C] +=
+// dout_e^T inp_e (M = OC, N = C, K = the expert's rows, read from the
+// offsets). A = dout_e stored [K][M] and B = inp_e stored [K][N]: both
+// M/N-major.
+//
+// M/N-major tiles use wgmma's canonical MN-major 128-byte-swizzled layout
+// (PTX ISA, "Shared Memory Matrix Layout", MN-major 128B swizzling:
+// ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) in elements, T = 8 for 16-bit types,
+// Swizzle<3,4,3> on the byte address). One swizzle atom is 64 MN x 8 k:
+// 8 rows of 128 bytes, row kr holding the 64 consecutive MN elements of k
+// = kr, its 16-byte chunk c (MN 8c..8c+7) at kr * 128 + ((c ^ kr) * 16).
+// A tile of X (64 or more) MN x 64 k is (X / 64) x 8 atoms: MN atom a,
+// k group g at a * 8192 + g * 1024. So the descriptor's leading byte offset
+// (between 64-wide MN blocks) is 8192 and its stride byte offset (between
+// 8-k groups) 1024, and the k16 steps of a stage are 2 k groups = 2048
+// bytes apart: each step's start address is 1024-byte aligned (base offset
+// 0), unlike the K-major steps that move 32 bytes inside the atom.
+// wgmma reads them with imm-trans-a / imm-trans-b = 1.
+
+constexpr int MN_ATOM_BYTES = 1024;          // 64 MN x 8 k
+constexpr int MN_LBO = 8 * MN_ATOM_BYTES;    // next 64 MN: past the 8 k groups of a 64-k stage
+constexpr int MN_SBO = MN_ATOM_BYTES;        // next 8 k
+
+// Matrix descriptor of an MN-major, 128-byte-swizzled operand at `addr`
+// (1024-byte aligned): start >> 4 in bits 0-13, leading byte offset >> 4 in
+// 16-29, stride byte offset >> 4 in 32-45, base offset 0, 128B swizzle (1)
+// in 62-63. The k16 step kk of a stage is desc + kk * (2 * MN_SBO >> 4).
+__host__ __device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(MN_LBO >> 4) << 16) | ((uint64_t)(MN_SBO >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+constexpr int MN_KSTEP_DESC = 2 * MN_SBO >> 4; // descriptor increment per k16 step
+
+// Byte offset in an MN-major tile of the 16-byte chunk holding MN elements
+// 8 mc .. 8 mc + 7 of k (0..63).
+__host__ __device__ __forceinline__ uint32_t mn_off(int mc, int k) {
+    return (uint32_t)((mc >> 3) * MN_LBO + (k >> 3) * MN_SBO + (k & 7) * 128 + (((mc & 7) ^ (k & 7)) << 4));
+}
+
+// The chunk that thread `tid` copies in its i-th cp.async of an X-wide
+// MN-major tile: k row and chunk mc along MN (a warp covers 512 contiguous
+// bytes of one k row when X >= 256, two rows of 256 when X = 128).
+template <int X> __host__ __device__ __forceinline__ void mn_chunk(int tid, int i, int &k, int &mc) {
+    int c = tid + WG_THREADS * i;
+    k = c / (X / 8);
+    mc = c % (X / 8);
+}
+
+// cp.async of an X (MN) x 64 (k) tile into the MN-major layout at dst; g is
+// element (k 0, MN 0) of the tile in a matrix stored [k][MN] with row
+// length ld; k >= k_lim or MN >= mn_lim are zero-filled (mn_lim is a
+// multiple of 8, so a chunk is wholly in or out). `safe`: any valid address.
+template <int X>
+__device__ __forceinline__ void load_mn(uint32_t dst, const bf16 *g, int ld, int k_lim, int mn_lim, const bf16 *safe) {
+#pragma unroll
+    for (int i = 0; i < X / 32; i++) {
+        int k, mc;
+        mn_chunk<X>(threadIdx.x, i, k, mc);
+        bool v = k < k_lim && mc * 8 < mn_lim;
+        cp_async16(dst + mn_off(mc, k), v ? g + (size_t)k * ld + mc * 8 : safe, v);
+    }
+}
+
+// K step kt of tile tl into the stage at st. Data-grad: A = dout [R][K]
+// (K-major, as the forward), B = w [E][K][N]. Weight-grad: A = dout
+// [R][M], B = inp [R][N], K = the segment's rows.
+template <int BN, bool WGRAD>
+__device__ __forceinline__ void bwd_load_stage(uint32_t st, const bf16 *A, const bf16 *B, const Tile &tl, int M,
+                                               int N, int K, int kt) {
+    int k0 = kt * WG_BK;
+    if constexpr (!WGRAD) {
+        int chunk = threadIdx.x & 7, rb = threadIdx.x >> 3;
+        int k = k0 + chunk * 8;
+        bool kv = k < K;
+        const bf16 *a = A + ((size_t)tl.r0 + tl.m0) * K + k;
+        int a_rows = tl.rows - tl.m0;
+#pragma unroll
+        for (int i = 0; i < WG_BM / 32; i++) {
+            int r = rb + 32 * i;
+            bool v = kv && r < a_rows;
+            cp_async16(st + swz(r, chunk), v ? a + (size_t)r * K : A, v);
+        }
+        load_mn<BN>(st + WgConfig<BN>::A_BYTES, B + ((size_t)tl.e * K + k0) * N + tl.n0, N, K - k0, N - tl.n0, B);
+    } else {
+        load_mn<WG_BM>(st, A + ((size_t)tl.r0 + k0) * M + tl.m0, M, tl.rows - k0, M - tl.m0, A);
+        load_mn<BN>(st + WgConfig<BN>::A_BYTES, B + ((size_t)tl.r0 + k0) * N + tl.n0, N, tl.rows - k0, N - tl.n0, B);
+    }
+}
+
+template <int BN, bool WGRAD>
+__device__ __forceinline__ void bwd_load_prologue(uint32_t tiles, const bf16 *A, const bf16 *B, const Tile &tl, int M,
+                                                  int N, int K, int ktiles) {
+#pragma unroll
+    for (int s = 0; s < WgConfig<BN>::STAGES - 1; s++) {
+        if (s < ktiles) bwd_load_stage<BN, WGRAD>(tiles + s * WgConfig<BN>::STAGE_BYTES, A, B, tl, M, N, K, s);
+        cp_async_commit();
+    }
+}
+
+// One k16 step: data-grad A K-major (trans 0), B N-major (1); weight-grad
+// both M/N-major (1, 1).
+template <int BN, bool WGRAD>
+__device__ __forceinline__ void bwd_wgmma(float (&d)[BN / 2], uint64_t a, uint64_t b, int accumulate) {
+    if constexpr (BN == 256) wgmma_n256<WGRAD ? 1 : 0, 1>(d, a, b, accumulate);
+    else wgmma_n128<WGRAD ? 1 : 0, 1>(d, a, b, accumulate);
+}
+
+// Weight-grad tile t of E x row_tiles x col_tiles (expert-major: one
+// expert's tiles run together, sharing its rows in L2).
+__host__ __device__ __forceinline__ Tile wgrad_locate(int t, const int *s_off, int per_e, int col_tiles, int bn) {
+    Tile tl;
+    tl.e = t / per_e;
+    int local = t - tl.e * per_e;
+    tl.m0 = local / col_tiles * WG_BM;
+    tl.n0 = local % col_tiles * bn;
+    tl.r0 = s_off[tl.e];
+    tl.rows = s_off[tl.e + 1] - tl.r0;
+    return tl;
+}
+// The first tile from t on (stepping by `step`) whose expert has rows.
+__host__ __device__ __forceinline__ int wgrad_skip_empty(int t, int total, int step, const int *s_off, int per_e) {
+    while (t < total) {
+        int e = t / per_e;
+        if (s_off[e + 1] > s_off[e]) break;
+        t += step;
+    }
+    return t;
+}
+
+// Data-grad (WGRAD false): out = dinp (BF16 [R][N]), M unused, K = OC.
+// Weight-grad (WGRAD true): out = dw (FP32 [E][M][N], +=), K unused.
+// Persistent grid, block b takes tiles b, b + gridDim.x, ... (weight-grad:
+// skipping the tiles of experts without rows).
+template <int BN, bool WGRAD>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int M, int N, int K) {
+    using Cfg = WgConfig<BN>;
+    constexpr int S = Cfg::STAGES;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    uint32_t tiles = (raw + 1023) & ~1023u;
+    int *s_off = (int *)(smem_raw + (tiles - raw) + Cfg::TILE_BYTES); // offsets[0..E]
+    int *s_tile = s_off + E + 1;                                      // data-grad: first tile of each expert
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int col_tiles = (N + BN - 1) / BN;
+
+    for (int i = threadIdx.x; i <= E; i += WG_THREADS) s_off[i] = offsets[i];
+    __syncthreads();
+    int total, per_e = 1;
+    if constexpr (!WGRAD) {
+        if (warp == 0) { // exclusive prefix sum of tiles per expert, as the forward
+            int carry = 0;
+            for (int base = 0; base < E; base += 32) {
+                int e = base + lane, v = 0;
+                if (e < E) {
+                    int rows = s_off[e + 1] - s_off[e];
+                    v = rows > 0 ? (rows + WG_BM - 1) / WG_BM * col_tiles : 0;
+                }
+#pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    int y = __shfl_up_sync(0xffffffffu, v, d);
+                    if (lane >= d) v += y;
+                }
+                if (e < E) s_tile[e + 1] = carry + v;
+                carry += __shfl_sync(0xffffffffu, v, 31);
+            }
+            if (lane == 0) s_tile[0] = 0;
+        }
+        __syncthreads();
+        total = s_tile[E];
+    } else {
+        per_e = (M + WG_BM - 1) / WG_BM * col_tiles;
+        total = E * per_e;
+    }
+    int t = blockIdx.x;
+    if constexpr (WGRAD) t = wgrad_skip_empty(t, total, gridDim.x, s_off, per_e);
+    if (t >= total) return;
+
+    int wg = threadIdx.x >> 7, wwarp = warp & 3;
+    Tile cur = WGRAD ? wgrad_locate(t, s_off, per_e, col_tiles, BN) : locate(t, s_off, s_tile, E, col_tiles, BN);
+    int ktiles = ((WGRAD ? cur.rows : K) + WG_BK - 1) / WG_BK;
+    bwd_load_prologue<BN, WGRAD>(tiles, A, B, cur, M, N, K, ktiles);
+
+    float acc[Cfg::ACC];
+#pragma unroll
+    for (int i = 0; i < Cfg::ACC; i++) acc[i] = 0.0f;
+
+    for (;;) {
+        int slot = 0, fill = S - 1;
+        for (int kt = 0; kt < ktiles; kt++) {
+            cp_async_wait<S - 2>();
+            fence_proxy_async();
+            __syncthreads();
+            uint32_t st = tiles + slot * Cfg::STAGE_BYTES;
+            // warpgroup wg's 64 rows of A start 8192 bytes in, in either layout
+            uint64_t da = WGRAD ? smem_desc_mn(st + wg * 64 * 128) : smem_desc(st + wg * 64 * 128);
+            uint64_t db = smem_desc_mn(st + Cfg::A_BYTES);
+            const uint64_t a_step = WGRAD ? MN_KSTEP_DESC : 2;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < WG_BK / 16; kk++)
+                bwd_wgmma<BN, WGRAD>(acc, da + a_step * kk, db + (uint64_t)MN_KSTEP_DESC * kk, kt > 0 || kk > 0);
+            wgmma_commit();
+            wgmma_wait<1>();
+            __syncthreads();
+            if (kt + S - 1 < ktiles)
+                bwd_load_stage<BN, WGRAD>(tiles + fill * Cfg::STAGE_BYTES, A, B, cur, M, N, K, kt + S - 1);
+            cp_async_commit();
+            slot = slot == S - 1 ? 0 : slot + 1;
+            fill = fill == S - 1 ? 0 : fill + 1;
+        }
+        wgmma_wait<0>();
+        __syncthreads();
+
+        int tn = t + gridDim.x;
+        if constexpr (WGRAD) tn = wgrad_skip_empty(tn, total, gridDim.x, s_off, per_e);
+        Tile nxt = cur;
+        int nkt = ktiles;
+        if (tn < total) {
+            nxt = WGRAD ? wgrad_locate(tn, s_off, per_e, col_tiles, BN) : locate(tn, s_off, s_tile, E, col_tiles, BN);
+            nkt = ((WGRAD ? nxt.rows : K) + WG_BK - 1) / WG_BK;
+            bwd_load_prologue<BN, WGRAD>(tiles, A, B, nxt, M, N, K, nkt);
+        }
+
+        // acc[4 j + h]: row 16 warp + lane / 4 + 8 (h / 2), column
+        // 8 j + 2 (lane % 4) + h % 2 of the warpgroup's 64 x BN block
+        int r = cur.m0 + wg * 64 + wwarp * 16 + (lane >> 2);
+        int c0 = cur.n0 + 2 * (lane & 3);
+        if constexpr (!WGRAD) {
+            bf16 *o = (bf16 *)out + (size_t)cur.r0 * N;
+            bool lo_ok = r < cur.rows, hi_ok = r + 8 < cur.rows;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                int c = c0 + 8 * j;
+                if (c < N) {
+                    if (lo_ok)
+                        *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+                    if (hi_ok)
+                        *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) =
+                            __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+                }
+            }
+        } else { // dw += acc: this block alone owns the tile
+            float *o = (float *)out + (size_t)cur.e * M * N;
+            bool lo_ok = r < M, hi_ok = r + 8 < M;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                int c = c0 + 8 * j;
+                if (c < N) {
+                    if (lo_ok) {
+                        float2 *p = (float2 *)(o + (size_t)r * N + c);
+                        float2 v = *p;
+                        v.x += acc[4 * j];
+                        v.y += acc[4 * j + 1];
+                        *p = v;
+                    }
+                    if (hi_ok) {
+                        float2 *p = (float2 *)(o + (size_t)(r + 8) * N + c);
+                        float2 v = *p;
+                        v.x += acc[4 * j + 2];
+                        v.y += acc[4 * j + 3];
+                        *p = v;
+                    }
+                }
+            }
+        }
+        if (tn >= total) break;
+        t = tn;
+        cur = nxt;
+        ktiles = nkt;
+    }
+}
+
+template <int BN, bool WGRAD>
+int launch_wgmma_bwd(void *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int M, int N, int K) {
+    static int smem_set;
+    int smem = WgConfig<BN>::TILE_BYTES + 1024 + (WGRAD ? 1 : 2) * (E + 1) * (int)sizeof(int);
+    if (smem > WG_SMEM_LIMIT) return -1;
+    if (smem > smem_set) {
+        cudaCheck(cudaFuncSetAttribute((const void *)grouped_wgmma_bwd_kernel<BN, WGRAD>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        smem_set = smem;
+    }
+    grouped_wgmma_bwd_kernel<BN, WGRAD><<<cuda_num_sms(), WG_THREADS, smem, cuda_stream()>>>(out, A, B, offsets, E, M,
+                                                                                            N, K);
+    cudaLaunchCheck();
+    return 0;
+}
+
 } // namespace
 
-// Runs the forward on the wgmma kernel and returns 0, or returns -1 having
-// launched nothing when it cannot: not a compute capability 9.0 device (the
-// code is sm_90a only), C or OC not multiples of 8, operands not 16-byte
-// aligned, or too many experts for shared memory. MOECORE_WGMMA_BN=128
-// picks the 128-column tile (default 256 when OC >= 256).
-extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C,
-                                          int OC) {
-    static int cc_device = -1, cc_ok, bn_env = -1;
+// Whether the current device runs the sm_90a code (compute capability 9.0
+// exactly), cached per device.
+static int wgmma_device_ok(void) {
+    static int cc_device = -1, cc_ok;
     int dev;
     cudaCheck(cudaGetDevice(&dev));
     if (dev != cc_device) {
@@ -334,13 +627,53 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
         cc_ok = major == 9 && minor == 0;
         cc_device = dev;
     }
+    return cc_ok;
+}
+
+// The column tile: 128 when MOECORE_WGMMA_BN=128 (read once) or N < 256, else 256.
+static int wgmma_bn(int N) {
+    static int bn_env = -1;
     if (bn_env < 0) {
         const char *s = getenv("MOECORE_WGMMA_BN");
         bn_env = s && atoi(s) == 128 ? 128 : 0;
     }
-    if (!cc_ok || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
+    return bn_env == 128 || N < 256 ? 128 : 256;
+}
+
+// Runs the forward on the wgmma kernel and returns 0, or returns -1 having
+// launched nothing when it cannot: not a compute capability 9.0 device (the
+// code is sm_90a only), C or OC not multiples of 8, operands not 16-byte
+// aligned, or too many experts for shared memory. MOECORE_WGMMA_BN=128
+// picks the 128-column tile (default 256 when OC >= 256).
+extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C,
+                                          int OC) {
+    if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)out | (uintptr_t)inp | (uintptr_t)w) & 15) return -1;
-    if (bn_env == 128 || OC < 256)
+    if (wgmma_bn(OC) == 128)
         return launch_wgmma<128>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
     return launch_wgmma<256>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
+}
+
+// The data-grad dinp[R, C] = dout[R, OC] w_e[OC, C] (assigned, BF16) on the
+// wgmma kernel: 0 when it ran, -1 (nothing launched) under the forward's
+// conditions. Column tile 256 when C >= 256 (MOECORE_WGMMA_BN=128: 128).
+extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C,
+                                        int OC) {
+    if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
+    if (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)w) & 15) return -1;
+    if (wgmma_bn(C) == 128)
+        return launch_wgmma_bwd<128, false>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
+    return launch_wgmma_bwd<256, false>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
+}
+
+// The weight-grad dw[e][OC, C] += dout_e^T inp_e (FP32) on the wgmma kernel:
+// 0 when it ran, -1 (nothing launched) as above, or dw not 8-byte aligned.
+// Column tile (over C) as for the data-grad.
+extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
+                                        int OC) {
+    if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
+    if (((uintptr_t)dout | (uintptr_t)inp) & 15 || (uintptr_t)dw & 7) return -1;
+    if (wgmma_bn(C) == 128)
+        return launch_wgmma_bwd<128, true>(dw, (const bf16 *)dout, (const bf16 *)inp, offsets, E, OC, C, 0);
+    return launch_wgmma_bwd<256, true>(dw, (const bf16 *)dout, (const bf16 *)inp, offsets, E, OC, C, 0);
 }
