@@ -3,7 +3,7 @@
 // config, configs from transformers without moecore's extra fields, the
 // tensor-name map covering every parameter element exactly once, and
 // refusals that name the field. The end-to-end conversions are in
-// tests/test_hf.sh, the comparison with transformers in tests/hf_compare.py.
+// tests/test_hf_cli.sh, the comparison with transformers in tests/hf_compare.py.
 #include <check.h>
 #include <json-c/json.h>
 #include <math.h>
