@@ -28,6 +28,7 @@
 // of 8 (a 16-byte chunk is then wholly inside or outside).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/ops_cuda.h"
+#include "ops/cuda/grouped_sched.cuh"
 
 // ---------------------------------------------------------------------------
 // cuBLASLt
@@ -364,28 +365,8 @@ grouped_rows_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets,
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int col_tiles = (N + GG_BN - 1) / GG_BN;
 
-    for (int i = threadIdx.x; i <= E; i += GG_THREADS) s_off[i] = offsets[i];
-    __syncthreads();
-    if (warp == 0) { // exclusive prefix sum of tiles per expert, 32 experts at a time
-        int carry = 0;
-        for (int base = 0; base < E; base += 32) {
-            int e = base + lane, v = 0;
-            if (e < E) {
-                int rows = s_off[e + 1] - s_off[e];
-                v = rows > 0 ? (rows + GG_BM - 1) / GG_BM * col_tiles : 0;
-            }
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                int y = __shfl_up_sync(0xffffffffu, v, d);
-                if (lane >= d) v += y;
-            }
-            if (e < E) s_tile[e + 1] = carry + v;
-            carry += __shfl_sync(0xffffffffu, v, 31);
-        }
-        if (lane == 0) s_tile[0] = 0;
-    }
-    __syncthreads();
-    int total = s_tile[E];
+    grouped_load_offsets<GG_THREADS>(offsets, E, s_off);
+    int total = grouped_tile_prefix<GG_BM>(s_off, E, col_tiles, s_tile);
 
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         int lo = 0, hi = E - 1; // the last expert whose first tile is <= t

@@ -23,6 +23,7 @@
 // ends, the next tile's first stages are issued before the epilogue stores
 // the accumulators, so the loads overlap the stores.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/grouped_sched.cuh"
 #include "ops/cuda/ops_cuda.h"
 
 namespace {
@@ -217,28 +218,8 @@ grouped_wgmma_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int col_tiles = (N + BN - 1) / BN;
 
-    for (int i = threadIdx.x; i <= E; i += WG_THREADS) s_off[i] = offsets[i];
-    __syncthreads();
-    if (warp == 0) { // exclusive prefix sum of tiles per expert, 32 experts at a time
-        int carry = 0;
-        for (int base = 0; base < E; base += 32) {
-            int e = base + lane, v = 0;
-            if (e < E) {
-                int rows = s_off[e + 1] - s_off[e];
-                v = rows > 0 ? (rows + WG_BM - 1) / WG_BM * col_tiles : 0;
-            }
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                int y = __shfl_up_sync(0xffffffffu, v, d);
-                if (lane >= d) v += y;
-            }
-            if (e < E) s_tile[e + 1] = carry + v;
-            carry += __shfl_sync(0xffffffffu, v, 31);
-        }
-        if (lane == 0) s_tile[0] = 0;
-    }
-    __syncthreads();
-    int total = s_tile[E];
+    grouped_load_offsets<WG_THREADS>(offsets, E, s_off);
+    int total = grouped_tile_prefix<WG_BM>(s_off, E, col_tiles, s_tile);
     int t = blockIdx.x;
     if (t >= total) return;
 
@@ -469,30 +450,10 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int col_tiles = (N + BN - 1) / BN;
 
-    for (int i = threadIdx.x; i <= E; i += WG_THREADS) s_off[i] = offsets[i];
-    __syncthreads();
+    grouped_load_offsets<WG_THREADS>(offsets, E, s_off);
     int total, per_e = 1;
     if constexpr (!WGRAD) {
-        if (warp == 0) { // exclusive prefix sum of tiles per expert, as the forward
-            int carry = 0;
-            for (int base = 0; base < E; base += 32) {
-                int e = base + lane, v = 0;
-                if (e < E) {
-                    int rows = s_off[e + 1] - s_off[e];
-                    v = rows > 0 ? (rows + WG_BM - 1) / WG_BM * col_tiles : 0;
-                }
-#pragma unroll
-                for (int d = 1; d < 32; d <<= 1) {
-                    int y = __shfl_up_sync(0xffffffffu, v, d);
-                    if (lane >= d) v += y;
-                }
-                if (e < E) s_tile[e + 1] = carry + v;
-                carry += __shfl_sync(0xffffffffu, v, 31);
-            }
-            if (lane == 0) s_tile[0] = 0;
-        }
-        __syncthreads();
-        total = s_tile[E];
+        total = grouped_tile_prefix<WG_BM>(s_off, E, col_tiles, s_tile);
     } else {
         per_e = (M + WG_BM - 1) / WG_BM * col_tiles;
         total = E * per_e;
