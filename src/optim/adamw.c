@@ -69,10 +69,3 @@ void adamw_step(AdamW *o, Model *model, float lr, float grad_scale) {
     adamw_step_grads(o, model, g, lr, grad_scale);
 }
 
-double grad_norm(const Model *model) {
-    double *acc = model->ops->alloc(sizeof(double)), s;
-    for (int c = 0; c < N_CLASSES; c++) model->ops->sum_squares(acc, model->grads[c], model->table.class_numel[c]);
-    model->ops->to_host(&s, acc, sizeof(double));
-    model->ops->free(acc);
-    return sqrt(s);
-}

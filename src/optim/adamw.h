@@ -32,5 +32,3 @@ int adamw_decays(const OptimConfig *c, const ParamEntry *e);
 // begin[c]] (a reduced shard).
 void adamw_step(AdamW *o, Model *model, float lr, float grad_scale);
 void adamw_step_grads(AdamW *o, Model *model, float *const *grads, float lr, float grad_scale);
-// Global L2 norm of all grads.
-double grad_norm(const Model *model);

@@ -430,7 +430,7 @@ int cmd_train(int argc, char **argv) {
     double *red = mallocCheck((size_t)(4 + 2 * L + 2 * L + (size_t)L * E) * sizeof(double));
     double *lb_step = mallocCheck((L + 1) * sizeof(double)), *z_step = mallocCheck((L + 1) * sizeof(double));
     double *maxload = mallocCheck((L + 1) * sizeof(double));
-    float *counts_host = mallocCheck(((size_t)L * E + 1) * sizeof(float));
+    float *counts_host = mallocCheck(((size_t)L * (E > 2 ? E : 2) + 1) * sizeof(float));
     int *gflags = mallocCheck((L + 1) * sizeof(int));
     Gerrymander gm;
     gerrymander_init(&gm, L, cfg.logging.gerrymander_window);
@@ -505,14 +505,13 @@ int cmd_train(int argc, char **argv) {
         ddp_finish(&ddp);
         // the step's sums, read once (the only wait for the device in the step)
         {
-            float *lz = mallocCheck(2 * (L + 1) * sizeof(float));
+            float *lz = counts_host; // reused: the counts are read after these
             ops->to_host(&ce_sum, m.ce_acc + 1, sizeof(double));
             if (L) {
                 ops->to_host(lz, m.lb_step, L * sizeof(float));
                 ops->to_host(lz + L, m.z_step, L * sizeof(float));
             }
             for (int l = 0; l < L; l++) { lb_step[l] = lz[l]; z_step[l] = lz[L + l]; }
-            free(lz);
         }
         // statistics over the dp group: CE, aux losses, expert counts, drops
         {

@@ -353,6 +353,22 @@ __device__ __forceinline__ void gemm_tile(float (&acc)[4][4][4], bf16 *smem, con
 
 // Forward and data-grad: out[R, N] = A[R, K] B_e over expert segments; B is
 // E matrices [N, K] (BK, the forward's w) or [K, N] (the data-grad's w).
+// Calls f(row, col, acc0, acc1) for each pair of adjacent output columns a
+// thread holds after gemm_tile (the m16n8 accumulator layout of its warp's
+// 64 x 32 sub-tile), in tile coordinates offset by (m0, n0).
+template <typename F>
+__device__ __forceinline__ void for_each_acc_pair(const float (&acc)[4][4][4], int m0, int n0, F f) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int wm = (warp >> 2) * 64, wn = (warp & 3) * 32, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                f(m0 + wm + i * 16 + g + h * 8, n0 + wn + j * 8 + 2 * q, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+}
+
 // A persistent grid: block b takes tiles b, b + gridDim.x, ...
 template <bool BK>
 __global__ void __launch_bounds__(GG_THREADS, 2)
@@ -362,7 +378,6 @@ grouped_rows_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets,
     bf16 *smem = (bf16 *)smem_raw;
     int *s_off = (int *)(smem_raw + S::BYTES); // offsets[0..E]
     int *s_tile = s_off + E + 1;               // first tile index of each expert, [0..E]
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int col_tiles = (N + GG_BN - 1) / GG_BN;
 
     grouped_load_offsets<GG_THREADS>(offsets, E, s_off);
@@ -383,18 +398,9 @@ grouped_rows_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets,
         gemm_tile<true, BK>(acc, smem, Ae, K, m0, rows, Be, BK ? K : N, n0, N, K);
 
         bf16 *o = out + (size_t)r0 * N;
-        int wm = (warp >> 2) * 64, wn = (warp & 3) * 32, g = lane >> 2, q = lane & 3;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int r = m0 + wm + i * 16 + g + h * 8, c = n0 + wn + j * 8 + 2 * q;
-                    if (r < rows && c < N)
-                        *(__nv_bfloat162 *)(o + (size_t)r * N + c) =
-                            __floats2bfloat162_rn(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                }
+        for_each_acc_pair(acc, m0, n0, [&](int r, int c, float x, float y) {
+            if (r < rows && c < N) *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(x, y);
+        });
     }
 }
 
@@ -412,23 +418,15 @@ grouped_wgrad_kernel(float *dw, const bf16 *dout, const bf16 *inp, const int *of
                             n0, C, rows);
 
     float *d = dw + (size_t)e * OC * C;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int wm = (warp >> 2) * 64, wn = (warp & 3) * 32, g = lane >> 2, q = lane & 3;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int r = m0 + wm + i * 16 + g + h * 8, c = n0 + wn + j * 8 + 2 * q;
-                if (r < OC && c < C) {
-                    float2 *p = (float2 *)(d + (size_t)r * C + c);
-                    float2 v = *p;
-                    v.x += acc[i][j][2 * h];
-                    v.y += acc[i][j][2 * h + 1];
-                    *p = v;
-                }
-            }
+    for_each_acc_pair(acc, m0, n0, [&](int r, int c, float x, float y) {
+        if (r < OC && c < C) {
+            float2 *p = (float2 *)(d + (size_t)r * C + c);
+            float2 v = *p;
+            v.x += x;
+            v.y += y;
+            *p = v;
+        }
+    });
 }
 
 // cp.async reads 16-byte chunks of the BF16 operands (hence C, OC multiples

@@ -277,18 +277,8 @@ extern "C" void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, c
     cudaLaunchCheck();
 }
 
-static __global__ void add_act_kernel(bf16 *y, const bf16 *x, size_t n, bool vec) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (i >= n) return;
-    float a[8], b[8];
-    load8(y, i, n, vec, a);
-    load8(x, i, n, vec, b);
-#pragma unroll
-    for (int j = 0; j < 8; j++) a[j] += b[j];
-    store8(y, i, n, vec, a);
-}
-
-static __global__ void add_f32_kernel(float *y, const float *x, size_t n, bool vec) {
+// y += x, for BF16 act and FP32 buffers alike
+template <typename T> static __global__ void add_kernel(T *y, const T *x, size_t n, bool vec) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i >= n) return;
     float a[8], b[8];
@@ -302,13 +292,13 @@ static __global__ void add_f32_kernel(float *y, const float *x, size_t n, bool v
 extern "C" void cuda_add_act(void *y, const void *x, size_t n) {
     if (!n) return;
     bool vec = aligned16(y) && aligned16(x);
-    add_act_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>((bf16 *)y, (const bf16 *)x, n, vec);
+    add_kernel<bf16><<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>((bf16 *)y, (const bf16 *)x, n, vec);
     cudaLaunchCheck();
 }
 extern "C" void cuda_add_f32(float *y, const float *x, size_t n) {
     if (!n) return;
     bool vec = aligned16(y) && aligned16(x);
-    add_f32_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(y, x, n, vec);
+    add_kernel<float><<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(y, x, n, vec);
     cudaLaunchCheck();
 }
 extern "C" void cuda_copy_act(void *dst, const void *src, size_t n) {
