@@ -20,7 +20,7 @@ ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 CUDA_SRC  := $(sort $(wildcard src/ops/cuda/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=build/%.o)
-CFLAGS    += -DMOECORE_CUDA
+CFLAGS    += -DMOECORE_CUDA -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O3 -lineinfo
 NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -DMOECORE_CUDA \
              --expt-relaxed-constexpr -Xcompiler -Wall,-Wno-unused-function
@@ -29,6 +29,8 @@ LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=build/tests/gpu/%)
+# GPU programs that are not tests (scripts/gpu-check.sh runs every test_*)
+GPU_BENCH_BIN := build/tests/gpu/bench_kernels
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(sort $(wildcard tests/tool_*.c))
@@ -70,8 +72,14 @@ build/tests/gpu/%: tests/gpu/%.c build/libmoecore.a $(shell find src tests/gpu -
 	@mkdir -p build/tests/gpu
 	$(CC) $(CFLAGS) -Itests $< build/libmoecore.a $(LDLIBS) -o $@
 
-gpu-bundle: build/moecore $(GPU_TEST_BIN)
-	@bash scripts/bundle-libs.sh build/lib build/moecore $(GPU_TEST_BIN)
+# The kernel table (`gpu-check.sh kernels`): it prints the commit it was built from.
+build/tests/gpu/bench_kernels: tests/gpu/bench_kernels.c build/libmoecore.a $(shell find src tests/gpu -name '*.h')
+	@mkdir -p build/tests/gpu
+	$(CC) $(CFLAGS) -Itests -DMOECORE_BUILD_COMMIT=\"$(shell git describe --always --dirty 2>/dev/null)\" $< \
+		build/libmoecore.a $(LDLIBS) -o $@
+
+gpu-bundle: build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+	@bash scripts/bundle-libs.sh build/lib build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 
 test-gpu: gpu-bundle
 	@bash tests/gpu/run.sh

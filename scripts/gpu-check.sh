@@ -33,6 +33,7 @@ while [ $# -gt 0 ]; do
         grep -E "^FAIL|TFLOP|GB/s|captured|worst|error" "$out/$n.log" | head -n 40
       done
       shift ;;
+    kernels) MOECORE_COMMIT=${MOECORE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} timeout 400 build/tests/gpu/bench_kernels "$out/kernel_table.md" > "$out/bench_kernels.log" 2>&1; rc=$?; echo "== bench_kernels: exit $rc; $(tail -n 1 "$out/bench_kernels.log")"; cat "$out/kernel_table.md" 2>/dev/null || tail -n 30 "$out/bench_kernels.log"; shift ;;
     olmoe|tiny|olmoe-nograph|tiny-nograph)
       cfg=configs/olmoe-1b-7b.yaml; case $1 in tiny*) cfg=configs/tiny.yaml ;; esac
       graph=true; case $1 in *-nograph) graph=false ;; esac

@@ -24,6 +24,7 @@ typedef struct {
 static const char *const dtype_names[] = {"uint16", "uint32", NULL};
 static const char *const sched_names[] = {"cosine", "wsd", "constant", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
+static const char *const recompute_names[] = {"none", "experts", NULL};
 
 #define F(field, type) {#field, type, offsetof(RunConfig, field), NULL}
 #define FE(field, names) {#field, T_ENUM, offsetof(RunConfig, field), names}
@@ -34,7 +35,7 @@ static const Key table[] = {
     F(train.tokens, T_I64), FE(train.lr_schedule, sched_names), F(train.warmup_steps, T_I64),
     F(train.decay_fraction, T_DOUBLE), F(train.min_lr_ratio, T_DOUBLE), F(train.clip_grad, T_DOUBLE),
     F(train.skip_window, T_INT), F(train.skip_sigmas, T_DOUBLE), F(train.eval_interval, T_I64),
-    F(train.eval_batches, T_INT), F(train.seed, T_U64),
+    F(train.eval_batches, T_INT), F(train.seed, T_U64), FE(train.recompute, recompute_names),
     F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
     F(optim.weight_decay, T_FLOAT), F(optim.decay_norms, T_BOOL), F(optim.decay_embeddings, T_BOOL),
     {"optim.sharded", T_BOOL, offsetof(RunConfig, optim_sharded), NULL},

@@ -220,6 +220,9 @@ static void carve(Model *m, Carver *cv) {
     int pre = c->norm != NORM_POST, post = c->norm != NORM_PRE;
     size_t att = m->ops->attention_saved_floats(m->B, m->T, c->n_heads, c->head_dim);
     for (int l = 0; l <= c->n_layers; l++) m->resid[l] = take(cv, N * D);
+    // recompute: one buffer each, shared by the MoE layers (model.h)
+    int rc_ea = m->recompute && m->n_moe, rc_xp = rc_ea && ep == 1 && c->capacity_factor <= 0;
+    void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = rc_xp ? take(cv, R * D) : NULL;
     for (int l = 0; l < c->n_layers; l++) {
         LayerActs *a = &m->acts[l];
         int moe = model_is_moe_layer(c, l);
@@ -244,10 +247,10 @@ static void carve(Model *m, Carver *cv) {
         a->idx = itake(cv, N * k); a->row_of = itake(cv, R); a->token_of_row = itake(cv, R);
         a->offsets = itake(cv, E + 1);
         a->counts = ftake(cv, E); a->lb_counts = ftake(cv, E);
-        a->xp = take(cv, R * D); a->ey = take(cv, R * D);
+        a->xp = rc_xp ? xp_shared : take(cv, R * D); a->ey = take(cv, R * D);
         a->xl = ep > 1 ? take(cv, Rl * D) : a->xp;
         a->yl = ep > 1 ? take(cv, Rl * D) : a->ey;
-        a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe); a->ea = take(cv, Rl * Fe);
+        a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe); a->ea = rc_ea ? ea_shared : take(cv, Rl * Fe);
         int *plan_ints = itake(cv, ep_plan_ints(ep, El, (int)Rl));
         if (!cv->measure) ep_plan_carve(&a->plan, ep, El, plan_ints, m->plan_sizes + (size_t)l * 2 * ep);
         if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = take(cv, N * Fs); a->so = take(cv, N * D); }
@@ -554,8 +557,13 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
         ep_dispatch(epc, &a->plan, m->dey, dyl, m->ep_scratch, row);
         ep_zero_dropped(&a->plan, dyl, row);
     }
+    // recompute: a->ea and (rows kept here) a->xp = a->xl are shared buffers
+    // that later layers overwrote in the forward
+    if (m->recompute) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
     ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
+    if (m->recompute && !a->use_plan && m->par.ep_size == 1 && c->capacity_factor <= 0)
+        ops->permute_forward(a->xl, in, a->token_of_row, R, D);
     ops->grouped_matmul_backward(dxl, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe);
     ops->grouped_matmul_backward(m->dxl2, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe);
     ops->add_act(dxl, m->dxl2, (size_t)Rl * D);

@@ -88,6 +88,11 @@ typedef struct {
 
     // activations, sized by model_alloc_acts for micro-batches of B x T
     int B, T;
+    // Activation recompute, set before model_alloc_acts: 0 keeps everything;
+    // 1 (experts) keeps one SwiGLU output buffer for all MoE layers, and one
+    // routed-rows buffer when the rows stay on this rank (one EP rank, no
+    // capacity), and the backward recomputes them (a gather and a SwiGLU).
+    int recompute;
     char *arena;                      // one backend allocation, carved
     size_t arena_bytes;
     LayerActs *acts;

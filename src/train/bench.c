@@ -14,10 +14,13 @@
 
 static const char *bench_usage =
     "usage: moecore bench CONFIG.yaml [CONFIG.yaml ...] [--steps=N] [--warmup=N] [--record=FILE]\n"
-    "                     [--section.key=value ...]\n"
+    "                     [--breakdown] [--section.key=value ...]\n"
     "  Trains each config for N steps (default 12) on synthetic tokens, without checkpoints\n"
     "  or eval, and prints the median tokens/s, TFLOP/s and MFU of the steps after the\n"
-    "  first W (default 3). --record appends one JSON object per config to FILE.\n";
+    "  first W (default 3). --record appends one JSON object per config to FILE.\n"
+    "  --breakdown (cuda device only) times every op with CUDA events, without the CUDA graph,\n"
+    "  and prints the GPU ms per step of each op and class of op (expert GEMMs, attention, ...)\n"
+    "  over the steps after the first W; the events and the missing graph slow the steps.\n";
 
 static double median(double *v, int n) {
     for (int i = 1; i < n; i++)
@@ -26,7 +29,7 @@ static double median(double *v, int n) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    int steps = 12, warmup = 3;
+    int steps = 12, warmup = 3, breakdown = 0;
     const char *record = NULL;
     const char *configs[32];
     char *overrides[64];
@@ -36,12 +39,25 @@ int cmd_bench(int argc, char **argv) {
         if (!strncmp(argv[i], "--steps=", 8)) steps = atoi(argv[i] + 8);
         else if (!strncmp(argv[i], "--warmup=", 9)) warmup = atoi(argv[i] + 9);
         else if (!strncmp(argv[i], "--record=", 9)) record = argv[i] + 9;
+        else if (!strcmp(argv[i], "--breakdown")) breakdown = 1;
         else if (!strncmp(argv[i], "--", 2) && no < 60) overrides[no++] = argv[i];
         else if (nc < 32) configs[nc++] = argv[i];
     }
     if (!nc || steps <= warmup || warmup < 0) {
         fputs(bench_usage, stderr);
         return 2;
+    }
+    if (breakdown) {
+#ifndef MOECORE_CUDA
+        fprintf(stderr, "moecore: bench --breakdown needs the cuda device (this build has no CUDA backend)\n");
+        return 2;
+#endif
+        // cmd_train picks the timed op table from these and resets the op
+        // times as step warmup + 1 starts (src/train/train.c)
+        char from[32];
+        snprintf(from, sizeof from, "%d", warmup);
+        setenv("MOECORE_OPS_TIMED", "1", 1);
+        setenv("MOECORE_OPS_TIMED_FROM", from, 1);
     }
     char rows[32][256];
     int rc = 0;
@@ -61,6 +77,9 @@ int cmd_bench(int argc, char **argv) {
         args[n++] = a_steps;
         args[n++] = a_dir;
         for (int i = 0; i < no; i++) args[n++] = overrides[i];
+        // events time each op only when the ops are launched one by one;
+        // last, so that it wins over an override
+        if (breakdown) args[n++] = "--device.cuda_graph=false";
         printf("== bench %s\n", configs[c]);
         fflush(stdout);
         int r = cmd_train(n, args);

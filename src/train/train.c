@@ -25,6 +25,9 @@
 #include "optim/adamw.h"
 #include "train/metrics.h"
 #include "util/check.h"
+#ifdef MOECORE_CUDA
+#include "ops/cuda/ops_cuda.h"
+#endif
 
 static volatile sig_atomic_t stop_signal = 0;
 static void on_signal(int sig) { stop_signal = sig; }
@@ -264,9 +267,19 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
     const Ops *ops = &ops_cpu;
+    // MOECORE_OPS_TIMED=1 (set by `moecore bench --breakdown`): time every op
+    // with CUDA events and print the GPU time per op at the end, over the
+    // steps from MOECORE_OPS_TIMED_FROM (0-based; bench's warm-up) on.
+    const char *timed_env = getenv("MOECORE_OPS_TIMED");
+    int timed = timed_env && !strcmp(timed_env, "1");
+    if (timed && cfg.device.type != 1) {
+        if (rank0) fprintf(stderr, "moecore: error: bench --breakdown (MOECORE_OPS_TIMED=1) needs the cuda device "
+                                   "(device.type: cuda)\n");
+        return 2;
+    }
     if (cfg.device.type == 1) {
 #ifdef MOECORE_CUDA
-        ops = &ops_cuda;
+        ops = timed ? &ops_cuda_timed : &ops_cuda;
         // for now one GPU per process and no host-side expert dispatch on the GPU
         if (world_size > 1 || cfg.model.capacity_factor > 0) {
             if (rank0) fprintf(stderr, "moecore: error: device.type cuda: several ranks (NCCL) and model.capacity_factor "
@@ -318,6 +331,7 @@ int cmd_train(int argc, char **argv) {
         model_free(&full);
         model_sync_weights(&m);
     }
+    m.recompute = cfg.train.recompute;
     model_alloc_acts(&m, MB, T);
     Ddp ddp;
     ddp_init(&ddp, &m, mesh.dp_comm, mesh.ep_dp_comm, world, cfg.optim_sharded,
@@ -451,8 +465,17 @@ int cmd_train(int argc, char **argv) {
     float graph_scale = 0;
     if (ops->capture_begin) SAY("cuda graph: %s\n", use_graph ? "on" : "off");
     double peak_dev_mib = 0;
+    // the op breakdown covers the steps from timed_from on: the op times are
+    // reset as that step starts, and their mean wall time is the reference
+    int64_t timed_from = timed && getenv("MOECORE_OPS_TIMED_FROM") ? atoll(getenv("MOECORE_OPS_TIMED_FROM")) : 0;
+    if (timed_from < first_step) timed_from = first_step;
+    double timed_s = 0;
+    int timed_steps = 0;
 
     while (st.step < t->steps && !stop) {
+#ifdef MOECORE_CUDA
+        if (timed && st.step == timed_from) ops_timed_reset(); // before t0: its wait is not the step's
+#endif
         double t0 = now_s();
         int64_t step = st.step;
         double lr = lr_at(t, cfg.optim.lr, step);
@@ -557,6 +580,7 @@ int cmd_train(int argc, char **argv) {
         stop = stop_signal != 0;
         comm_allreduce(world, &stop, 1, COMM_I32);
         double dt = now_s() - t0;
+        if (timed && step >= timed_from) { timed_s += dt; timed_steps++; }
 
         double tps = (double)G * T / dt, tflops = tps * fpt / 1e12 / world_size;
         json_object *o = json_object_new_object();
@@ -671,6 +695,10 @@ int cmd_train(int argc, char **argv) {
         SAY("%s: step %lld of %lld, %lld tokens, %s\n", st.step < t->steps ? "stopped (--stop-after)" : "done",
             (long long)st.step, (long long)t->steps, (long long)st.tokens_seen, d);
     }
+#ifdef MOECORE_CUDA
+    if (timed && rc == 0 && rank0)
+        ops_timed_report(stdout, timed_steps, timed_steps ? 1000 * timed_s / timed_steps : 0);
+#endif
     if (graph) ops->graph_free(graph);
     if (metrics) fclose(metrics);
     free(config_yaml);

@@ -63,3 +63,49 @@ extern "C" void *cuda_blaslt_workspace(size_t *bytes);
 extern "C" int cuda_num_sms(void);
 
 static inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
+
+// Adds a thread's two accumulator pairs into an FP32 matrix owned by its
+// block alone (the weight-grads' epilogue): lo = (x0, x1) at row_lo[c],
+// row_lo[c + 1] and hi = (y0, y1) at the same columns of row_hi, where the
+// 4 lanes q = lane % 4 of a quad hold columns 2q, 2q + 1 of an 8-column
+// group (the mma / wgmma accumulator layout). Lane pairs (q, q ^ 1) swap
+// halves so that the even lane adds 4 consecutive columns of row_lo and the
+// odd lane 4 of row_hi, each with one fire-and-forget 16-byte
+// red.global.add.v4.f32 (sm_90): the warp does not wait for a read of the
+// old value, as a load-add-store would. One thread adds to each element
+// once per launch, so the result is the same as the plain += (deterministic).
+// Needs c of the even lane, and the rows, 16-byte aligned (vec4 != 0);
+// otherwise (vec4 == 0) it falls back to 8-byte read-modify-writes. All 32
+// lanes must call it (it shuffles); lo_ok / hi_ok mask the rows.
+__device__ __forceinline__ void red_add_quad(float *row_lo, float *row_hi, int c, float x0, float x1, float y0,
+                                             float y1, bool lo_ok, bool hi_ok, bool vec4) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (vec4) {
+        bool odd = threadIdx.x & 1; // lane parity (blocks are whole warps)
+        float s0 = odd ? x0 : y0, s1 = odd ? x1 : y1;
+        float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        if (!odd && lo_ok)
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row_lo + c), "f"(x0), "f"(x1),
+                         "f"(r0), "f"(r1)
+                         : "memory");
+        if (odd && hi_ok)
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row_hi + c - 2), "f"(r0), "f"(r1),
+                         "f"(y0), "f"(y1)
+                         : "memory");
+        return;
+    }
+#endif
+    (void)vec4;
+    if (lo_ok) {
+        float2 *p = (float2 *)(row_lo + c), v = *p;
+        v.x += x0;
+        v.y += x1;
+        *p = v;
+    }
+    if (hi_ok) {
+        float2 *p = (float2 *)(row_hi + c), v = *p;
+        v.x += y0;
+        v.y += y1;
+        *p = v;
+    }
+}

@@ -406,8 +406,9 @@ grouped_rows_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets,
 
 // Weight-grad: dw[e][OC, C] += dout_e^T inp_e, K = the expert's rows.
 // Grid (C tiles, OC tiles, E); A = dout_e stored [K, OC], B = inp_e [K, C].
+// The tile is added with red_add_quad (16-byte reductions when vec4).
 __global__ void __launch_bounds__(GG_THREADS, 2)
-grouped_wgrad_kernel(float *dw, const bf16 *dout, const bf16 *inp, const int *offsets, int C, int OC) {
+grouped_wgrad_kernel(float *dw, const bf16 *dout, const bf16 *inp, const int *offsets, int C, int OC, int vec4) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     int e = blockIdx.z;
     int r0 = offsets[e], rows = offsets[e + 1] - r0;
@@ -417,16 +418,19 @@ grouped_wgrad_kernel(float *dw, const bf16 *dout, const bf16 *inp, const int *of
     gemm_tile<false, false>(acc, (bf16 *)smem_raw, dout + (size_t)r0 * OC, OC, m0, OC, inp + (size_t)r0 * C, C,
                             n0, C, rows);
 
+    // the m16n8 layout of for_each_acc_pair: rows g and g + 8, columns 2q, 2q + 1
     float *d = dw + (size_t)e * OC * C;
-    for_each_acc_pair(acc, m0, n0, [&](int r, int c, float x, float y) {
-        if (r < OC && c < C) {
-            float2 *p = (float2 *)(d + (size_t)r * C + c);
-            float2 v = *p;
-            v.x += x;
-            v.y += y;
-            *p = v;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int wm = (warp >> 2) * 64, wn = (warp & 3) * 32, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r = m0 + wm + i * 16 + g, c = n0 + wn + j * 8 + 2 * q;
+            bool c_ok = c < C;
+            red_add_quad(d + (size_t)r * C, d + (size_t)(r + 8) * C, c, acc[i][j][0], acc[i][j][1], acc[i][j][2],
+                         acc[i][j][3], c_ok && r < OC, c_ok && r + 8 < OC, vec4);
         }
-    });
 }
 
 // cp.async reads 16-byte chunks of the BF16 operands (hence C, OC multiples
@@ -499,18 +503,31 @@ static int no_wgmma(void) {
     return v;
 }
 
-// MOECORE_WGMMA_WGRAD=1: the wgmma weight-grad too. Off by default: with
-// short expert segments (K = rows per expert: ~512 on OLMoE-1B-7B, 256 on the
-// E=128 sweep) its pipeline start-up loses to the mma.sync kernel (120 vs 167
-// TFLOP/s on the OLMoE shape, H200, 2026-11-30); with long ones it wins (240
-// vs 189 with one expert holding 32k rows).
+// The wgmma weight-grad, unless MOECORE_WGMMA_WGRAD=0. With short expert
+// segments (K = rows per expert: ~512 on OLMoE-1B-7B) it lost to the
+// mma.sync kernel while its epilogue was a load-add-store (120 vs 167
+// TFLOP/s); with 16-byte reductions and two blocks per multiprocessor it
+// wins (254 vs 232 on the OLMoE shape, 221 vs 189 with one expert holding
+// 32k rows; H200, 2026-11-30).
 static int wgmma_wgrad(void) {
     static int v = -1;
     if (v < 0) {
         const char *s = getenv("MOECORE_WGMMA_WGRAD");
-        v = s && atoi(s) == 1;
+        v = !(s && atoi(s) == 0);
     }
     return v;
+}
+
+// Whether the weight-grad epilogues may use 16-byte reductions into dw:
+// dw 16-byte aligned (C is a multiple of 8, so rows are too), and not
+// MOECORE_WGRAD_RMW=1 (read once: load-add-store instead, for comparison).
+extern "C" int wgrad_vec4(const float *dw) {
+    static int rmw = -1;
+    if (rmw < 0) {
+        const char *s = getenv("MOECORE_WGRAD_RMW");
+        rmw = s && atoi(s) == 1;
+    }
+    return !rmw && ((uintptr_t)dw & 15) == 0;
 }
 
 extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets, int E,
@@ -537,7 +554,7 @@ extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *
         smem_limit((const void *)grouped_wgrad_kernel, &smem_set, smem);
         dim3 grid(ceil_div(C, GG_BN), ceil_div(OC, GG_BM), E);
         grouped_wgrad_kernel<<<grid, GG_THREADS, smem, cuda_stream()>>>(dw, (const bf16 *)dout, (const bf16 *)inp,
-                                                                        offsets, C, OC);
+                                                                        offsets, C, OC, wgrad_vec4(dw));
         cudaLaunchCheck();
     }
 }

@@ -25,6 +25,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/grouped_sched.cuh"
 #include "ops/cuda/ops_cuda.h"
+#include <string.h>
 
 namespace {
 
@@ -33,8 +34,8 @@ constexpr int WG_BK = 64;      // K per stage: one 128-byte swizzle row
 constexpr int WG_THREADS = 256;
 constexpr int WG_SMEM_LIMIT = 227 * 1024;
 
-template <int BN> struct WgConfig {
-    static constexpr int STAGES = BN == 256 ? 4 : 6;
+template <int BN, int STAGES_ = BN == 256 ? 4 : 6> struct WgConfig {
+    static constexpr int STAGES = STAGES_;
     static constexpr int A_BYTES = WG_BM * WG_BK * 2;          // 16 KB
     static constexpr int B_BYTES = BN * WG_BK * 2;             // 32 or 16 KB
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;      // multiple of 1024
@@ -182,12 +183,12 @@ __device__ __forceinline__ void load_stage(uint32_t st, const bf16 *A, const bf1
 
 // The first STAGES-1 K steps of a tile, one cp.async group each (empty
 // groups past the end keep the count uniform).
-template <int BN>
+template <int BN, int S>
 __device__ __forceinline__ void load_prologue(uint32_t tiles, const bf16 *A, const bf16 *B, const Tile &tl, int N,
                                               int K, int ktiles) {
 #pragma unroll
-    for (int s = 0; s < WgConfig<BN>::STAGES - 1; s++) {
-        if (s < ktiles) load_stage<BN>(tiles + s * WgConfig<BN>::STAGE_BYTES, A, B, tl, N, K, s);
+    for (int s = 0; s < S - 1; s++) {
+        if (s < ktiles) load_stage<BN>(tiles + s * WgConfig<BN, S>::STAGE_BYTES, A, B, tl, N, K, s);
         cp_async_commit();
     }
 }
@@ -204,12 +205,12 @@ __device__ __forceinline__ void wgmma_step<256>(float (&d)[128], uint64_t a, uin
 }
 
 // out[R, N] = A[R, K] B_e[N, K]^T over the expert segments; a persistent
-// grid whose block b takes tiles b, b + gridDim.x, ...
-template <int BN>
-__global__ void __launch_bounds__(WG_THREADS, 1)
+// grid whose block b takes tiles b, b + gridDim.x, ...; S stages, MINB
+// blocks per multiprocessor.
+template <int BN, int S, int MINB>
+__global__ void __launch_bounds__(WG_THREADS, MINB)
 grouped_wgmma_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int N, int K) {
-    using Cfg = WgConfig<BN>;
-    constexpr int S = Cfg::STAGES;
+    using Cfg = WgConfig<BN, S>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t tiles = (raw + 1023) & ~1023u; // swizzle atoms want 1024-byte alignment
@@ -226,7 +227,7 @@ grouped_wgmma_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets
     int ktiles = (K + WG_BK - 1) / WG_BK;
     int wg = threadIdx.x >> 7, wwarp = warp & 3; // warpgroup, warp within it
     Tile cur = locate(t, s_off, s_tile, E, col_tiles, BN);
-    load_prologue<BN>(tiles, A, B, cur, N, K, ktiles);
+    load_prologue<BN, S>(tiles, A, B, cur, N, K, ktiles);
 
     float acc[Cfg::ACC];
 #pragma unroll
@@ -259,7 +260,7 @@ grouped_wgmma_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets
         Tile nxt = cur;
         if (tn < total) { // start the next tile's loads under this tile's stores
             nxt = locate(tn, s_off, s_tile, E, col_tiles, BN);
-            load_prologue<BN>(tiles, A, B, nxt, N, K, ktiles);
+            load_prologue<BN, S>(tiles, A, B, nxt, N, K, ktiles);
         }
 
         // acc[4 j + h] is row (16 warp + lane / 4 + 8 (h / 2)), column
@@ -285,16 +286,18 @@ grouped_wgmma_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets
     }
 }
 
-template <int BN> int launch_wgmma(bf16 *out, const bf16 *inp, const bf16 *w, const int *offsets, int E, int C, int OC) {
+template <int BN, int S = WgConfig<BN>::STAGES, int MINB = 1>
+int launch_wgmma(bf16 *out, const bf16 *inp, const bf16 *w, const int *offsets, int E, int C, int OC) {
     static int smem_set;
-    int smem = WgConfig<BN>::TILE_BYTES + 1024 + 2 * (E + 1) * (int)sizeof(int);
-    if (smem > WG_SMEM_LIMIT) return -1;
+    const void *kernel = (const void *)grouped_wgmma_kernel<BN, S, MINB>;
+    int smem = WgConfig<BN, S>::TILE_BYTES + 1024 + 2 * (E + 1) * (int)sizeof(int);
+    if (smem * MINB > WG_SMEM_LIMIT) return -1;
     if (smem > smem_set) {
-        cudaCheck(cudaFuncSetAttribute((const void *)grouped_wgmma_kernel<BN>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         smem_set = smem;
     }
-    grouped_wgmma_kernel<BN><<<cuda_num_sms(), WG_THREADS, smem, cuda_stream()>>>(out, inp, w, offsets, E, OC, C);
+    grouped_wgmma_kernel<BN, S, MINB><<<cuda_num_sms() * MINB, WG_THREADS, smem, cuda_stream()>>>(out, inp, w, offsets,
+                                                                                                E, OC, C);
     cudaLaunchCheck();
     return 0;
 }
@@ -393,12 +396,12 @@ __device__ __forceinline__ void bwd_load_stage(uint32_t st, const bf16 *A, const
     }
 }
 
-template <int BN, bool WGRAD>
+template <int BN, bool WGRAD, int S>
 __device__ __forceinline__ void bwd_load_prologue(uint32_t tiles, const bf16 *A, const bf16 *B, const Tile &tl, int M,
                                                   int N, int K, int ktiles) {
 #pragma unroll
-    for (int s = 0; s < WgConfig<BN>::STAGES - 1; s++) {
-        if (s < ktiles) bwd_load_stage<BN, WGRAD>(tiles + s * WgConfig<BN>::STAGE_BYTES, A, B, tl, M, N, K, s);
+    for (int s = 0; s < S - 1; s++) {
+        if (s < ktiles) bwd_load_stage<BN, WGRAD>(tiles + s * WgConfig<BN, S>::STAGE_BYTES, A, B, tl, M, N, K, s);
         cp_async_commit();
     }
 }
@@ -434,14 +437,16 @@ __host__ __device__ __forceinline__ int wgrad_skip_empty(int t, int total, int s
 }
 
 // Data-grad (WGRAD false): out = dinp (BF16 [R][N]), M unused, K = OC.
-// Weight-grad (WGRAD true): out = dw (FP32 [E][M][N], +=), K unused.
+// Weight-grad (WGRAD true): out = dw (FP32 [E][M][N], +=, through
+// red_add_quad: 16-byte reductions when K = 1, else K is unused).
 // Persistent grid, block b takes tiles b, b + gridDim.x, ... (weight-grad:
-// skipping the tiles of experts without rows).
-template <int BN, bool WGRAD>
-__global__ void __launch_bounds__(WG_THREADS, 1)
+// skipping the tiles of experts without rows). S stages; MINB blocks per
+// multiprocessor (2 lets one block's epilogue run under the other's
+// main loop).
+template <int BN, bool WGRAD, int S, int MINB>
+__global__ void __launch_bounds__(WG_THREADS, MINB)
 grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int M, int N, int K) {
-    using Cfg = WgConfig<BN>;
-    constexpr int S = Cfg::STAGES;
+    using Cfg = WgConfig<BN, S>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t tiles = (raw + 1023) & ~1023u;
@@ -465,7 +470,7 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
     int wg = threadIdx.x >> 7, wwarp = warp & 3;
     Tile cur = WGRAD ? wgrad_locate(t, s_off, per_e, col_tiles, BN) : locate(t, s_off, s_tile, E, col_tiles, BN);
     int ktiles = ((WGRAD ? cur.rows : K) + WG_BK - 1) / WG_BK;
-    bwd_load_prologue<BN, WGRAD>(tiles, A, B, cur, M, N, K, ktiles);
+    bwd_load_prologue<BN, WGRAD, S>(tiles, A, B, cur, M, N, K, ktiles);
 
     float acc[Cfg::ACC];
 #pragma unroll
@@ -505,7 +510,7 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
         if (tn < total) {
             nxt = WGRAD ? wgrad_locate(tn, s_off, per_e, col_tiles, BN) : locate(tn, s_off, s_tile, E, col_tiles, BN);
             nkt = ((WGRAD ? nxt.rows : K) + WG_BK - 1) / WG_BK;
-            bwd_load_prologue<BN, WGRAD>(tiles, A, B, nxt, M, N, K, nkt);
+            bwd_load_prologue<BN, WGRAD, S>(tiles, A, B, nxt, M, N, K, nkt);
         }
 
         // acc[4 j + h]: row 16 warp + lane / 4 + 8 (h / 2), column
@@ -528,26 +533,12 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
             }
         } else { // dw += acc: this block alone owns the tile
             float *o = (float *)out + (size_t)cur.e * M * N;
-            bool lo_ok = r < M, hi_ok = r + 8 < M;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
                 int c = c0 + 8 * j;
-                if (c < N) {
-                    if (lo_ok) {
-                        float2 *p = (float2 *)(o + (size_t)r * N + c);
-                        float2 v = *p;
-                        v.x += acc[4 * j];
-                        v.y += acc[4 * j + 1];
-                        *p = v;
-                    }
-                    if (hi_ok) {
-                        float2 *p = (float2 *)(o + (size_t)(r + 8) * N + c);
-                        float2 v = *p;
-                        v.x += acc[4 * j + 2];
-                        v.y += acc[4 * j + 3];
-                        *p = v;
-                    }
-                }
+                bool c_ok = c < N;
+                red_add_quad(o + (size_t)r * N, o + (size_t)(r + 8) * N, c, acc[4 * j], acc[4 * j + 1],
+                             acc[4 * j + 2], acc[4 * j + 3], c_ok && r < M, c_ok && r + 8 < M, K == 1);
             }
         }
         if (tn >= total) break;
@@ -557,18 +548,18 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
     }
 }
 
-template <int BN, bool WGRAD>
+template <int BN, bool WGRAD, int S = WgConfig<BN>::STAGES, int MINB = 1>
 int launch_wgmma_bwd(void *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int M, int N, int K) {
     static int smem_set;
-    int smem = WgConfig<BN>::TILE_BYTES + 1024 + (WGRAD ? 1 : 2) * (E + 1) * (int)sizeof(int);
-    if (smem > WG_SMEM_LIMIT) return -1;
+    const void *kernel = (const void *)grouped_wgmma_bwd_kernel<BN, WGRAD, S, MINB>;
+    int smem = WgConfig<BN, S>::TILE_BYTES + 1024 + (WGRAD ? 1 : 2) * (E + 1) * (int)sizeof(int);
+    if (smem * MINB > WG_SMEM_LIMIT) return -1;
     if (smem > smem_set) {
-        cudaCheck(cudaFuncSetAttribute((const void *)grouped_wgmma_bwd_kernel<BN, WGRAD>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         smem_set = smem;
     }
-    grouped_wgmma_bwd_kernel<BN, WGRAD><<<cuda_num_sms(), WG_THREADS, smem, cuda_stream()>>>(out, A, B, offsets, E, M,
-                                                                                            N, K);
+    grouped_wgmma_bwd_kernel<BN, WGRAD, S, MINB><<<cuda_num_sms() * MINB, WG_THREADS, smem, cuda_stream()>>>(
+        out, A, B, offsets, E, M, N, K);
     cudaLaunchCheck();
     return 0;
 }
@@ -591,15 +582,21 @@ static int wgmma_device_ok(void) {
     return cc_ok;
 }
 
-// The column tile: 128 when MOECORE_WGMMA_BN=128 (read once) or N < 256, else 256.
-static int wgmma_bn(int N) {
-    static int bn_env = -1;
-    if (bn_env < 0) {
+// The tile of the forward and data-grad: 0 = 128 x 256, 4 stages, one block
+// per multiprocessor (the default when N >= 256); 1 = 128 x 128, 6 stages,
+// one block (N < 256, or MOECORE_WGMMA_BN=128); 2 = 128 x 128, 3 stages, two
+// blocks (MOECORE_WGMMA_BN=128x2: one block's epilogue and barriers under
+// the other's main loop). The variable is read once.
+static int wgmma_tile(int N) {
+    static int env = -1;
+    if (env < 0) {
         const char *s = getenv("MOECORE_WGMMA_BN");
-        bn_env = s && atoi(s) == 128 ? 128 : 0;
+        env = !s ? 0 : !strcmp(s, "128x2") ? 2 : atoi(s) == 128 ? 1 : 0;
     }
-    return bn_env == 128 || N < 256 ? 128 : 256;
+    if (env == 2) return 2;
+    return env == 1 || N < 256 ? 1 : 0;
 }
+static int wgmma_bn(int N) { return wgmma_tile(N) == 0 ? 256 : 128; }
 
 // Runs the forward on the wgmma kernel and returns 0, or returns -1 having
 // launched nothing when it cannot: not a compute capability 9.0 device (the
@@ -610,9 +607,11 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
                                           int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)out | (uintptr_t)inp | (uintptr_t)w) & 15) return -1;
-    if (wgmma_bn(OC) == 128)
-        return launch_wgmma<128>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
-    return launch_wgmma<256>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
+    switch (wgmma_tile(OC)) {
+    case 0: return launch_wgmma<256>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
+    case 1: return launch_wgmma<128>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
+    default: return launch_wgmma<128, 3, 2>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
+    }
 }
 
 // The data-grad dinp[R, C] = dout[R, OC] w_e[OC, C] (assigned, BF16) on the
@@ -622,19 +621,32 @@ extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void
                                         int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)w) & 15) return -1;
-    if (wgmma_bn(C) == 128)
-        return launch_wgmma_bwd<128, false>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
-    return launch_wgmma_bwd<256, false>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
+    switch (wgmma_tile(C)) {
+    case 0: return launch_wgmma_bwd<256, false>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
+    case 1: return launch_wgmma_bwd<128, false>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
+    default:
+        return launch_wgmma_bwd<128, false, 3, 2>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
+    }
 }
 
 // The weight-grad dw[e][OC, C] += dout_e^T inp_e (FP32) on the wgmma kernel:
 // 0 when it ran, -1 (nothing launched) as above, or dw not 8-byte aligned.
-// Column tile (over C) as for the data-grad.
+// Tile: 128 x 128 with 3 stages and two blocks per multiprocessor (short
+// expert segments give few K steps per tile, so one block's epilogue runs
+// under the other's main loop), or MOECORE_WGMMA_WGRAD_TILE=256: the
+// data-grad's 128 x 256 / 4 stages / one block.
+extern "C" int wgrad_vec4(const float *dw); // gemm.cu
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
                                         int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dout | (uintptr_t)inp) & 15 || (uintptr_t)dw & 7) return -1;
-    if (wgmma_bn(C) == 128)
-        return launch_wgmma_bwd<128, true>(dw, (const bf16 *)dout, (const bf16 *)inp, offsets, E, OC, C, 0);
-    return launch_wgmma_bwd<256, true>(dw, (const bf16 *)dout, (const bf16 *)inp, offsets, E, OC, C, 0);
+    static int tile = -1;
+    if (tile < 0) {
+        const char *s = getenv("MOECORE_WGMMA_WGRAD_TILE");
+        tile = s && atoi(s) == 256 ? 256 : 128;
+    }
+    int vec4 = wgrad_vec4(dw); // passed as K (unused by the weight-grad otherwise)
+    if (tile == 256 && wgmma_bn(C) == 256)
+        return launch_wgmma_bwd<256, true>(dw, (const bf16 *)dout, (const bf16 *)inp, offsets, E, OC, C, vec4);
+    return launch_wgmma_bwd<128, true, 3, 2>(dw, (const bf16 *)dout, (const bf16 *)inp, offsets, E, OC, C, vec4);
 }

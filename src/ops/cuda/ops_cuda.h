@@ -4,6 +4,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ops/ops.h"
 
@@ -108,6 +109,21 @@ void cuda_graph_free(void *exec);
 // Milliseconds between two points on the stream (events), for benchmarks.
 void *cuda_event_record(void);
 float cuda_event_elapsed_ms(void *start, void *stop);
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// ops_cuda_prof.c: ops_cuda with CUDA events around every compute op, for
+// `moecore bench --breakdown` (no graph hooks: the step runs uncaptured).
+// ops_timed_reset drops what was timed so far; ops_timed_report prints the
+// GPU time per op and per class of op, per step, against step_ms, the
+// caller's mean wall time of the `steps` steps timed.
+extern const Ops ops_cuda_timed;
+void ops_timed_reset(void);
+void ops_timed_report(FILE *f, int steps, double step_ms);
 #ifdef __cplusplus
 }
 #endif
