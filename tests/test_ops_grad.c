@@ -775,6 +775,14 @@ START_TEST(test_grouped_matmul) {
     expect_close(op, "empty expert: dw untouched", dw + (size_t)1 * OC * C, dw0 + (size_t)1 * OC * C, (size_t)OC * C, 0);
     expect_close(op, "dw=NULL: dinp same", dinp_only, dinp, ni, EXACT_TOL);
     expect_close(op, "dinp=NULL: dw same", dw_only, dw, nw, EXACT_TOL);
+
+    // the data-grad pair: the sum of two data-grads (second dout, second w)
+    double *w2 = randn(&r, nw, 1), *dout2 = randn(&r, no, 1), *dinp2 = filled(ni, 123);
+    cpu_grouped_matmul_backward(dinp2, NULL, dout2, inp, w2, offsets, E, C, OC);
+    for (size_t i = 0; i < ni; i++) dinp2[i] += dinp[i];
+    double *pair = filled(ni, 321);
+    cpu_grouped_dgrad_pair(pair, dout, w, dout2, w2, offsets, E, C, OC);
+    expect_close(op, "dgrad pair = sum of the two data-grads", pair, dinp2, ni, EXACT_TOL);
 }
 END_TEST
 

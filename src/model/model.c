@@ -270,7 +270,6 @@ static void carve(Model *m, Carver *cv) {
         m->dey = take(cv, R * D); m->dxp = take(cv, R * D);
         m->dyl = ep > 1 ? take(cv, Rl * D) : m->dey;
         m->dxl = ep > 1 ? take(cv, Rl * D) : m->dxp;
-        m->dxl2 = take(cv, Rl * D);
         m->dea = take(cv, Rl * Fe); m->deg = take(cv, Rl * Fe); m->deu = take(cv, Rl * Fe);
         m->ep_scratch = ep > 1 ? take(cv, Rl * D) : NULL;
         m->dweights = ftake(cv, N * k); m->dprobs = ftake(cv, N * E); m->dlogits = ftake(cv, N * E);
@@ -564,9 +563,9 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
     if (m->recompute && !a->use_plan && m->par.ep_size == 1 && c->capacity_factor <= 0)
         ops->permute_forward(a->xl, in, a->token_of_row, R, D);
-    ops->grouped_matmul_backward(dxl, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe);
-    ops->grouped_matmul_backward(m->dxl2, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe);
-    ops->add_act(dxl, m->dxl2, (size_t)Rl * D);
+    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe);
+    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe);
+    ops->grouped_dgrad_pair(dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
     if (a->use_plan) ep_combine(epc, &a->plan, dxl, m->dxp, m->ep_scratch, row);
     ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
     // router: weights <- probs <- logits, plus the aux losses

@@ -103,7 +103,7 @@ typedef struct {
     // backward scratch
     void *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao;
     float *att_scratch;
-    void *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxl2, *dxp;
+    void *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxp;
     size_t *plan_sizes;
     float *dweights, *dprobs, *dlogits;
     void *dsa, *dsg, *dsu, *ep_scratch;

@@ -159,6 +159,11 @@ typedef struct Ops {
     void (*grouped_matmul_backward)(void *dinp, float *dw, const void *dout,
                                     const void *inp, const void *w, const int *offsets,
                                     int E, int C, int OC);
+    // dinp[R,C] = dout1 w1[e] + dout2 w2[e] over the segments: the data-grads
+    // of two grouped matmuls of the same input (the experts' gate and up
+    // projections), as one product with twice the K.
+    void (*grouped_dgrad_pair)(void *dinp, const void *dout1, const void *w1, const void *dout2,
+                               const void *w2, const int *offsets, int E, int C, int OC);
 
     // --- loss -------------------------------------------------------------
     // losses[N] = -log softmax(logits[n])[targets[n]] (0 where target < 0).

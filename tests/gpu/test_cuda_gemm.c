@@ -40,6 +40,8 @@
 int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C, int OC);
 int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C, int OC);
 int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C, int OC);
+int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2, const void *w2,
+                                  const int *offsets, int E, int C, int OC);
 
 static uint64_t count_rng = 0x9e3779b97f4a7c15ULL;
 static double uniform01(void) {
@@ -407,6 +409,31 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
         free(fb_dinp); free(fb_dw);
     }
     free(dinp_ref); free(dw_ref);
+
+    // the data-grad pair dout w_e + dout2 w2_e (the experts' gate and up):
+    // the entry point (the mma.sync fallback here: assign, then accumulate)
+    // and the wgmma kernel (one product over both K ranges), against the CPU
+    if (R > 0) {
+        float *w2 = gt_rand(nw, 1.0f / sqrtf((float)C)), *dout2 = gt_rand(nout, 1.0f);
+        void *d_w2 = gt_dev_bf16(w2, nw), *d_dout2 = gt_dev_bf16(dout2, nout);
+        float *pair_ref = malloc(nin * 4 + 4);
+        ops_cpu.grouped_dgrad_pair(pair_ref, dout, w, dout2, w2, g.offsets, E, C, OC);
+        for (int k = 0; k < 2; k++) {
+            gt_poison(g.d_dinp, nin * 2);
+            int ran = 1;
+            if (k == 0) cuda_grouped_dgrad_pair(g.d_dinp, g.d_dout, g.d_w, d_dout2, d_w2, g.d_offsets, E, C, OC);
+            else ran = cuda_grouped_dgrad_pair_wgmma(g.d_dinp, g.d_dout, g.d_w, d_dout2, d_w2, g.d_offsets, E, C,
+                                                     OC) == 0;
+            cuda_synchronize();
+            if (!ran) { printf("      (wgmma data-grad pair does not take this shape/device)\n"); continue; }
+            got = gt_host_bf16(g.d_dinp, nin);
+            snprintf(what, sizeof what, "grouped data-grad pair %s (%s)", k ? "wgmma" : "mma.sync", label);
+            check2d(what, got, pair_ref, R, C, g.offsets, E, TOL_BF16);
+            free(got);
+        }
+        free(pair_ref); free(w2); free(dout2);
+        cuda_free(d_w2); cuda_free(d_dout2);
+    }
 
     if (timed) time_grouped(&g, label, ok);
 

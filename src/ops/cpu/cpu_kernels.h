@@ -507,6 +507,16 @@ static void cpu_grouped_matmul_backward(real *dinp, real *dw, const real *dout, 
     }
 }
 
+static void cpu_grouped_dgrad_pair(real *dinp, const real *dout1, const real *w1, const real *dout2,
+                                   const real *w2, const int *offsets, int E, int C, int OC) {
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+        size_t wo = (size_t)e * OC * C;
+        cpu_matmul_backward(dinp + (size_t)r0 * C, NULL, dout1 + (size_t)r0 * OC, NULL, w1 + wo, rows, C, OC, 0);
+        cpu_matmul_backward(dinp + (size_t)r0 * C, NULL, dout2 + (size_t)r0 * OC, NULL, w2 + wo, rows, C, OC, 1);
+    }
+}
+
 // ---- loss -------------------------------------------------------------------
 
 static void cpu_crossentropy_forward(real *losses, const real *logits, const int *targets, int N,

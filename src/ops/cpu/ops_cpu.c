@@ -96,6 +96,10 @@ static void c_grouped_matmul_backward(void *dinp, float *dw, const void *dout, c
                                       const void *w, const int *offsets, int E, int C, int OC) {
     cpu_grouped_matmul_backward(F(dinp), dw, CF(dout), CF(inp), CF(w), offsets, E, C, OC);
 }
+static void c_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2,
+                                  const int *offsets, int E, int C, int OC) {
+    cpu_grouped_dgrad_pair(F(dinp), CF(dout1), CF(w1), CF(dout2), CF(w2), offsets, E, C, OC);
+}
 static void c_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V) {
     cpu_crossentropy_forward(losses, CF(logits), targets, N, V);
 }
@@ -160,6 +164,7 @@ const Ops ops_cpu = {
     .unpermute_backward = c_unpermute_backward,
     .grouped_matmul_forward = c_grouped_matmul_forward,
     .grouped_matmul_backward = c_grouped_matmul_backward,
+    .grouped_dgrad_pair = c_grouped_dgrad_pair,
     .crossentropy_forward = c_crossentropy_forward,
     .crossentropy_backward = c_crossentropy_backward,
     .loss_sum = c_loss_sum,

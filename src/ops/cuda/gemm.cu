@@ -372,7 +372,7 @@ __device__ __forceinline__ void for_each_acc_pair(const float (&acc)[4][4][4], i
 // A persistent grid: block b takes tiles b, b + gridDim.x, ...
 template <bool BK>
 __global__ void __launch_bounds__(GG_THREADS, 2)
-grouped_rows_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int N, int K) {
+grouped_rows_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int N, int K, int accumulate) {
     using S = GemmSmem<true, BK>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *smem = (bf16 *)smem_raw;
@@ -399,7 +399,15 @@ grouped_rows_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets,
 
         bf16 *o = out + (size_t)r0 * N;
         for_each_acc_pair(acc, m0, n0, [&](int r, int c, float x, float y) {
-            if (r < rows && c < N) *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(x, y);
+            if (r < rows && c < N) {
+                __nv_bfloat162 *p = (__nv_bfloat162 *)(o + (size_t)r * N + c);
+                if (accumulate) {
+                    float2 old = __bfloat1622float2(*p);
+                    x += old.x;
+                    y += old.y;
+                }
+                *p = __floats2bfloat162_rn(x, y);
+            }
         });
     }
 }
@@ -461,9 +469,10 @@ static void smem_limit(const void *kernel, int *set, int bytes) {
 }
 
 // Launches the persistent grid of grouped_rows_kernel<BK>: one block per
-// slot that can be resident at once.
+// slot that can be resident at once; accumulate: out += instead of =.
 template <bool BK>
-static void launch_grouped_rows(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int N, int K) {
+static void launch_grouped_rows(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int N, int K,
+                                int accumulate = 0) {
     static int smem_set, occ_smem, occ_blocks;
     const void *kernel = (const void *)grouped_rows_kernel<BK>;
     int smem = GemmSmem<true, BK>::BYTES + 2 * (E + 1) * (int)sizeof(int);
@@ -480,7 +489,7 @@ static void launch_grouped_rows(bf16 *out, const bf16 *A, const bf16 *B, const i
         occ_smem = smem;
     }
     grouped_rows_kernel<BK><<<cuda_num_sms() * occ_blocks, GG_THREADS, smem, cuda_stream()>>>(out, A, B, offsets,
-                                                                                              E, N, K);
+                                                                                              E, N, K, accumulate);
     cudaLaunchCheck();
 }
 
@@ -492,6 +501,8 @@ extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void
                                         int OC);
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
                                         int OC);
+extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2,
+                                             const void *w2, const int *offsets, int E, int C, int OC);
 
 // MOECORE_NO_WGMMA=1: always the mma.sync kernels below (read once)
 static int no_wgmma(void) {
@@ -557,4 +568,17 @@ extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *
                                                                         offsets, C, OC, wgrad_vec4(dw));
         cudaLaunchCheck();
     }
+}
+
+// dinp = dout1 w1_e + dout2 w2_e: one wgmma product over both K ranges, or
+// (fallback) two mma.sync data-grads, the second adding into the first.
+extern "C" void cuda_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2,
+                                        const void *w2, const int *offsets, int E, int C, int OC) {
+    const void *operands[3] = {dout1, w1, dout2}, *second[3] = {w2, w2, w2};
+    grouped_check("grouped_dgrad_pair", E, C, OC, operands, dinp, 4);
+    grouped_check("grouped_dgrad_pair", E, C, OC, second, dinp, 4);
+    if (E == 0) return;
+    if (!no_wgmma() && cuda_grouped_dgrad_pair_wgmma(dinp, dout1, w1, dout2, w2, offsets, E, C, OC) == 0) return;
+    launch_grouped_rows<false>((bf16 *)dinp, (const bf16 *)dout1, (const bf16 *)w1, offsets, E, C, OC, 0);
+    launch_grouped_rows<false>((bf16 *)dinp, (const bf16 *)dout2, (const bf16 *)w2, offsets, E, C, OC, 1);
 }

@@ -373,9 +373,23 @@ __device__ __forceinline__ void load_mn(uint32_t dst, const bf16 *g, int ld, int
 // K step kt of tile tl into the stage at st. Data-grad: A = dout [R][K]
 // (K-major, as the forward), B = w [E][K][N]. Weight-grad: A = dout
 // [R][M], B = inp [R][N], K = the segment's rows.
+// The backward's operands. A data-grad pair (A2 != NULL) computes
+// dinp = A B_e + A2 B2_e as one product over 2 kt1 K steps: steps from kt1
+// on read A2 and B2 (kt1 = the K steps of one operand).
+struct BwdOperands {
+    const bf16 *A, *B, *A2, *B2;
+    int kt1;
+};
+
 template <int BN, bool WGRAD>
-__device__ __forceinline__ void bwd_load_stage(uint32_t st, const bf16 *A, const bf16 *B, const Tile &tl, int M,
-                                               int N, int K, int kt) {
+__device__ __forceinline__ void bwd_load_stage(uint32_t st, const BwdOperands &o, const Tile &tl, int M, int N,
+                                               int K, int kt) {
+    const bf16 *A = o.A, *B = o.B;
+    if (!WGRAD && o.A2 && kt >= o.kt1) {
+        A = o.A2;
+        B = o.B2;
+        kt -= o.kt1;
+    }
     int k0 = kt * WG_BK;
     if constexpr (!WGRAD) {
         int chunk = threadIdx.x & 7, rb = threadIdx.x >> 3;
@@ -397,11 +411,11 @@ __device__ __forceinline__ void bwd_load_stage(uint32_t st, const bf16 *A, const
 }
 
 template <int BN, bool WGRAD, int S>
-__device__ __forceinline__ void bwd_load_prologue(uint32_t tiles, const bf16 *A, const bf16 *B, const Tile &tl, int M,
-                                                  int N, int K, int ktiles) {
+__device__ __forceinline__ void bwd_load_prologue(uint32_t tiles, const BwdOperands &o, const Tile &tl, int M, int N,
+                                                  int K, int ktiles) {
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < ktiles) bwd_load_stage<BN, WGRAD>(tiles + s * WgConfig<BN, S>::STAGE_BYTES, A, B, tl, M, N, K, s);
+        if (s < ktiles) bwd_load_stage<BN, WGRAD>(tiles + s * WgConfig<BN, S>::STAGE_BYTES, o, tl, M, N, K, s);
         cp_async_commit();
     }
 }
@@ -445,7 +459,7 @@ __host__ __device__ __forceinline__ int wgrad_skip_empty(int t, int total, int s
 // main loop).
 template <int BN, bool WGRAD, int S, int MINB>
 __global__ void __launch_bounds__(WG_THREADS, MINB)
-grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int M, int N, int K) {
+grouped_wgmma_bwd_kernel(void *out, const BwdOperands o, const int *offsets, int E, int M, int N, int K) {
     using Cfg = WgConfig<BN, S>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
@@ -469,8 +483,10 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
 
     int wg = threadIdx.x >> 7, wwarp = warp & 3;
     Tile cur = WGRAD ? wgrad_locate(t, s_off, per_e, col_tiles, BN) : locate(t, s_off, s_tile, E, col_tiles, BN);
-    int ktiles = ((WGRAD ? cur.rows : K) + WG_BK - 1) / WG_BK;
-    bwd_load_prologue<BN, WGRAD, S>(tiles, A, B, cur, M, N, K, ktiles);
+    // data-grad: K steps of one operand (o.kt1), twice for a pair
+    const int dgrad_kt = WGRAD ? 0 : (o.A2 ? 2 : 1) * ((K + WG_BK - 1) / WG_BK);
+    int ktiles = WGRAD ? (cur.rows + WG_BK - 1) / WG_BK : dgrad_kt;
+    bwd_load_prologue<BN, WGRAD, S>(tiles, o, cur, M, N, K, ktiles);
 
     float acc[Cfg::ACC];
 #pragma unroll
@@ -495,7 +511,7 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
             wgmma_wait<1>();
             __syncthreads();
             if (kt + S - 1 < ktiles)
-                bwd_load_stage<BN, WGRAD>(tiles + fill * Cfg::STAGE_BYTES, A, B, cur, M, N, K, kt + S - 1);
+                bwd_load_stage<BN, WGRAD>(tiles + fill * Cfg::STAGE_BYTES, o, cur, M, N, K, kt + S - 1);
             cp_async_commit();
             slot = slot == S - 1 ? 0 : slot + 1;
             fill = fill == S - 1 ? 0 : fill + 1;
@@ -509,8 +525,8 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
         int nkt = ktiles;
         if (tn < total) {
             nxt = WGRAD ? wgrad_locate(tn, s_off, per_e, col_tiles, BN) : locate(tn, s_off, s_tile, E, col_tiles, BN);
-            nkt = ((WGRAD ? nxt.rows : K) + WG_BK - 1) / WG_BK;
-            bwd_load_prologue<BN, WGRAD, S>(tiles, A, B, nxt, M, N, K, nkt);
+            nkt = WGRAD ? (nxt.rows + WG_BK - 1) / WG_BK : dgrad_kt;
+            bwd_load_prologue<BN, WGRAD, S>(tiles, o, nxt, M, N, K, nkt);
         }
 
         // acc[4 j + h]: row 16 warp + lane / 4 + 8 (h / 2), column
@@ -549,7 +565,7 @@ grouped_wgmma_bwd_kernel(void *out, const bf16 *A, const bf16 *B, const int *off
 }
 
 template <int BN, bool WGRAD, int S = WgConfig<BN>::STAGES, int MINB = 1>
-int launch_wgmma_bwd(void *out, const bf16 *A, const bf16 *B, const int *offsets, int E, int M, int N, int K) {
+int launch_wgmma_bwd(void *out, const BwdOperands &o, const int *offsets, int E, int M, int N, int K) {
     static int smem_set;
     const void *kernel = (const void *)grouped_wgmma_bwd_kernel<BN, WGRAD, S, MINB>;
     int smem = WgConfig<BN, S>::TILE_BYTES + 1024 + (WGRAD ? 1 : 2) * (E + 1) * (int)sizeof(int);
@@ -559,7 +575,7 @@ int launch_wgmma_bwd(void *out, const bf16 *A, const bf16 *B, const int *offsets
         smem_set = smem;
     }
     grouped_wgmma_bwd_kernel<BN, WGRAD, S, MINB><<<cuda_num_sms() * MINB, WG_THREADS, smem, cuda_stream()>>>(
-        out, A, B, offsets, E, M, N, K);
+        out, o, offsets, E, M, N, K);
     cudaLaunchCheck();
     return 0;
 }
@@ -615,18 +631,25 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
 }
 
 // The data-grad dinp[R, C] = dout[R, OC] w_e[OC, C] (assigned, BF16) on the
-// wgmma kernel: 0 when it ran, -1 (nothing launched) under the forward's
-// conditions. Column tile 256 when C >= 256 (MOECORE_WGMMA_BN=128: 128).
+// wgmma kernel, plus dout2[R, OC] w2_e[OC, C] when dout2 is not NULL (the
+// gate and up projections' data-grads in one product): 0 when it ran, -1
+// (nothing launched) under the forward's conditions. Column tile 256 when
+// C >= 256 (MOECORE_WGMMA_BN=128: 128).
+extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2,
+                                             const void *w2, const int *offsets, int E, int C, int OC) {
+    if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
+    if (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)w | (uintptr_t)dout2 | (uintptr_t)w2) & 15) return -1;
+    BwdOperands o = {(const bf16 *)dout, (const bf16 *)w, (const bf16 *)dout2, (const bf16 *)w2,
+                     (OC + WG_BK - 1) / WG_BK};
+    switch (wgmma_tile(C)) {
+    case 0: return launch_wgmma_bwd<256, false>(dinp, o, offsets, E, 0, C, OC);
+    case 1: return launch_wgmma_bwd<128, false>(dinp, o, offsets, E, 0, C, OC);
+    default: return launch_wgmma_bwd<128, false, 3, 2>(dinp, o, offsets, E, 0, C, OC);
+    }
+}
 extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C,
                                         int OC) {
-    if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
-    if (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)w) & 15) return -1;
-    switch (wgmma_tile(C)) {
-    case 0: return launch_wgmma_bwd<256, false>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
-    case 1: return launch_wgmma_bwd<128, false>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
-    default:
-        return launch_wgmma_bwd<128, false, 3, 2>(dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, 0, C, OC);
-    }
+    return cuda_grouped_dgrad_pair_wgmma(dinp, dout, w, NULL, NULL, offsets, E, C, OC);
 }
 
 // The weight-grad dw[e][OC, C] += dout_e^T inp_e (FP32) on the wgmma kernel:
@@ -646,7 +669,7 @@ extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void 
         tile = s && atoi(s) == 256 ? 256 : 128;
     }
     int vec4 = wgrad_vec4(dw); // passed as K (unused by the weight-grad otherwise)
-    if (tile == 256 && wgmma_bn(C) == 256)
-        return launch_wgmma_bwd<256, true>(dw, (const bf16 *)dout, (const bf16 *)inp, offsets, E, OC, C, vec4);
-    return launch_wgmma_bwd<128, true, 3, 2>(dw, (const bf16 *)dout, (const bf16 *)inp, offsets, E, OC, C, vec4);
+    BwdOperands o = {(const bf16 *)dout, (const bf16 *)inp, NULL, NULL, 0};
+    if (tile == 256 && wgmma_bn(C) == 256) return launch_wgmma_bwd<256, true>(dw, o, offsets, E, OC, C, vec4);
+    return launch_wgmma_bwd<128, true, 3, 2>(dw, o, offsets, E, OC, C, vec4);
 }

@@ -23,6 +23,8 @@ void cuda_grouped_matmul_forward(void *out, const void *inp, const void *w, cons
                                  int E, int C, int OC);
 void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp,
                                   const void *w, const int *offsets, int E, int C, int OC);
+void cuda_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2,
+                             const int *offsets, int E, int C, int OC);
 
 // attention.cu
 void cuda_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,

@@ -126,6 +126,10 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *dinp, float *dw, const void *dout, const void *inp, const void *w, const int *offsets, int E,   \
        int C, int OC),                                                                                       \
       (dinp, dw, dout, inp, w, offsets, E, C, OC))                                                           \
+    X(grouped_dgrad_pair, C_EXPERT,                                                                          \
+      (void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2, const int *offsets,  \
+       int E, int C, int OC),                                                                                \
+      (dinp, dout1, w1, dout2, w2, offsets, E, C, OC))                                                       \
     X(crossentropy_forward, C_OTHER, (float *losses, const void *logits, const int *targets, int N, int V),  \
       (losses, logits, targets, N, V))                                                                       \
     X(crossentropy_backward, C_OTHER,                                                                        \

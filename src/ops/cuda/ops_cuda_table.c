@@ -48,6 +48,7 @@ const Ops ops_cuda = {
     .unpermute_backward = cuda_unpermute_backward,
     .grouped_matmul_forward = cuda_grouped_matmul_forward,
     .grouped_matmul_backward = cuda_grouped_matmul_backward,
+    .grouped_dgrad_pair = cuda_grouped_dgrad_pair,
     .crossentropy_forward = cuda_crossentropy_forward,
     .crossentropy_backward = cuda_crossentropy_backward,
     .loss_sum = cuda_loss_sum,
