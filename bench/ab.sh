@@ -26,8 +26,10 @@ for step in "$@"; do
     gemm:*)
       e=${step#gemm:}
       log="$out/gemm$n.log"
-      env $(envs "$e") timeout 300 build/tests/gpu/test_cuda_gemm > "$log" 2>&1
-      echo "== gemm [$e] exit $? ($(( $(date +%s) - t0 )) s): $(grep -c '^FAIL' "$log") FAIL, $(tail -n 1 "$log")" >> "$summary"
+      env $(envs "$e") timeout 150 build/tests/gpu/test_cuda_gemm > "$log" 2>&1
+      rc=$?
+      echo "== gemm [$e] exit $rc ($(( $(date +%s) - t0 )) s): $(grep -c '^FAIL' "$log") FAIL, $(tail -n 1 "$log")" >> "$summary"
+      if [ $rc = 124 ]; then echo "   timed out (a hang?): stopping here" >> "$summary"; tail -n 5 "$log" >> "$summary"; break; fi
       grep -E "^FAIL" "$log" | head -n 5 >> "$summary"
       grep -iE "^time .*olmoe" "$log" >> "$summary" ;;
     model)
@@ -39,7 +41,8 @@ for step in "$@"; do
       log="$out/kernels.log"
       timeout 400 build/tests/gpu/bench_kernels "$out/kernel_table.md" > "$log" 2>&1
       echo "== kernels exit $? ($(( $(date +%s) - t0 )) s)" >> "$summary"
-      grep -E "FAIL" "$log" | head -n 10 >> "$summary" ;;
+      grep -E "FAIL" "$log" | head -n 10 >> "$summary"
+      cat "$out/kernel_table.md" >> "$summary" 2>/dev/null ;;
     bench:*)
       IFS=: read -r _ name e cfg rest <<< "$step"
       log="$out/bench-$name.log"

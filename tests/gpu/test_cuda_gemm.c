@@ -483,6 +483,11 @@ int main(void) {
     // rows around its 128-row tile and a zero-row expert
     int wide[] = {37, 0, 130, 1, 300};
     test_grouped("wide tails", 5, 200, 264, wide, 0);
+    // the data-grad's 256-column tile (N = C = 328: a second column tile
+    // with 72 columns) with K = OC = 136 (2 x 64 + 8): the TMA kernel reads
+    // zeros past dout's columns and the last expert's weights
+    int wide2[] = {300, 0, 77};
+    test_grouped("wide tails, data-grad", 3, 328, 136, wide2, 0);
 
     // OLMoE: 64 experts, 2048 -> 1024, 4096 tokens x top-8, uneven with
     // empty experts (first, middle, last)

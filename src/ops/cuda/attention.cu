@@ -575,6 +575,510 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
     store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 16, lane);
 }
 
+// ---- variant 2 (MOECORE_ATTN=2), head dim 128 --------------------------------
+//
+// The same function, and the same arithmetic in the same order as the kernels
+// above (so the outputs are expected to be bit-identical to them), on bigger
+// warp tiles so that each fragment loaded from shared memory feeds more MMAs
+// (ldmatrix bandwidth, not the tensor cores, bounds the kernels above):
+//   forward   4 warps x 32 query rows (BR = 128), BC = 64; Q fragments are
+//             re-read from shared memory (Q in registers would not fit beside
+//             the 32 x 128 accumulator); K/V double-buffered; the causal
+//             mask only on the key blocks that cross the warp's diagonal.
+//             Per 64-key block a warp does 256 MMAs on 80 ldmatrix.x4 (the
+//             kernel above: 128 on 64).
+//   dQ        4 warps x 32 query rows (BR = 128), 32 keys per step, Q and dO
+//             re-read from shared memory: 192 MMAs on 80 ldmatrix (was 96 on 48).
+//   dK/dV     8 warps, 128 keys per block, 64 queries per step, FA2's split:
+//             phase 1, warp tile 32 keys x 32 queries of P^T and dS^T (BF16 to
+//             shared memory); phase 2, warp tile 32 keys x 64 columns of dK
+//             and dV from those. 256 MMAs on ~120 ldmatrix-equivalents (was
+//             256 on 160).
+
+namespace v2 {
+
+constexpr int HD = 128, S = HD + 8; // tile row stride (elements), as Tile<128>
+
+// a: rows r0..r0+15, cols k0..k0+15 of a row-major tile of stride STR.
+template <int STR>
+__device__ __forceinline__ void ld_a(uint32_t a[4], const bf16 *s, int r0, int k0, int lane) {
+    ldsm_x4(a, s + (r0 + (lane & 15)) * STR + k0 + (lane >> 4) * 8);
+}
+// b of n-tiles n0, n0+8 over k0..k0+15 from a tile stored [n][k].
+template <int STR>
+__device__ __forceinline__ void ld_b_nk(uint32_t b[4], const bf16 *s, int n0, int k0, int lane) {
+    ldsm_x4(b, s + (n0 + (lane & 7) + ((lane >> 4) << 3)) * STR + k0 + ((lane >> 3) & 1) * 8);
+}
+// The same from a tile stored [k][n].
+template <int STR>
+__device__ __forceinline__ void ld_b_kn(uint32_t b[4], const bf16 *s, int k0, int n0, int lane) {
+    ldsm_x4_trans(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * STR + n0 + (lane >> 4) * 8);
+}
+// acc[2][NT8][4] (rows ra..ra+31 of A x n-tiles 8*NT8 from nb..) += A B^T over
+// k = 0..HD-1, A and B row-major [row][k] tiles of stride S; k outermost, as
+// mma_abt_regs / mma_abt_smem above.
+template <int NT8>
+__device__ __forceinline__ void abt32(float (&acc)[2][NT8][4], const bf16 *sa, int ra, const bf16 *sb, int nb,
+                                      int lane) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t a0[4], a1[4];
+        ld_a<S>(a0, sa, ra, kk * 16, lane);
+        ld_a<S>(a1, sa, ra + 16, kk * 16, lane);
+#pragma unroll
+        for (int np = 0; np < NT8 / 2; np++) {
+            uint32_t b[4];
+            ld_b_nk<S>(b, sb, nb + np * 16, kk * 16, lane);
+            mma_bf16(acc[0][2 * np], a0, b[0], b[1]);
+            mma_bf16(acc[0][2 * np + 1], a0, b[2], b[3]);
+            mma_bf16(acc[1][2 * np], a1, b[0], b[1]);
+            mma_bf16(acc[1][2 * np + 1], a1, b[2], b[3]);
+        }
+    }
+}
+// acc[2][HD/8][4] += P (2 x 16 rows, accumulator layout, KDIM columns,
+// rounded to BF16) * V (a [k][n] tile of stride S, KDIM rows), as mma_pv.
+template <int KDIM>
+__device__ __forceinline__ void pv32(float (&acc)[2][HD / 8][4], const float (&p)[2][KDIM / 8][4], const bf16 *s,
+                                     int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KDIM / 16; kk++) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            a[mt][0] = pack_bf16(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+            a[mt][1] = pack_bf16(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+            a[mt][2] = pack_bf16(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+            a[mt][3] = pack_bf16(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < HD / 16; np++) {
+            uint32_t b[4];
+            ld_b_kn<S>(b, s, kk * 16, np * 16, lane);
+            mma_bf16(acc[0][2 * np], a[0], b[0], b[1]);
+            mma_bf16(acc[0][2 * np + 1], a[0], b[2], b[3]);
+            mma_bf16(acc[1][2 * np], a[1], b[0], b[1]);
+            mma_bf16(acc[1][2 * np + 1], a[1], b[2], b[3]);
+        }
+    }
+}
+// Rows row0 .. row0+ROWS-1 of a [T, gstride] matrix into s (stride S); rows
+// >= T zero. As load_rows, but rolled, so that the addresses of all the
+// block's copies are not kept live across the key loop (registers).
+template <int ROWS, int NT>
+__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, int row0, int T, size_t gstride) {
+    constexpr int C = HD / 8, RPI = NT / C; // 16-byte chunks per row, rows per pass
+    static_assert(NT % C == 0 && ROWS % RPI == 0, "tile shape");
+    int r = threadIdx.x / C, ch = threadIdx.x % C;
+#pragma unroll 1
+    for (int rr = r; rr < ROWS; rr += RPI) {
+        int t = row0 + rr;
+        const bf16 *src = g + (size_t)(t < T ? t : 0) * gstride + ch * 8;
+        cp_async16(s + rr * S + ch * 8, src, t < T ? 16 : 0);
+    }
+}
+template <int N>
+__device__ __forceinline__ void zero(float (&x)[2][N][4]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int i = 0; i < N; i++) x[mt][i][0] = x[mt][i][1] = x[mt][i][2] = x[mt][i][3] = 0.f;
+}
+
+// ---- forward ----
+
+struct Fwd {
+    static constexpr int WARPS = 4, BR = 32 * WARPS, BC = 64, NT = 32 * WARPS;
+    static constexpr size_t SMEM = (size_t)(BR + 4 * BC) * S * sizeof(bf16); // 104,448: 2 blocks per SM
+};
+
+// One key block for the warp's 32 rows (wrow.., at rows qr.. of Qs): the
+// online-softmax step of attention_forward_kernel, for two 16-row tiles.
+template <bool MASK>
+__device__ __forceinline__ void fwd_block(float (&o)[2][HD / 8][4], float (&m)[2][2], float (&l)[2][2],
+                                          const bf16 *Qs, int qr, const bf16 *Kt, const bf16 *Vt, int wrow,
+                                          int k0, float scale_log2, int lane) {
+    constexpr int BC = Fwd::BC;
+    int g = lane >> 2, c4 = lane & 3;
+    float s[2][BC / 8][4];
+    zero(s);
+    abt32<BC / 8>(s, Qs, qr, Kt, 0, lane);
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[mt][nt][e] * scale_log2;
+                if (MASK && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + mt * 16 + g + (e >> 1) * 8) x = -INFINITY;
+                s[mt][nt][e] = x;
+            }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = m[mt][r];
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float base = mx == -INFINITY ? 0.f : mx;
+            float alpha = fast_exp2(m[mt][r] - base);
+            m[mt][r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                s[mt][nt][2 * r] = fast_exp2(s[mt][nt][2 * r] - base);
+                s[mt][nt][2 * r + 1] = fast_exp2(s[mt][nt][2 * r + 1] - base);
+                sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+            }
+            l[mt][r] = l[mt][r] * alpha + sum;
+#pragma unroll
+            for (int nt = 0; nt < HD / 8; nt++) {
+                o[mt][nt][2 * r] *= alpha;
+                o[mt][nt][2 * r + 1] *= alpha;
+            }
+        }
+    pv32<BC>(o, s, Vt, lane);
+}
+
+// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
+__global__ void __launch_bounds__(Fwd::NT, 2)
+    forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H, int KV,
+                   float scale_log2) {
+    constexpr int BR = Fwd::BR, BC = Fwd::BC, NT = Fwd::NT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem;    // [BR][S]
+    bf16 *Ks = Qs + BR * S;     // [2][BC][S]
+    bf16 *Vs = Ks + 2 * BC * S; // [2][BC][S]
+
+    int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;
+    int kvh = h / (H / KV);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c4 = lane & 3;
+    int q0 = qb * BR, wrow = q0 + warp * 32; // this warp's first query
+    size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
+    const bf16 *qg = q + ((size_t)b * T * H + h) * HD;
+    const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
+    const bf16 *vg = v + ((size_t)b * T * KV + kvh) * HD;
+    int nkb = div_up(min(T, q0 + BR), BC);
+
+    load_tile<BR, NT>(Qs, qg, q0, T, qstride);
+    load_tile<BC, NT>(Ks, kg, 0, T, kstride);
+    load_tile<BC, NT>(Vs, vg, 0, T, kstride);
+    cp_async_commit();
+
+    float o[2][HD / 8][4];
+    zero(o);
+    float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+
+    for (int j = 0; j < nkb; j++) {
+        cp_async_wait<0>();
+        __syncthreads(); // block j is in; every warp is done with block j - 1's buffers
+        if (j + 1 < nkb) {
+            int st = (j + 1) & 1;
+            load_tile<BC, NT>(Ks + st * BC * S, kg, (j + 1) * BC, T, kstride);
+            load_tile<BC, NT>(Vs + st * BC * S, vg, (j + 1) * BC, T, kstride);
+            cp_async_commit();
+        }
+        int k0 = j * BC;
+        if (k0 <= wrow + 31) { // some key of this block is visible to some row of this warp
+            const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
+            if (k0 + BC - 1 > wrow)
+                fwd_block<true>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, scale_log2, lane);
+            else
+                fwd_block<false>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, scale_log2, lane);
+        }
+    }
+
+    float inv[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float lr = l[mt][r];
+            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            inv[mt][r] = 1.f / lr;
+            int t = wrow + mt * 16 + g + r * 8;
+            if (c4 == 0 && t < T) lse2[((size_t)b * H + h) * T + t] = m[mt][r] + log2f(lr);
+        }
+    // only this warp reads its 32 rows of Qs
+    __syncwarp();
+    stage_acc<HD>(Qs, warp * 32, o[0], inv[0][0], inv[0][1], lane);
+    stage_acc<HD>(Qs, warp * 32 + 16, o[1], inv[1][0], inv[1][1], lane);
+    __syncwarp();
+    bf16 *og = out + ((size_t)b * T * H + h) * HD;
+    store_rows16<HD>(og, qstride, wrow, T, Qs, warp * 32, lane);
+    store_rows16<HD>(og, qstride, wrow + 16, T, Qs, warp * 32 + 16, lane);
+}
+
+// ---- backward: dQ ----
+
+struct BwdQ {
+    static constexpr int WARPS = 4, BR = 32 * WARPS, BC = 32, NT = 32 * WARPS;
+    static constexpr size_t SMEM = (size_t)(2 * BR + 4 * BC) * S * sizeof(bf16); // 104,448: 2 blocks per SM
+};
+
+template <bool MASK>
+__device__ __forceinline__ void dq_block(float (&dqa)[2][HD / 8][4], const bf16 *Qs, const bf16 *dOs, int qr,
+                                         const bf16 *Kt, const bf16 *Vt, const float (&lrow)[2][2],
+                                         const float (&drow)[2][2], int wrow, int k0, float scale_log2, int lane) {
+    constexpr int BC = BwdQ::BC;
+    int g = lane >> 2, c4 = lane & 3;
+    float p[2][BC / 8][4], ds[2][BC / 8][4];
+    zero(p);
+    zero(ds);
+    abt32<BC / 8>(p, Qs, qr, Kt, 0, lane); // S = Q K^T
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = fast_exp2(p[mt][nt][e] * scale_log2 - lrow[mt][e >> 1]);
+                if (MASK && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + mt * 16 + g + (e >> 1) * 8) x = 0.f;
+                p[mt][nt][e] = x;
+            }
+    abt32<BC / 8>(ds, dOs, qr, Vt, 0, lane); // dP = dO V^T
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ds[mt][nt][e] = p[mt][nt][e] * (ds[mt][nt][e] - drow[mt][e >> 1]);
+    pv32<BC>(dqa, ds, Kt, lane); // dQ += dS K
+}
+
+// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
+__global__ void __launch_bounds__(BwdQ::NT, 2)
+    backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse2,
+                       const float *D, int T, int H, int KV, float scale_log2, float scale) {
+    constexpr int BR = BwdQ::BR, BC = BwdQ::BC, NT = BwdQ::NT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem;    // [BR][S]
+    bf16 *dOs = Qs + BR * S;    // [BR][S]
+    bf16 *Ks = dOs + BR * S;    // [2][BC][S]
+    bf16 *Vs = Ks + 2 * BC * S; // [2][BC][S]
+
+    int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;
+    int kvh = h / (H / KV);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2;
+    int q0 = qb * BR, wrow = q0 + warp * 32;
+    size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
+    size_t qoff = ((size_t)b * T * H + h) * HD, loff = ((size_t)b * H + h) * T;
+    const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
+    const bf16 *vg = v + ((size_t)b * T * KV + kvh) * HD;
+    int nkb = div_up(min(T, q0 + BR), BC);
+
+    load_tile<BR, NT>(Qs, q + qoff, q0, T, qstride);
+    load_tile<BR, NT>(dOs, dout + qoff, q0, T, qstride);
+    load_tile<BC, NT>(Ks, kg, 0, T, kstride);
+    load_tile<BC, NT>(Vs, vg, 0, T, kstride);
+    cp_async_commit();
+
+    float lrow[2][2], drow[2][2]; // rows g, g+8 of the warp's two 16-row tiles
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int t = wrow + mt * 16 + g + r * 8;
+            lrow[mt][r] = t < T ? lse2[loff + t] : 0.f;
+            drow[mt][r] = t < T ? D[loff + t] : 0.f;
+        }
+    float dqa[2][HD / 8][4];
+    zero(dqa);
+
+    for (int j = 0; j < nkb; j++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (j + 1 < nkb) {
+            int st = (j + 1) & 1;
+            load_tile<BC, NT>(Ks + st * BC * S, kg, (j + 1) * BC, T, kstride);
+            load_tile<BC, NT>(Vs + st * BC * S, vg, (j + 1) * BC, T, kstride);
+            cp_async_commit();
+        }
+        int k0 = j * BC;
+        if (k0 <= wrow + 31) {
+            const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
+            if (k0 + BC - 1 > wrow)
+                dq_block<true>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, scale_log2, lane);
+            else
+                dq_block<false>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, scale_log2, lane);
+        }
+    }
+
+    __syncwarp(); // only this warp reads its 32 rows of Qs
+    stage_acc<HD>(Qs, warp * 32, dqa[0], scale, scale, lane);
+    stage_acc<HD>(Qs, warp * 32 + 16, dqa[1], scale, scale, lane);
+    __syncwarp();
+    store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 32, lane);
+    store_rows16<HD>(dq + qoff, qstride, wrow + 16, T, Qs, warp * 32 + 16, lane);
+}
+
+// ---- backward: dK, dV ----
+
+struct BwdKV {
+    static constexpr int WARPS = 8, BC = 128, BR = 64, NT = 32 * WARPS;
+    static constexpr int PS = BR + 8; // stride of the P^T / dS^T tiles (144 bytes: ldmatrix conflict-free)
+    static constexpr size_t SMEM = (size_t)(2 * BC + 4 * BR) * S * sizeof(bf16) // K, V; 2 x (Q, dO)
+                                   + 4 * BR * sizeof(float)                        // 2 x (lse2, D)
+                                   + (size_t)2 * BC * PS * sizeof(bf16);           // P^T, dS^T: 177,152
+};
+
+// grid (KV, B, key blocks of 128), heaviest (first) key blocks first.
+// Per step (one head of the group, 64 queries qr..):
+//   phase 1, warp (kw = warp & 3, qw = warp >> 2): keys 32 kw.., queries
+//     32 qw..: S^T = K Q^T, P^T, dP^T = V dO^T, dS^T = P^T (dP^T - D),
+//     both to shared memory as BF16 (the values mma_pv packs above);
+//   phase 2, warp (kw, hw = warp >> 2): keys 32 kw.., columns 64 hw.. of
+//     dV += P^T dO and dK += dS^T Q, over the 16-query chunks in order,
+//     skipping the chunks that no key of the warp sees.
+__global__ void __launch_bounds__(BwdKV::NT, 1)
+    backward_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                        const float *lse2, const float *D, int T, int H, int KV, float scale_log2, float scale) {
+    constexpr int BR = BwdKV::BR, BC = BwdKV::BC, NT = BwdKV::NT, PS = BwdKV::PS;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Ks = (bf16 *)smem;                 // [BC][S]
+    bf16 *Vs = Ks + BC * S;                  // [BC][S]
+    bf16 *Qs = Vs + BC * S;                  // [2][BR][S]
+    bf16 *dOs = Qs + 2 * BR * S;             // [2][BR][S]
+    float *Ls = (float *)(dOs + 2 * BR * S); // [2][BR]
+    float *Ds = Ls + 2 * BR;                 // [2][BR]
+    bf16 *Ps = (bf16 *)(Ds + 2 * BR);        // [BC][PS] P^T
+    bf16 *dSs = Ps + BC * PS;                // [BC][PS] dS^T
+
+    int kvh = blockIdx.x, b = blockIdx.y, kb = blockIdx.z;
+    int group = H / KV;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c4 = lane & 3;
+    int kw = warp & 3, hw = warp >> 2; // phase 1: qw = hw
+    int k0 = kb * BC, wkey = k0 + kw * 32; // the warp's first key (both phases)
+    size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
+    const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
+    const bf16 *vg = v + ((size_t)b * T * KV + kvh) * HD;
+    int i0 = k0 / BR, nqb = div_up(T, BR), nsteps = group * (nqb - i0);
+
+    // step n: head kvh * group + n / nper, queries (i0 + n % nper) * BR ..
+    int nper = nqb - i0;
+    auto load_step = [&](int n, int st) {
+        int hh = kvh * group + n / nper, qr = (i0 + n % nper) * BR;
+        size_t hoff = ((size_t)b * T * H + hh) * HD, loff = ((size_t)b * H + hh) * T;
+        load_tile<BR, NT>(Qs + st * BR * S, q + hoff, qr, T, qstride);
+        load_tile<BR, NT>(dOs + st * BR * S, dout + hoff, qr, T, qstride);
+        load_floats<BR, NT>(Ls + st * BR, lse2 + loff, qr, T);
+        load_floats<BR, NT>(Ds + st * BR, D + loff, qr, T);
+    };
+    load_tile<BC, NT>(Ks, kg, k0, T, kstride);
+    load_tile<BC, NT>(Vs, vg, k0, T, kstride);
+    load_step(0, 0);
+    cp_async_commit();
+
+    float acc[2][HD / 8][4]; // 32 keys x HD of dV (warps 0-3) or dK (warps 4-7)
+    zero(acc);
+
+    for (int n = 0; n < nsteps; n++) {
+        cp_async_wait<0>();
+        __syncthreads(); // step n is in; every warp is done with step n - 1 (its buffers, P^T, dS^T)
+        if (n + 1 < nsteps) {
+            load_step(n + 1, (n + 1) & 1);
+            cp_async_commit();
+        }
+        int st = n & 1, qr = (i0 + n % nper) * BR;
+        const bf16 *Qt = Qs + st * BR * S, *dOt = dOs + st * BR * S;
+
+        // phase 1: keys wkey.., queries q1..
+        int q1 = qr + hw * 32;
+        if (q1 + 31 >= wkey) { // some query of the tile sees some key
+            const float *Lt = Ls + st * BR + hw * 32, *Dt = Ds + st * BR + hw * 32;
+            float p[2][4][4], ds[2][4][4];
+            zero(p);
+            zero(ds);
+            abt32<4>(p, Ks, kw * 32, Qt, hw * 32, lane); // S^T = K Q^T
+            bool mask = q1 < wkey + 31 || q1 + 32 > T;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int qq = nt * 8 + 2 * c4 + (e & 1), t = q1 + qq;
+                        float x = fast_exp2(p[mt][nt][e] * scale_log2 - Lt[qq]);
+                        if (mask && (t < wkey + mt * 16 + g + (e >> 1) * 8 || t >= T)) x = 0.f;
+                        p[mt][nt][e] = x;
+                    }
+            abt32<4>(ds, Vs, kw * 32, dOt, hw * 32, lane); // dP^T = V dO^T
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        ds[mt][nt][e] = p[mt][nt][e] * (ds[mt][nt][e] - Dt[nt * 8 + 2 * c4 + (e & 1)]);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    int off = (kw * 32 + mt * 16 + g) * PS + hw * 32 + nt * 8 + 2 * c4;
+                    *(uint32_t *)(Ps + off) = pack_bf16(p[mt][nt][0], p[mt][nt][1]);
+                    *(uint32_t *)(Ps + off + 8 * PS) = pack_bf16(p[mt][nt][2], p[mt][nt][3]);
+                    *(uint32_t *)(dSs + off) = pack_bf16(ds[mt][nt][0], ds[mt][nt][1]);
+                    *(uint32_t *)(dSs + off + 8 * PS) = pack_bf16(ds[mt][nt][2], ds[mt][nt][3]);
+                }
+        }
+        // (a tile skipped here is never read below: its chunks are skipped too)
+        __syncthreads();
+
+        // phase 2: keys wkey.., all columns; warps 0-3 dV += P^T dO, warps 4-7 dK += dS^T Q
+        {
+            const bf16 *As = hw ? dSs : Ps, *Bs = hw ? Qt : dOt;
+            int first = wkey - qr - 15; // chunks kk with kk * 16 < first see no key of the warp
+            asm volatile("" : "+r"(first)); // (computed here, not kept live through phase 1: registers)
+#pragma unroll
+            for (int kk = 0; kk < BR / 16; kk++) {
+                if (kk * 16 < first) continue; // no query of the chunk sees a key of the warp
+                uint32_t a0[4], a1[4];
+                ld_a<PS>(a0, As, kw * 32, kk * 16, lane);
+                ld_a<PS>(a1, As, kw * 32 + 16, kk * 16, lane);
+#pragma unroll
+                for (int np = 0; np < HD / 16; np++) {
+                    uint32_t bb[4];
+                    ld_b_kn<S>(bb, Bs, kk * 16, np * 16, lane);
+                    mma_bf16(acc[0][2 * np], a0, bb[0], bb[1]);
+                    mma_bf16(acc[0][2 * np + 1], a0, bb[2], bb[3]);
+                    mma_bf16(acc[1][2 * np], a1, bb[0], bb[1]);
+                    mma_bf16(acc[1][2 * np + 1], a1, bb[2], bb[3]);
+                }
+            }
+        }
+    }
+
+    __syncthreads(); // every warp is done with K and V: stage dV, dK there
+    {
+        float mul = hw ? scale : 1.f;
+        bf16 *st = hw ? Ks : Vs;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < HD / 8; nt++) {
+                int off = (kw * 32 + mt * 16 + g) * S + nt * 8 + 2 * c4;
+                *(uint32_t *)(st + off) = pack_bf16(acc[mt][nt][0] * mul, acc[mt][nt][1] * mul);
+                *(uint32_t *)(st + off + 8 * S) = pack_bf16(acc[mt][nt][2] * mul, acc[mt][nt][3] * mul);
+            }
+    }
+    __syncthreads();
+    size_t koff = ((size_t)b * T * KV + kvh) * HD;
+    constexpr int C = HD / 8; // 16-byte chunks per row
+#pragma unroll
+    for (int it = 0; it < BC * C / NT; it++) {
+        int c = it * NT + threadIdx.x, r = c / C, ch = c % C, t = k0 + r;
+        if (t < T) {
+            *(uint4 *)(dk + koff + (size_t)t * kstride + ch * 8) = *(const uint4 *)(Ks + r * S + ch * 8);
+            *(uint4 *)(dv + koff + (size_t)t * kstride + ch * 8) = *(const uint4 *)(Vs + r * S + ch * 8);
+        }
+    }
+}
+
+} // namespace v2
+
 // ---- launchers ----------------------------------------------------------------
 
 static void check_shape(const char *what, int B, int T, int H, int KV, int hd) {
@@ -602,9 +1106,60 @@ static void allow_smem(K kernel, size_t bytes, bool *done) {
 
 static inline float log2e_scale(int hd) { return (float)(1.4426950408889634 / sqrt((double)hd)); }
 
+// MOECORE_ATTN=2 selects the variant-2 kernels (head dim 128); unset or any
+// other value keeps the kernels above. Read once, at the first attention call.
+static int attn_variant_;
+static int attn_variant(void) {
+    if (!attn_variant_) {
+        const char *s = getenv("MOECORE_ATTN");
+        attn_variant_ = s && atoi(s) == 2 ? 2 : 1;
+    }
+    return attn_variant_;
+}
+// For tests: the variant in use, and setting it (1 or 2) whatever the environment says.
+extern "C" int cuda_attention_variant(void) { return attn_variant(); }
+extern "C" void cuda_attention_set_variant(int variant) { attn_variant_ = variant == 2 ? 2 : 1; }
+
+static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                       int KV) {
+    using Cfg = v2::Fwd;
+    static bool smem_set;
+    allow_smem(v2::forward_kernel, Cfg::SMEM, &smem_set);
+    dim3 grid(H, B, ceil_div(T, Cfg::BR));
+    v2::forward_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, T, H, KV, log2e_scale(128));
+    cudaLaunchCheck();
+}
+
+static void backward_v2(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse2, const bf16 *q,
+                        const bf16 *k, const bf16 *v, const float *D, int B, int T, int H, int KV) {
+    float sl2 = log2e_scale(128), scale = (float)(1.0 / sqrt(128.0));
+    {
+        using Cfg = v2::BwdQ;
+        static bool smem_set;
+        allow_smem(v2::backward_dq_kernel, Cfg::SMEM, &smem_set);
+        dim3 grid(H, B, ceil_div(T, Cfg::BR));
+        v2::backward_dq_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, q, k, v, dout, lse2, D, T, H, KV,
+                                                                            sl2, scale);
+        cudaLaunchCheck();
+    }
+    {
+        using Cfg = v2::BwdKV;
+        static bool smem_set;
+        allow_smem(v2::backward_dkv_kernel, Cfg::SMEM, &smem_set);
+        dim3 grid(KV, B, ceil_div(T, Cfg::BC));
+        v2::backward_dkv_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dk, dv, q, k, v, dout, lse2, D, T, H,
+                                                                             KV, sl2, scale);
+        cudaLaunchCheck();
+    }
+}
+
 template <int HD>
 static void forward_hd(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
                        int KV) {
+    if (HD == 128 && attn_variant() == 2) {
+        forward_v2(out, lse2, q, k, v, B, T, H, KV);
+        return;
+    }
     using Cfg = FwdCfg<HD>;
     static bool smem_set;
     allow_smem(attention_forward_kernel<HD>, Cfg::SMEM, &smem_set);
@@ -621,6 +1176,10 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
     attention_backward_d_kernel<HD><<<ceil_div(threads, 256), 256, 0, cuda_stream()>>>(D, out, dout, B, T, H);
     cudaLaunchCheck();
 
+    if (HD == 128 && attn_variant() == 2) {
+        backward_v2(dq, dk, dv, dout, lse2, q, k, v, D, B, T, H, KV);
+        return;
+    }
     float sl2 = log2e_scale(HD), scale = (float)(1.0 / sqrt((double)HD));
     {
         using Cfg = BwdQCfg<HD>;

@@ -25,6 +25,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/grouped_sched.cuh"
 #include "ops/cuda/ops_cuda.h"
+#include <cudaTypedefs.h>
 #include <string.h>
 
 namespace {
@@ -580,7 +581,274 @@ int launch_wgmma_bwd(void *out, const BwdOperands &o, const int *offsets, int E,
     return 0;
 }
 
+
+// ---------------------------------------------------------------------------
+// Warp-specialised forward and data-grad: TMA loads and an mbarrier ring.
+//
+// 384 threads: warpgroup 0 is the producer, whose one elected thread issues
+// the tile loads with the bulk tensor copy engine (TMA, cp.async.bulk.tensor)
+// into a 4-deep ring of 48 KB stages; warpgroups 1 and 2 are the consumers,
+// each owning 64 rows of the 128 x 256 output tile as in the kernels above.
+// Stage s has two barriers: full[s] (the producer's expect_tx arrival plus
+// the copy engine's byte count complete it) and empty[s] (all 256 consumer
+// threads arrive once their wgmma on the stage are done). Nobody waits at a
+// block-wide barrier after the start, so the producer runs ahead across tile
+// boundaries while the consumers store the previous tile (loads overlap the
+// epilogue), and the copy engine writes shared memory through the async
+// proxy that wgmma reads, so no proxy fence is needed.
+//
+// Tensor maps (2D, 128-byte swizzle, built per call on the host): A is the
+// grouped rows [rows, K] (K-major; box 64 x 128), its row count bounded by
+// the end of the allocation it lives in (so a tile past the last segment
+// reads zeros, never past the buffer); rows of a tile past its expert's
+// segment read the next expert's rows, which only reach output rows the
+// epilogue does not store. B is w as [E * N_rows, inner]: the forward's
+// w_e [OC, C] (K-major; box 64 x 256) or the data-grad's w_e [OC, C] read
+// N-major (K = OC; four 64 x 64 boxes per stage, one per 64 output
+// columns: the MN-major atoms of bwd_load_stage). Columns or K past the
+// matrix edge read zeros (or the next expert's weights times zero A).
+constexpr int WS_THREADS = 384;
+constexpr int WS_BN = 256;
+constexpr int WS_STAGES = 4;
+using WsCfg = WgConfig<WS_BN, WS_STAGES>;
+
+struct WsMaps {
+    CUtensorMap a, b, a2, b2; // a2, b2: the data-grad pair's second operands
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+// box at element coordinates (c0 inner, c1 outer) of the map into dst
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+// out[R, N] = A[R, K] B_e^T (forward: B_e [N, K]) or A[R, K] B_e (data-grad:
+// B_e [K, N]), plus A2 B2_e when pair; N >= 256.
+template <bool DGRAD>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+grouped_ws_kernel(bf16 *out, const __grid_constant__ WsMaps maps, int pair, const int *offsets, int E, int N, int K) {
+    constexpr int S = WS_STAGES, BN = WS_BN;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    uint32_t tiles = (raw + 1023) & ~1023u;
+    uint32_t full0 = tiles + WsCfg::TILE_BYTES, empty0 = full0 + 8 * S; // S barriers each, 8 bytes apiece
+    int *s_off = (int *)(smem_raw + (tiles - raw) + WsCfg::TILE_BYTES + 16 * S);
+    int *s_tile = s_off + E + 1;
+    int col_tiles = (N + BN - 1) / BN;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    grouped_load_offsets<WS_THREADS>(offsets, E, s_off); // ends with a barrier
+    int total = grouped_tile_prefix<WG_BM>(s_off, E, col_tiles, s_tile);
+    int kt1 = (K + WG_BK - 1) / WG_BK, ktiles = (pair ? 2 : 1) * kt1;
+    int wg = threadIdx.x >> 7;
+
+    if (wg == 0) { // producer: one thread issues every load
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x != 0) return;
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            Tile tl = locate(t, s_off, s_tile, E, col_tiles, BN);
+            for (int kt = 0; kt < ktiles; kt++) {
+                mbar_wait(empty0 + 8 * slot, phase ^ 1); // a fresh barrier passes parity 1 at once
+                uint32_t st = tiles + slot * WsCfg::STAGE_BYTES, fb = full0 + 8 * slot;
+                mbar_expect_tx(fb, WsCfg::STAGE_BYTES);
+                bool second = kt >= kt1;
+                int k0 = (second ? kt - kt1 : kt) * WG_BK;
+                const CUtensorMap *ma = second ? &maps.a2 : &maps.a, *mb = second ? &maps.b2 : &maps.b;
+                tma_load_2d(st, ma, k0, tl.r0 + tl.m0, fb);
+                if constexpr (!DGRAD) {
+                    tma_load_2d(st + WsCfg::A_BYTES, mb, k0, tl.e * N + tl.n0, fb);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < BN / 64; j++)
+                        tma_load_2d(st + WsCfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.e * K + k0, fb);
+                }
+                if (++slot == S) {
+                    slot = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    // consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    int slot = 0;
+    uint32_t phase = 0;
+    float acc[WsCfg::ACC];
+#pragma unroll
+    for (int i = 0; i < WsCfg::ACC; i++) acc[i] = 0.0f;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        Tile tl = locate(t, s_off, s_tile, E, col_tiles, BN);
+        int prev = 0;
+        for (int kt = 0; kt < ktiles; kt++) {
+            mbar_wait(full0 + 8 * slot, phase);
+            uint32_t st = tiles + slot * WsCfg::STAGE_BYTES;
+            uint64_t da = smem_desc(st + cw * 64 * 128);
+            wgmma_fence();
+            if constexpr (!DGRAD) {
+                uint64_t db = smem_desc(st + WsCfg::A_BYTES);
+#pragma unroll
+                for (int kk = 0; kk < WG_BK / 16; kk++) wgmma_n256<0, 0>(acc, da + 2 * kk, db + 2 * kk, kt > 0 || kk > 0);
+            } else {
+                uint64_t db = smem_desc_mn(st + WsCfg::A_BYTES);
+#pragma unroll
+                for (int kk = 0; kk < WG_BK / 16; kk++)
+                    wgmma_n256<0, 1>(acc, da + 2 * kk, db + (uint64_t)MN_KSTEP_DESC * kk, kt > 0 || kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<1>(); // the previous step's wgmma are done: release its stage
+            if (kt > 0) mbar_arrive(empty0 + 8 * prev);
+            prev = slot;
+            if (++slot == S) {
+                slot = 0;
+                phase ^= 1;
+            }
+        }
+        wgmma_wait<0>();
+        mbar_arrive(empty0 + 8 * prev);
+
+        // acc[4 j + h]: row 16 warp + lane / 4 + 8 (h / 2), column
+        // 8 j + 2 (lane % 4) + h % 2 of this warpgroup's 64 x 256 block
+        bf16 *o = out + (size_t)tl.r0 * N;
+        int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2);
+        int c0 = tl.n0 + 2 * (lane & 3);
+        bool lo_ok = r < tl.rows, hi_ok = r + 8 < tl.rows;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            int c = c0 + 8 * j;
+            if (c < N) {
+                if (lo_ok) *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+                if (hi_ok)
+                    *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) =
+                        __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+            }
+        }
+    }
+}
+
 } // namespace
+
+// ---- host side of the TMA kernels ----------------------------------------------
+
+int wgmma_bn(int N);
+
+// cuTensorMapEncodeTiled and cuMemGetAddressRange from the driver (the
+// runtime is linked statically; the driver is loaded by it): 1 when found.
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;
+static PFN_cuMemGetAddressRange_v3020 address_range;
+static int tma_available(void) {
+    static int state;
+    if (!state) {
+        cudaDriverEntryPointQueryResult q1, q2;
+        void *f1 = NULL, *f2 = NULL;
+        int ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f1, 12000, cudaEnableDefault, &q1) ==
+                     cudaSuccess &&
+                 q1 == cudaDriverEntryPointSuccess &&
+                 cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f2, 12000, cudaEnableDefault, &q2) ==
+                     cudaSuccess &&
+                 q2 == cudaDriverEntryPointSuccess;
+        encode_tiled = (PFN_cuTensorMapEncodeTiled_v12000)f1;
+        address_range = (PFN_cuMemGetAddressRange_v3020)f2;
+        state = ok ? 1 : -1;
+    }
+    return state == 1;
+}
+
+// Rows of `cols` BF16 elements from p to the end of p's allocation (0 when
+// the driver does not know p).
+static uint64_t rows_to_end(const void *p, int cols) {
+    CUdeviceptr base;
+    size_t size;
+    if (address_range(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS) return 0;
+    return ((uint64_t)base + size - (uint64_t)(uintptr_t)p) / ((uint64_t)cols * 2);
+}
+
+// A 2D BF16 tensor map over [outer, inner] (inner contiguous), box
+// box_inner x box_outer, 128-byte swizzle: 0, or -1 when the driver refuses.
+static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t outer, uint32_t box_inner,
+                      uint32_t box_outer) {
+    if (outer == 0 || outer > (1ull << 31)) return -1;
+    cuuint64_t dims[2] = {inner, outer}, strides[1] = {inner * 2};
+    cuuint32_t box[2] = {box_inner, box_outer}, elem[2] = {1, 1};
+    return encode_tiled(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, elem,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+
+// MOECORE_GEMM_TMA=0: the cp.async kernels instead (read once).
+static int tma_wanted(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("MOECORE_GEMM_TMA");
+        v = !(s && atoi(s) == 0);
+    }
+    return v;
+}
+
+// Forward (dgrad 0: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C])
+// or data-grad (dgrad 1: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC],
+// B = w [E*OC, C] N-major) on the warp-specialised kernel: 0 when it ran,
+// -1 (nothing launched) when it does not take the call.
+static int launch_ws(int dgrad, void *out, const void *A, const void *B, const void *A2, const void *B2,
+                     const int *offsets, int E, int C, int OC) {
+    int N = dgrad ? C : OC, K = dgrad ? OC : C;
+    if (!tma_wanted() || N < WS_BN || wgmma_bn(N) != WS_BN || !tma_available()) return -1;
+    WsMaps maps;
+    memset(&maps, 0, sizeof maps);
+    uint64_t rows = rows_to_end(A, K);
+    if (tensor_map(&maps.a, A, K, rows, 64, WG_BM)) return -1;
+    if (dgrad ? tensor_map(&maps.b, B, C, (uint64_t)E * OC, 64, 64) : tensor_map(&maps.b, B, C, (uint64_t)E * OC, 64, WS_BN))
+        return -1;
+    if (A2) {
+        if (tensor_map(&maps.a2, A2, K, rows_to_end(A2, K), 64, WG_BM)) return -1;
+        if (tensor_map(&maps.b2, B2, C, (uint64_t)E * OC, 64, 64)) return -1;
+    }
+    int smem = WsCfg::TILE_BYTES + 1024 + 16 * WS_STAGES + 2 * (E + 1) * (int)sizeof(int);
+    if (smem > WG_SMEM_LIMIT) return -1;
+    const void *kernel = dgrad ? (const void *)grouped_ws_kernel<true> : (const void *)grouped_ws_kernel<false>;
+    static int smem_set[2];
+    if (smem > smem_set[dgrad]) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        smem_set[dgrad] = smem;
+    }
+    if (dgrad)
+        grouped_ws_kernel<true><<<cuda_num_sms(), WS_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, A2 != NULL,
+                                                                                     offsets, E, N, K);
+    else
+        grouped_ws_kernel<false><<<cuda_num_sms(), WS_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, 0, offsets,
+                                                                                      E, N, K);
+    cudaLaunchCheck();
+    return 0;
+}
 
 // Whether the current device runs the sm_90a code (compute capability 9.0
 // exactly), cached per device.
@@ -612,7 +880,7 @@ static int wgmma_tile(int N) {
     if (env == 2) return 2;
     return env == 1 || N < 256 ? 1 : 0;
 }
-static int wgmma_bn(int N) { return wgmma_tile(N) == 0 ? 256 : 128; }
+int wgmma_bn(int N) { return wgmma_tile(N) == 0 ? 256 : 128; }
 
 // Runs the forward on the wgmma kernel and returns 0, or returns -1 having
 // launched nothing when it cannot: not a compute capability 9.0 device (the
@@ -623,6 +891,7 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
                                           int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)out | (uintptr_t)inp | (uintptr_t)w) & 15) return -1;
+    if (launch_ws(0, out, inp, w, NULL, NULL, offsets, E, C, OC) == 0) return 0;
     switch (wgmma_tile(OC)) {
     case 0: return launch_wgmma<256>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
     case 1: return launch_wgmma<128>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
@@ -639,6 +908,7 @@ extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const
                                              const void *w2, const int *offsets, int E, int C, int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)w | (uintptr_t)dout2 | (uintptr_t)w2) & 15) return -1;
+    if (launch_ws(1, dinp, dout, w, dout2, w2, offsets, E, C, OC) == 0) return 0;
     BwdOperands o = {(const bf16 *)dout, (const bf16 *)w, (const bf16 *)dout2, (const bf16 *)w2,
                      (OC + WG_BK - 1) / WG_BK};
     switch (wgmma_tile(C)) {
