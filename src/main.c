@@ -7,6 +7,7 @@
 #include "ckpt/hf.h"
 #include "data/tokenizer.h"
 #include "dist/comm.h"
+#include "config/config.h"
 #include "model/model.h"
 #include "train/train.h"
 
@@ -26,8 +27,10 @@ static void usage(FILE *f) {
             "  detokenize FILE.bin               print token files as text\n"
             "  export-hf CKPT_DIR OUT_DIR [...]  write a checkpoint as a Hugging Face olmoe / flex_olmo model (docs/hf.md)\n"
             "  import-hf HF_DIR CKPT_DIR [...]   read a Hugging Face olmoe / flex_olmo model into a checkpoint\n"
-            "  params [--model.KEY=VALUE ...]   validate a model config, print its parameter\n"
-            "                                    table and counts\n"
+            "  params [CONFIG.yaml] [--model.KEY=VALUE ...]\n"
+            "                                    validate a model config (a run config's model\n"
+            "                                    section, then overrides), print its parameter table\n"
+            "                                    and counts\n"
             "  --version                        version and compiled backends\n"
             "  --help                           this text\n"
             "\n"
@@ -63,16 +66,32 @@ static void parse_model_args(ModelConfig *c, int argc, char **argv) {
 static int cmd_params(int argc, char **argv) {
     ModelConfig cfg;
     model_config_defaults(&cfg);
+    char err[512];
+    if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+        printf("usage: moecore params [CONFIG.yaml] [--model.KEY=VALUE ...]\n");
+        return 0;
+    }
+    if (argc > 0 && strncmp(argv[0], "--", 2) != 0) { // a run config: take its model section
+        RunConfig rc;
+        run_config_defaults(&rc);
+        if (run_config_load_yaml(&rc, argv[0], err, sizeof err)) {
+            fprintf(stderr, "moecore: error: %s\n", err);
+            return 2;
+        }
+        cfg = rc.model;
+        argc--;
+        argv++;
+    }
     parse_model_args(&cfg, argc, argv);
-    Model m;
-    char err[256];
-    if (model_init(&m, &cfg, &ops_cpu, err, sizeof err)) {
+    // the table alone (no buffers: OLMoE-1B-7B's would need 55 GB)
+    ParamTable table;
+    if (model_param_table(&cfg, &table, err, sizeof err)) {
         fprintf(stderr, "moecore: error: invalid model config: %s\n", err);
         return 2;
     }
     printf("%-44s %-20s %12s  %s\n", "name", "shape", "elements", "class");
-    for (int i = 0; i < m.table.n; i++) {
-        const ParamEntry *e = &m.table.entries[i];
+    for (int i = 0; i < table.n; i++) {
+        const ParamEntry *e = &table.entries[i];
         char shape[64];
         int n = snprintf(shape, sizeof shape, "[");
         for (int d = 0; d < e->ndim; d++)
@@ -80,11 +99,11 @@ static int cmd_params(int argc, char **argv) {
         snprintf(shape + n, sizeof shape - n, "]");
         printf("%-44s %-20s %12zu  %s\n", e->name, shape, e->numel, e->cls == CLASS_EXPERT ? "expert" : "dense");
     }
-    size_t total = param_total(&m.table);
+    size_t total = param_total(&table);
     printf("\nparameters: %zu total (%zu dense, %zu expert); %.0f matmul parameters active per token\n",
-           total, m.table.class_numel[CLASS_DENSE], m.table.class_numel[CLASS_EXPERT],
-           model_active_matmul_params(&m.cfg));
-    model_free(&m);
+           total, table.class_numel[CLASS_DENSE], table.class_numel[CLASS_EXPERT],
+           model_active_matmul_params(&cfg));
+    param_table_free(&table);
     return 0;
 }
 

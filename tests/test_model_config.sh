@@ -38,5 +38,13 @@ expect_error "did you mean model.d_model" --model.d_modle=64
 expect_ok --model.d_model=64 --model.n_heads=4 --model.n_kv_heads=2
 expect_ok --model.n_experts=8 --model.top_k=8
 expect_ok --model.d_model=96 --model.n_heads=4 --model.head_dim=32
+# a run config's model section, then overrides on top of it
+expect_ok configs/olmoe-1b-7b.yaml
+out=$("$bin" params configs/olmoe-1b-7b.yaml --model.n_layers=2 | tail -n 1)
+# 2 x 64 x 3 x 2048 x 1024 expert + 2 x 50304 x 2048 embeddings + 2 x (4 x 2048^2
+# attention + 64 x 2048 router + 4 x 2048 norms) + 2048 final norm
+case $out in *"parameters: 1045186560 total"*) echo "ok: config + override: $out" ;;
+  *) echo "FAIL: params of OLMoE-1B-7B with 2 layers: $out"; fails=$((fails+1)) ;; esac
+"$bin" params /nonexistent.yaml > /dev/null 2>&1 && { echo "FAIL: accepted a missing config"; fails=$((fails+1)); }
 echo "$fails failures"
 [ $fails -eq 0 ]
