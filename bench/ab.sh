@@ -2,6 +2,7 @@
 # A/B measurements for issue #6 on one GPU, in one device call. Each
 # argument is a step:
 #   gemm:ENV=V,ENV=V     test_cuda_gemm (checks + timings) under those variables
+#   attn:ENV=V,...       test_cuda_attention likewise
 #   model                test_cuda_model
 #   kernels              the kernel table (build/tests/gpu/bench_kernels)
 #   bench:NAME:ENV=V,..:CONFIG[:--key=value...]   moecore bench of one config
@@ -32,6 +33,13 @@ for step in "$@"; do
       if [ $rc = 124 ]; then echo "   timed out (a hang?): stopping here" >> "$summary"; tail -n 5 "$log" >> "$summary"; break; fi
       grep -E "^FAIL" "$log" | head -n 5 >> "$summary"
       grep -iE "^time .*olmoe" "$log" >> "$summary" ;;
+    attn:*)
+      e=${step#attn:}
+      log="$out/attn$n.log"
+      env $(envs "$e") timeout 200 build/tests/gpu/test_cuda_attention > "$log" 2>&1
+      echo "== attention [$e] exit $? ($(( $(date +%s) - t0 )) s): $(grep -c '^FAIL' "$log") FAIL, $(tail -n 1 "$log")" >> "$summary"
+      grep -E "^FAIL" "$log" | head -n 5 >> "$summary"
+      grep -E "^time .*T=4096|differ|variant" "$log" | head -n 30 >> "$summary" ;;
     model)
       log="$out/model.log"
       timeout 300 build/tests/gpu/test_cuda_model > "$log" 2>&1
@@ -53,4 +61,6 @@ for step in "$@"; do
     *) echo "unknown step $step" >> "$summary" ;;
   esac
 done
+# few files come back from a lent machine: the logs travel as one archive
+(cd "$out" && tar czf logs.tgz --remove-files *.log 2>/dev/null)
 cat "$summary"

@@ -5,7 +5,17 @@
 //  3. causality: changing k/v at position s leaves out, saved and dq at
 //     t < s bit-identical;
 //  4. at B=1 T=4096 H=16 hd=128, two whole heads against the CPU, then the
-//     forward and backward times and TFLOP/s.
+//     forward and backward times and TFLOP/s;
+//  5. head dim 128 has a second set of kernels (attention.cu, MOECORE_ATTN:
+//     1 the first set, 3 the second everywhere, 2 or unset the second where
+//     its grid is large enough and without GQA): sections 1-4 check what the
+//     environment selects (run the program with MOECORE_ATTN=1 and =3 to
+//     check both sets against the CPU); this section runs sets 1 and 3 on the same
+//     inputs at hd=128 (small shapes with tails and GQA, and B=1..2 T=4096
+//     H=8/16), compares them (the second set does the same arithmetic in the
+//     same order, so 0 differing elements is expected; the check allows
+//     rounding-level differences that stay within 1e-2 at every position),
+//     and at T=4096 times 1, 2 and 3.
 //
 // Tolerance 1e-2 (relative L2): the inputs are the same BF16 values on both
 // sides, but the GPU writes BF16 outputs (relative rounding 2^-9 ~ 2e-3 per
@@ -22,6 +32,10 @@
 
 // ops_cuda.cu (declared only in cuda_common.cuh, which is C++)
 cudaStream_t cuda_stream(void);
+// attention.cu: the kernel choice in use for head dim 128 (1, 2 or 3 as
+// MOECORE_ATTN), and setting it whatever the environment says
+int cuda_attention_variant(void);
+void cuda_attention_set_variant(int variant);
 
 #define TOL 1e-2
 #define LSE_TOL 1e-4
@@ -367,7 +381,127 @@ static void test_large(void) {
     cuda_free(dkd); cuda_free(dvd); cuda_free(saved); cuda_free(scr);
 }
 
+// ---- 5. the two kernel sets of head dim 128 against each other, and timed -------
+
+// Set 2 against set 1 ([B,T,NH,w] BF16, or [B,NH,T] f32 with w = 0):
+// how many elements differ in bits; passes when the relative L2 difference of
+// every position (b, t) (every (b, h) row for the f32 statistic) is <= tol.
+static int variants_agree(const char *what, const void *a1, const void *a2, int f32, int B, int T, int NH, int w,
+                          double tol) {
+    size_t n = f32 ? (size_t)B * NH * T : (size_t)B * T * NH * w, differ = 0;
+    size_t rowlen = f32 ? (size_t)T : (size_t)NH * w, nrows = n / rowlen, worst_row = 0;
+    double worst = 0;
+    for (size_t r = 0; r < nrows; r++) {
+        double dn = 0, rn = 0;
+        for (size_t j = 0; j < rowlen; j++) {
+            size_t i = r * rowlen + j;
+            double x, y;
+            if (f32) {
+                x = ((const float *)a1)[i];
+                y = ((const float *)a2)[i];
+                differ += memcmp((const float *)a1 + i, (const float *)a2 + i, 4) != 0;
+            } else {
+                x = bf2f(((const uint16_t *)a1)[i]);
+                y = bf2f(((const uint16_t *)a2)[i]);
+                differ += ((const uint16_t *)a1)[i] != ((const uint16_t *)a2)[i];
+            }
+            if (!isfinite(x) || !isfinite(y)) { dn = INFINITY; continue; }
+            dn += (x - y) * (x - y);
+            rn += x * x;
+        }
+        double e = rn > 0 ? sqrt(dn / rn) : sqrt(dn);
+        if (!(e <= worst)) { worst = e; worst_row = r; }
+    }
+    int ok = worst <= tol;
+    printf("%s %-48s %zu of %zu differ in bits, worst %s rel diff %.2g at %zu\n", ok ? "ok  " : "FAIL", what, differ,
+           n, f32 ? "(b,h)" : "(b,t)", worst, worst_row);
+    if (ok) gt_pass++; else gt_fail++;
+    return ok;
+}
+
+// MOECORE_ATTN=1 and =3 (the two kernel sets) on the same random inputs;
+// compare every output. With timing, also the median forward and backward
+// times of 1, 2 and 3.
+static void compare_variants(int B, int T, int H, int KV, int timing) {
+    const int hd = 128;
+    char sh[96], name[160];
+    snprintf(sh, sizeof sh, "B=%d T=%d H=%d KV=%d", B, T, H, KV);
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
+    float *q = gt_rand(nq, 1.f), *k = gt_rand(nk, 1.f), *v = gt_rand(nk, 1.f), *dout = gt_rand(nq, 1.f);
+    void *qd = gt_dev_bf16(q, nq), *kd = gt_dev_bf16(k, nk), *vd = gt_dev_bf16(v, nk), *dod = gt_dev_bf16(dout, nq);
+    free(q); free(k); free(v); free(dout);
+    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, hd);
+    void *outd = cuda_alloc(nq * 2), *dqd = cuda_alloc(nq * 2), *dkd = cuda_alloc(nk * 2), *dvd = cuda_alloc(nk * 2);
+    float *saved = cuda_alloc(ns * 4), *scr = cuda_alloc(nscr * 4);
+    void *res[2][5];
+    float ms[3][2] = {{0}};
+    for (int var = 1; var <= 3; var++) {
+        if (var == 2 && !timing) continue;
+        cuda_attention_set_variant(var);
+        gt_poison(outd, nq * 2);
+        gt_poison(saved, ns * 4);
+        gt_poison(dqd, nq * 2);
+        gt_poison(dkd, nk * 2);
+        gt_poison(dvd, nk * 2);
+        gt_poison(scr, nscr * 4);
+        cuda_attention_forward(outd, saved, qd, kd, vd, B, T, H, KV, hd);
+        cuda_attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, scr, B, T, H, KV, hd);
+        if (var != 2) {
+            void **r = res[var == 1 ? 0 : 1];
+            r[0] = host_bytes(outd, nq * 2);
+            r[1] = host_bytes(saved, ns * 4);
+            r[2] = host_bytes(dqd, nq * 2);
+            r[3] = host_bytes(dkd, nk * 2);
+            r[4] = host_bytes(dvd, nk * 2);
+        }
+        if (!timing) continue;
+        cudaStream_t st = cuda_stream();
+        cudaEvent_t e0, e1;
+        ck(cudaEventCreate(&e0), "event create");
+        ck(cudaEventCreate(&e1), "event create");
+        for (int pass = 0; pass < 2; pass++) {
+            float t[10];
+            for (int rep = -3; rep < 10; rep++) {
+                ck(cudaEventRecord(e0, st), "event record");
+                if (pass == 0) cuda_attention_forward(outd, saved, qd, kd, vd, B, T, H, KV, hd);
+                else cuda_attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, scr, B, T, H, KV, hd);
+                ck(cudaEventRecord(e1, st), "event record");
+                ck(cudaEventSynchronize(e1), "event sync");
+                if (rep >= 0) ck(cudaEventElapsedTime(&t[rep], e0, e1), "event elapsed");
+            }
+            qsort(t, 10, sizeof(float), cmp_float);
+            ms[var - 1][pass] = (t[4] + t[5]) / 2;
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    const char *names[5] = {"out", "lse2", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(name, sizeof name, "set 2 = set 1: %-4s %s", names[i], sh);
+        int nh = i == 3 || i == 4 ? KV : H;
+        variants_agree(name, res[0][i], res[1][i], i == 1, B, T, nh, i == 1 ? 0 : hd, i == 1 ? LSE_TOL : TOL);
+        free(res[0][i]);
+        free(res[1][i]);
+    }
+    if (timing) {
+        double fwd_flop = 4.0 * B * H * (double)T * T * hd / 2, bwd_flop = 2.5 * fwd_flop;
+        for (int pass = 0; pass < 2; pass++) {
+            double flop = pass == 0 ? fwd_flop : bwd_flop;
+            printf("time %-8s %s hd=128 causal, MOECORE_ATTN=1 / 2 / 3:", pass == 0 ? "forward" : "backward", sh);
+            for (int var = 0; var < 3; var++)
+                printf(" %.3f ms %.1f TFLOP/s x%.2f%s", ms[var][pass], flop / (ms[var][pass] * 1e-3) / 1e12,
+                       ms[0][pass] / ms[var][pass], var < 2 ? " /" : "\n");
+        }
+    }
+    cuda_free(qd); cuda_free(kd); cuda_free(vd); cuda_free(dod); cuda_free(outd); cuda_free(dqd);
+    cuda_free(dkd); cuda_free(dvd); cuda_free(saved); cuda_free(scr);
+}
+
 int main(void) {
+    int variant = cuda_attention_variant();
+    const char *env = getenv("MOECORE_ATTN");
+    printf("-- head dim 128 runs kernel choice %d (MOECORE_ATTN=%s; 1 set 1, 2 (default) set 2 on large grids, 3 set 2)\n",
+           variant, env ? env : "unset");
     test_shape(2, 37, 4, 2, 16);
     test_shape(1, 128, 4, 4, 32);
     test_shape(2, 200, 8, 2, 64);
@@ -375,5 +509,14 @@ int main(void) {
     test_shape(3, 1, 2, 1, 32);   // a single position: out = v
     test_shape(1, 97, 6, 3, 128); // GQA groups of 2, a tail in every tile size
     test_large();
+    printf("-- head dim 128: kernel set 2 (MOECORE_ATTN=3) against set 1\n");
+    compare_variants(1, 97, 6, 3, 0);
+    compare_variants(2, 200, 4, 1, 0);
+    compare_variants(1, 129, 2, 2, 0);
+    compare_variants(1, 4096, 16, 16, 1);
+    compare_variants(1, 4096, 8, 8, 1);
+    compare_variants(2, 4096, 16, 16, 1);
+    compare_variants(1, 4096, 16, 4, 1);
+    cuda_attention_set_variant(variant);
     return gt_finish();
 }

@@ -30,6 +30,9 @@
 //
 // Head dims 16, 32, 64 and 128 are compiled; tails of T are masked
 // (zero-filled loads, guarded stores).
+//
+// Head dim 128 also has a second set of kernels ("variant 2", below the
+// first), with bigger warp tiles; MOECORE_ATTN chooses (see the launchers).
 #include <math.h>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -575,7 +578,7 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
     store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 16, lane);
 }
 
-// ---- variant 2 (MOECORE_ATTN=2), head dim 128 --------------------------------
+// ---- variant 2 (MOECORE_ATTN=2 or 3), head dim 128 ---------------------------
 //
 // The same function, and the same arithmetic in the same order as the kernels
 // above (so the outputs are expected to be bit-identical to them), on bigger
@@ -589,11 +592,15 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 //             kernel above: 128 on 64).
 //   dQ        4 warps x 32 query rows (BR = 128), 32 keys per step, Q and dO
 //             re-read from shared memory: 192 MMAs on 80 ldmatrix (was 96 on 48).
-//   dK/dV     8 warps, 128 keys per block, 64 queries per step, FA2's split:
-//             phase 1, warp tile 32 keys x 32 queries of P^T and dS^T (BF16 to
-//             shared memory); phase 2, warp tile 32 keys x 64 columns of dK
-//             and dV from those. 256 MMAs on ~120 ldmatrix-equivalents (was
-//             256 on 160).
+//   dK/dV     8 warps, 128 keys per block, 64 queries per step, FA2's split
+//             through shared memory: phase 1, warp tile 32 keys x 32 queries
+//             of P^T and dS^T (to shared memory as the BF16 that mma_pv
+//             packs above); phase 2, warp tile 32 keys x 128 columns of dV
+//             (warps 0-3) or dK (warps 4-7) from those. Per step a warp does
+//             256 MMAs on 104 ldmatrix.x4 and 32 4-byte stores (was 256 on
+//             160).
+// Selected by MOECORE_ATTN (see the launchers); sizes of saved and scratch
+// are those of the kernels above.
 
 namespace v2 {
 
@@ -709,7 +716,7 @@ __device__ __forceinline__ void fwd_block(float (&o)[2][HD / 8][4], float (&m)[2
         for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float x = s[mt][nt][e] * scale_log2;
+                float x = __fmul_rn(s[mt][nt][e], scale_log2); // not fused with the "- base" below, as above
                 if (MASK && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + mt * 16 + g + (e >> 1) * 8) x = -INFINITY;
                 s[mt][nt][e] = x;
             }
@@ -926,13 +933,15 @@ struct BwdKV {
 };
 
 // grid (KV, B, key blocks of 128), heaviest (first) key blocks first.
-// Per step (one head of the group, 64 queries qr..):
+// Steps run over the heads of the group, and for each over the query blocks
+// of 64 at or after the key block (the order of the kernel above). Per step:
 //   phase 1, warp (kw = warp & 3, qw = warp >> 2): keys 32 kw.., queries
 //     32 qw..: S^T = K Q^T, P^T, dP^T = V dO^T, dS^T = P^T (dP^T - D),
 //     both to shared memory as BF16 (the values mma_pv packs above);
-//   phase 2, warp (kw, hw = warp >> 2): keys 32 kw.., columns 64 hw.. of
-//     dV += P^T dO and dK += dS^T Q, over the 16-query chunks in order,
-//     skipping the chunks that no key of the warp sees.
+//   phase 2, warp (kw, hw = warp >> 2): keys 32 kw.., all columns of
+//     dV += P^T dO (hw = 0) or dK += dS^T Q (hw = 1), over the 16-query
+//     chunks in order, skipping the chunks that no key of the warp sees
+//     (whose phase-1 tiles were skipped too, so never read stale).
 __global__ void __launch_bounds__(BwdKV::NT, 1)
     backward_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
                         const float *lse2, const float *D, int T, int H, int KV, float scale_log2, float scale) {
@@ -1106,19 +1115,39 @@ static void allow_smem(K kernel, size_t bytes, bool *done) {
 
 static inline float log2e_scale(int hd) { return (float)(1.4426950408889634 / sqrt((double)hd)); }
 
-// MOECORE_ATTN=2 selects the variant-2 kernels (head dim 128); unset or any
-// other value keeps the kernels above. Read once, at the first attention call.
+// MOECORE_ATTN selects the kernels of head dim 128 (other head dims always
+// run the kernels above); read once, at the first attention call:
+//   1: the kernels above;
+//   2 (the default; unset or anything else): variant 2's dK/dV kernel
+//      without GQA (H == KV), and its forward and dQ kernels (128 queries
+//      per block, 2 blocks per SM) where their grid has more blocks than one
+//      wave (2 per SM): on fewer, the longest causal block sets the time and
+//      the kernels above, with half as many queries per block, finish first;
+//   3: every variant-2 kernel whatever the shape (tests, measurements).
+// Measured on an H200 (T=4096, hd=128, 2026-11-30; test_cuda_attention),
+// variant 2 over the kernels above: forward x1.33 with B H >= 16 (x0.82
+// with B=1 H=8: one wave), backward x1.04-1.05 without GQA, x0.94 with 4
+// query heads per kv head.
+// Both sets compute the same function with the same arithmetic (results are
+// expected to be bit-identical), so the choice does not change numerics.
 static int attn_variant_;
 static int attn_variant(void) {
     if (!attn_variant_) {
         const char *s = getenv("MOECORE_ATTN");
-        attn_variant_ = s && atoi(s) == 2 ? 2 : 1;
+        int v = s ? atoi(s) : 2;
+        attn_variant_ = v == 1 || v == 3 ? v : 2;
     }
     return attn_variant_;
 }
-// For tests: the variant in use, and setting it (1 or 2) whatever the environment says.
+// For tests: the variant in use, and setting it (1, 2 or 3) whatever the environment says.
 extern "C" int cuda_attention_variant(void) { return attn_variant(); }
-extern "C" void cuda_attention_set_variant(int variant) { attn_variant_ = variant == 2 ? 2 : 1; }
+extern "C" void cuda_attention_set_variant(int variant) { attn_variant_ = variant == 1 || variant == 3 ? variant : 2; }
+
+// Whether variant 2's query-block kernels (forward, dQ) run this shape.
+static bool v2_qblocks(int B, int T, int H) {
+    int v = attn_variant();
+    return v == 3 || (v == 2 && (long)B * H * ceil_div(T, v2::Fwd::BR) > 2L * cuda_num_sms());
+}
 
 static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
                        int KV) {
@@ -1130,33 +1159,32 @@ static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, con
     cudaLaunchCheck();
 }
 
-static void backward_v2(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse2, const bf16 *q,
-                        const bf16 *k, const bf16 *v, const float *D, int B, int T, int H, int KV) {
-    float sl2 = log2e_scale(128), scale = (float)(1.0 / sqrt(128.0));
-    {
-        using Cfg = v2::BwdQ;
-        static bool smem_set;
-        allow_smem(v2::backward_dq_kernel, Cfg::SMEM, &smem_set);
-        dim3 grid(H, B, ceil_div(T, Cfg::BR));
-        v2::backward_dq_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, q, k, v, dout, lse2, D, T, H, KV,
-                                                                            sl2, scale);
-        cudaLaunchCheck();
-    }
-    {
-        using Cfg = v2::BwdKV;
-        static bool smem_set;
-        allow_smem(v2::backward_dkv_kernel, Cfg::SMEM, &smem_set);
-        dim3 grid(KV, B, ceil_div(T, Cfg::BC));
-        v2::backward_dkv_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dk, dv, q, k, v, dout, lse2, D, T, H,
-                                                                             KV, sl2, scale);
-        cudaLaunchCheck();
-    }
+static void backward_dq_v2(bf16 *dq, const bf16 *dout, const float *lse2, const bf16 *q, const bf16 *k,
+                           const bf16 *v, const float *D, int B, int T, int H, int KV) {
+    using Cfg = v2::BwdQ;
+    static bool smem_set;
+    allow_smem(v2::backward_dq_kernel, Cfg::SMEM, &smem_set);
+    dim3 grid(H, B, ceil_div(T, Cfg::BR));
+    v2::backward_dq_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
+        dq, q, k, v, dout, lse2, D, T, H, KV, log2e_scale(128), (float)(1.0 / sqrt(128.0)));
+    cudaLaunchCheck();
+}
+
+static void backward_dkv_v2(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse2, const bf16 *q, const bf16 *k,
+                            const bf16 *v, const float *D, int B, int T, int H, int KV) {
+    using Cfg = v2::BwdKV;
+    static bool smem_set;
+    allow_smem(v2::backward_dkv_kernel, Cfg::SMEM, &smem_set);
+    dim3 grid(KV, B, ceil_div(T, Cfg::BC));
+    v2::backward_dkv_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
+        dk, dv, q, k, v, dout, lse2, D, T, H, KV, log2e_scale(128), (float)(1.0 / sqrt(128.0)));
+    cudaLaunchCheck();
 }
 
 template <int HD>
 static void forward_hd(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
                        int KV) {
-    if (HD == 128 && attn_variant() == 2) {
+    if (HD == 128 && v2_qblocks(B, T, H)) {
         forward_v2(out, lse2, q, k, v, B, T, H, KV);
         return;
     }
@@ -1176,12 +1204,10 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
     attention_backward_d_kernel<HD><<<ceil_div(threads, 256), 256, 0, cuda_stream()>>>(D, out, dout, B, T, H);
     cudaLaunchCheck();
 
-    if (HD == 128 && attn_variant() == 2) {
-        backward_v2(dq, dk, dv, dout, lse2, q, k, v, D, B, T, H, KV);
-        return;
-    }
     float sl2 = log2e_scale(HD), scale = (float)(1.0 / sqrt((double)HD));
-    {
+    if (HD == 128 && v2_qblocks(B, T, H)) {
+        backward_dq_v2(dq, dout, lse2, q, k, v, D, B, T, H, KV);
+    } else {
         using Cfg = BwdQCfg<HD>;
         static bool smem_set;
         allow_smem(attention_backward_dq_kernel<HD>, Cfg::SMEM, &smem_set);
@@ -1190,7 +1216,9 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
                                                                                    T, H, KV, sl2, scale);
         cudaLaunchCheck();
     }
-    {
+    if (HD == 128 && (attn_variant() == 3 || (attn_variant() == 2 && H == KV))) {
+        backward_dkv_v2(dk, dv, dout, lse2, q, k, v, D, B, T, H, KV);
+    } else {
         using Cfg = BwdKVCfg<HD>;
         static bool smem_set;
         allow_smem(attention_backward_dkv_kernel<HD>, Cfg::SMEM, &smem_set);

@@ -640,12 +640,25 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
                  : "memory");
 }
 
+// The weight-grad (mode WS_WGRAD) uses the same ring: dw[e][M, N] +=
+// A_e^T B_e with A = dout [rows, M] and B = inp [rows, N], both read
+// M/N-major in 64 x 64 boxes (two for A's 128 rows of M, four for B), K =
+// the expert's rows. A box that runs past the segment reads the next
+// expert's rows, so on a tile's last, partial K step each consumer
+// warpgroup zeroes the K rows past the segment in its half of A (then the
+// products with whatever B holds there are zero) and fences before its
+// wgmma; the tile is added into dw by red_add_quad.
+enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2 };
+
 // out[R, N] = A[R, K] B_e^T (forward: B_e [N, K]) or A[R, K] B_e (data-grad:
-// B_e [K, N]), plus A2 B2_e when pair; N >= 256.
-template <bool DGRAD>
+// B_e [K, N]), plus A2 B2_e when pair; or dw (weight-grad, above; M rows,
+// vec4 as red_add_quad's, K unused). N >= 256.
+template <int MODE>
 __global__ void __launch_bounds__(WS_THREADS, 1)
-grouped_ws_kernel(bf16 *out, const __grid_constant__ WsMaps maps, int pair, const int *offsets, int E, int N, int K) {
+grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, const int *offsets, int E, int M, int N,
+                  int K, int vec4) {
     constexpr int S = WS_STAGES, BN = WS_BN;
+    constexpr bool DGRAD = MODE == WS_DGRAD, WGRAD = MODE == WS_WGRAD;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t tiles = (raw + 1023) & ~1023u;
@@ -661,8 +674,20 @@ grouped_ws_kernel(bf16 *out, const __grid_constant__ WsMaps maps, int pair, cons
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     grouped_load_offsets<WS_THREADS>(offsets, E, s_off); // ends with a barrier
-    int total = grouped_tile_prefix<WG_BM>(s_off, E, col_tiles, s_tile);
-    int kt1 = (K + WG_BK - 1) / WG_BK, ktiles = (pair ? 2 : 1) * kt1;
+    int total, per_e = 1;
+    if constexpr (WGRAD) {
+        per_e = (M + WG_BM - 1) / WG_BM * col_tiles;
+        total = E * per_e;
+    } else {
+        total = grouped_tile_prefix<WG_BM>(s_off, E, col_tiles, s_tile);
+    }
+    // the tiles this block takes (weight-grad: skipping experts without rows)
+    auto first = [&]() { return WGRAD ? wgrad_skip_empty(blockIdx.x, total, gridDim.x, s_off, per_e) : (int)blockIdx.x; };
+    auto next = [&](int t) { return WGRAD ? wgrad_skip_empty(t + gridDim.x, total, gridDim.x, s_off, per_e) : t + (int)gridDim.x; };
+    auto tile_at = [&](int t) {
+        return WGRAD ? wgrad_locate(t, s_off, per_e, col_tiles, BN) : locate(t, s_off, s_tile, E, col_tiles, BN);
+    };
+    int kt1 = (K + WG_BK - 1) / WG_BK, dgrad_kt = (pair ? 2 : 1) * kt1;
     int wg = threadIdx.x >> 7;
 
     if (wg == 0) { // producer: one thread issues every load
@@ -670,19 +695,27 @@ grouped_ws_kernel(bf16 *out, const __grid_constant__ WsMaps maps, int pair, cons
         if (threadIdx.x != 0) return;
         int slot = 0;
         uint32_t phase = 0;
-        for (int t = blockIdx.x; t < total; t += gridDim.x) {
-            Tile tl = locate(t, s_off, s_tile, E, col_tiles, BN);
+        for (int t = first(); t < total; t = next(t)) {
+            Tile tl = tile_at(t);
+            int ktiles = WGRAD ? (tl.rows + WG_BK - 1) / WG_BK : dgrad_kt;
             for (int kt = 0; kt < ktiles; kt++) {
                 mbar_wait(empty0 + 8 * slot, phase ^ 1); // a fresh barrier passes parity 1 at once
                 uint32_t st = tiles + slot * WsCfg::STAGE_BYTES, fb = full0 + 8 * slot;
                 mbar_expect_tx(fb, WsCfg::STAGE_BYTES);
-                bool second = kt >= kt1;
+                bool second = kt >= kt1 && !WGRAD;
                 int k0 = (second ? kt - kt1 : kt) * WG_BK;
                 const CUtensorMap *ma = second ? &maps.a2 : &maps.a, *mb = second ? &maps.b2 : &maps.b;
-                tma_load_2d(st, ma, k0, tl.r0 + tl.m0, fb);
-                if constexpr (!DGRAD) {
+                if constexpr (WGRAD) {
+                    tma_load_2d(st, ma, tl.m0, tl.r0 + k0, fb);
+                    tma_load_2d(st + MN_LBO, ma, tl.m0 + 64, tl.r0 + k0, fb);
+#pragma unroll
+                    for (int j = 0; j < BN / 64; j++)
+                        tma_load_2d(st + WsCfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.r0 + k0, fb);
+                } else if constexpr (!DGRAD) {
+                    tma_load_2d(st, ma, k0, tl.r0 + tl.m0, fb);
                     tma_load_2d(st + WsCfg::A_BYTES, mb, k0, tl.e * N + tl.n0, fb);
                 } else {
+                    tma_load_2d(st, ma, k0, tl.r0 + tl.m0, fb);
 #pragma unroll
                     for (int j = 0; j < BN / 64; j++)
                         tma_load_2d(st + WsCfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.e * K + k0, fb);
@@ -704,20 +737,41 @@ grouped_ws_kernel(bf16 *out, const __grid_constant__ WsMaps maps, int pair, cons
     float acc[WsCfg::ACC];
 #pragma unroll
     for (int i = 0; i < WsCfg::ACC; i++) acc[i] = 0.0f;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        Tile tl = locate(t, s_off, s_tile, E, col_tiles, BN);
+    for (int t = first(); t < total; t = next(t)) {
+        Tile tl = tile_at(t);
+        int ktiles = WGRAD ? (tl.rows + WG_BK - 1) / WG_BK : dgrad_kt;
         int prev = 0;
         for (int kt = 0; kt < ktiles; kt++) {
             mbar_wait(full0 + 8 * slot, phase);
             uint32_t st = tiles + slot * WsCfg::STAGE_BYTES;
-            uint64_t da = smem_desc(st + cw * 64 * 128);
+            if constexpr (WGRAD) {
+                int valid = tl.rows - kt * WG_BK; // K rows of this step inside the segment
+                if (valid < WG_BK) { // zero this warpgroup's A rows valid..63 (128 bytes each)
+                    uint32_t a0 = st + cw * MN_LBO;
+                    int ct = threadIdx.x & 127;
+                    for (int i = ct; i < (WG_BK - valid) * 8; i += 128) {
+                        int kr = valid + (i >> 3);
+                        uint32_t addr = a0 + (kr >> 3) * MN_SBO + (kr & 7) * 128 + (i & 7) * 16;
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+                    }
+                    fence_proxy_async(); // generic writes before the async-proxy reads
+                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+                }
+            }
             wgmma_fence();
-            if constexpr (!DGRAD) {
+            if constexpr (WGRAD) {
+                uint64_t da = smem_desc_mn(st + cw * MN_LBO), db = smem_desc_mn(st + WsCfg::A_BYTES);
+#pragma unroll
+                for (int kk = 0; kk < WG_BK / 16; kk++)
+                    wgmma_n256<1, 1>(acc, da + (uint64_t)MN_KSTEP_DESC * kk, db + (uint64_t)MN_KSTEP_DESC * kk,
+                                     kt > 0 || kk > 0);
+            } else if constexpr (!DGRAD) {
+                uint64_t da = smem_desc(st + cw * 64 * 128);
                 uint64_t db = smem_desc(st + WsCfg::A_BYTES);
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; kk++) wgmma_n256<0, 0>(acc, da + 2 * kk, db + 2 * kk, kt > 0 || kk > 0);
             } else {
-                uint64_t db = smem_desc_mn(st + WsCfg::A_BYTES);
+                uint64_t da = smem_desc(st + cw * 64 * 128), db = smem_desc_mn(st + WsCfg::A_BYTES);
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; kk++)
                     wgmma_n256<0, 1>(acc, da + 2 * kk, db + (uint64_t)MN_KSTEP_DESC * kk, kt > 0 || kk > 0);
@@ -736,9 +790,20 @@ grouped_ws_kernel(bf16 *out, const __grid_constant__ WsMaps maps, int pair, cons
 
         // acc[4 j + h]: row 16 warp + lane / 4 + 8 (h / 2), column
         // 8 j + 2 (lane % 4) + h % 2 of this warpgroup's 64 x 256 block
-        bf16 *o = out + (size_t)tl.r0 * N;
         int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2);
         int c0 = tl.n0 + 2 * (lane & 3);
+        if constexpr (WGRAD) { // dw += acc: this block alone owns the tile
+            float *o = (float *)out + (size_t)tl.e * M * N;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                int c = c0 + 8 * j;
+                bool c_ok = c < N;
+                red_add_quad(o + (size_t)r * N, o + (size_t)(r + 8) * N, c, acc[4 * j], acc[4 * j + 1],
+                             acc[4 * j + 2], acc[4 * j + 3], c_ok && r < M, c_ok && r + 8 < M, vec4);
+            }
+            continue;
+        }
+        bf16 *o = (bf16 *)out + (size_t)tl.r0 * N;
         bool lo_ok = r < tl.rows, hi_ok = r + 8 < tl.rows;
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
@@ -758,6 +823,7 @@ grouped_ws_kernel(bf16 *out, const __grid_constant__ WsMaps maps, int pair, cons
 // ---- host side of the TMA kernels ----------------------------------------------
 
 int wgmma_bn(int N);
+extern "C" int wgrad_vec4(const float *dw); // gemm.cu
 
 // cuTensorMapEncodeTiled and cuMemGetAddressRange from the driver (the
 // runtime is linked statically; the driver is loaded by it): 1 when found.
@@ -814,38 +880,51 @@ static int tma_wanted(void) {
     return v;
 }
 
-// Forward (dgrad 0: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C])
-// or data-grad (dgrad 1: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC],
-// B = w [E*OC, C] N-major) on the warp-specialised kernel: 0 when it ran,
-// -1 (nothing launched) when it does not take the call.
-static int launch_ws(int dgrad, void *out, const void *A, const void *B, const void *A2, const void *B2,
+// Forward (WS_FWD: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C]),
+// data-grad (WS_DGRAD: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC], B =
+// w [E*OC, C] N-major) or weight-grad (WS_WGRAD: dw[e][OC, C] += A_e^T B_e,
+// A = dout [., OC], B = inp [., C]) on the warp-specialised kernel: 0 when
+// it ran, -1 (nothing launched) when it does not take the call.
+static int launch_ws(int mode, void *out, const void *A, const void *B, const void *A2, const void *B2,
                      const int *offsets, int E, int C, int OC) {
-    int N = dgrad ? C : OC, K = dgrad ? OC : C;
+    int N = mode == WS_FWD ? OC : C, K = mode == WS_FWD ? C : OC;
     if (!tma_wanted() || N < WS_BN || wgmma_bn(N) != WS_BN || !tma_available()) return -1;
     WsMaps maps;
     memset(&maps, 0, sizeof maps);
-    uint64_t rows = rows_to_end(A, K);
-    if (tensor_map(&maps.a, A, K, rows, 64, WG_BM)) return -1;
-    if (dgrad ? tensor_map(&maps.b, B, C, (uint64_t)E * OC, 64, 64) : tensor_map(&maps.b, B, C, (uint64_t)E * OC, 64, WS_BN))
-        return -1;
-    if (A2) {
-        if (tensor_map(&maps.a2, A2, K, rows_to_end(A2, K), 64, WG_BM)) return -1;
-        if (tensor_map(&maps.b2, B2, C, (uint64_t)E * OC, 64, 64)) return -1;
+    if (mode == WS_WGRAD) { // both M/N-major, rows bounded by their allocations
+        if (tensor_map(&maps.a, A, OC, rows_to_end(A, OC), 64, 64)) return -1;
+        if (tensor_map(&maps.b, B, C, rows_to_end(B, C), 64, 64)) return -1;
+    } else {
+        if (tensor_map(&maps.a, A, K, rows_to_end(A, K), 64, WG_BM)) return -1;
+        if (tensor_map(&maps.b, B, C, (uint64_t)E * OC, 64, mode == WS_DGRAD ? 64 : WS_BN)) return -1;
+        if (A2) {
+            if (tensor_map(&maps.a2, A2, K, rows_to_end(A2, K), 64, WG_BM)) return -1;
+            if (tensor_map(&maps.b2, B2, C, (uint64_t)E * OC, 64, 64)) return -1;
+        }
     }
     int smem = WsCfg::TILE_BYTES + 1024 + 16 * WS_STAGES + 2 * (E + 1) * (int)sizeof(int);
     if (smem > WG_SMEM_LIMIT) return -1;
-    const void *kernel = dgrad ? (const void *)grouped_ws_kernel<true> : (const void *)grouped_ws_kernel<false>;
-    static int smem_set[2];
-    if (smem > smem_set[dgrad]) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        smem_set[dgrad] = smem;
+    static const void *const kernels[3] = {(const void *)grouped_ws_kernel<WS_FWD>,
+                                           (const void *)grouped_ws_kernel<WS_DGRAD>,
+                                           (const void *)grouped_ws_kernel<WS_WGRAD>};
+    static int smem_set[3];
+    if (smem > smem_set[mode]) {
+        cudaCheck(cudaFuncSetAttribute(kernels[mode], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        smem_set[mode] = smem;
     }
-    if (dgrad)
-        grouped_ws_kernel<true><<<cuda_num_sms(), WS_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, A2 != NULL,
-                                                                                     offsets, E, N, K);
-    else
-        grouped_ws_kernel<false><<<cuda_num_sms(), WS_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, 0, offsets,
-                                                                                      E, N, K);
+    int grid = cuda_num_sms(), pair = A2 != NULL;
+    switch (mode) {
+    case WS_FWD:
+        grouped_ws_kernel<WS_FWD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, 0, offsets, E, 0, N, K, 0);
+        break;
+    case WS_DGRAD:
+        grouped_ws_kernel<WS_DGRAD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, pair, offsets, E, 0, N, K,
+                                                                               0);
+        break;
+    default:
+        grouped_ws_kernel<WS_WGRAD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, 0, offsets, E, OC, C, 0,
+                                                                               wgrad_vec4((const float *)out));
+    }
     cudaLaunchCheck();
     return 0;
 }
@@ -891,7 +970,7 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
                                           int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)out | (uintptr_t)inp | (uintptr_t)w) & 15) return -1;
-    if (launch_ws(0, out, inp, w, NULL, NULL, offsets, E, C, OC) == 0) return 0;
+    if (launch_ws(WS_FWD, out, inp, w, NULL, NULL, offsets, E, C, OC) == 0) return 0;
     switch (wgmma_tile(OC)) {
     case 0: return launch_wgmma<256>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
     case 1: return launch_wgmma<128>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
@@ -908,7 +987,7 @@ extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const
                                              const void *w2, const int *offsets, int E, int C, int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)w | (uintptr_t)dout2 | (uintptr_t)w2) & 15) return -1;
-    if (launch_ws(1, dinp, dout, w, dout2, w2, offsets, E, C, OC) == 0) return 0;
+    if (launch_ws(WS_DGRAD, dinp, dout, w, dout2, w2, offsets, E, C, OC) == 0) return 0;
     BwdOperands o = {(const bf16 *)dout, (const bf16 *)w, (const bf16 *)dout2, (const bf16 *)w2,
                      (OC + WG_BK - 1) / WG_BK};
     switch (wgmma_tile(C)) {
@@ -928,7 +1007,6 @@ extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void
 // expert segments give few K steps per tile, so one block's epilogue runs
 // under the other's main loop), or MOECORE_WGMMA_WGRAD_TILE=256: the
 // data-grad's 128 x 256 / 4 stages / one block.
-extern "C" int wgrad_vec4(const float *dw); // gemm.cu
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
                                         int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
@@ -938,6 +1016,7 @@ extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void 
         const char *s = getenv("MOECORE_WGMMA_WGRAD_TILE");
         tile = s && atoi(s) == 256 ? 256 : 128;
     }
+    if (launch_ws(WS_WGRAD, dw, dout, inp, NULL, NULL, offsets, E, C, OC) == 0) return 0;
     int vec4 = wgrad_vec4(dw); // passed as K (unused by the weight-grad otherwise)
     BwdOperands o = {(const bf16 *)dout, (const bf16 *)inp, NULL, NULL, 0};
     if (tile == 256 && wgmma_bn(C) == 256) return launch_wgmma_bwd<256, true>(dw, o, offsets, E, OC, C, vec4);
