@@ -36,7 +36,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(sort $(wildcard tests/tool_*.c))
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
-.PHONY: all deps test test-gpu gpu-bundle run clean
+.PHONY: all deps test test-gpu gpu-bundle run bench clean
 all: build/moecore
 
 deps:
@@ -80,6 +80,13 @@ build/tests/gpu/bench_kernels: tests/gpu/bench_kernels.c build/libmoecore.a $(sh
 
 gpu-bundle: build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 	@bash scripts/bundle-libs.sh build/lib build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+
+# Issue #6's benchmark configs on this machine's GPU: a table, and one JSON
+# line per config appended to bench/results/DATE-bench.jsonl.
+BENCH_CONFIGS := configs/bench/olmoe-1b-7b.yaml configs/bench/sweep-e8.yaml configs/bench/sweep-e32.yaml \
+                 configs/bench/sweep-e128.yaml
+bench: build/moecore
+	build/moecore bench $(BENCH_CONFIGS) --record=bench/results/$$(date +%F)-bench.jsonl
 
 test-gpu: gpu-bundle
 	@bash tests/gpu/run.sh
