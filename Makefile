@@ -78,8 +78,11 @@ build/tests/gpu/bench_kernels: tests/gpu/bench_kernels.c build/libmoecore.a $(sh
 	$(CC) $(CFLAGS) -Itests -DMOECORE_BUILD_COMMIT=\"$(shell git describe --always --dirty 2>/dev/null)\" $< \
 		build/libmoecore.a $(LDLIBS) -o $@
 
+# build/lib/COMMIT names the commit the bundle was built from (a lent
+# machine's copy of .git need not be current).
 gpu-bundle: build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 	@bash scripts/bundle-libs.sh build/lib build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+	@git describe --always --dirty > build/lib/COMMIT 2>/dev/null || echo unknown > build/lib/COMMIT
 
 # Issue #6's benchmark configs on this machine's GPU: a table, and one JSON
 # line per config appended to bench/results/DATE-bench.jsonl.

@@ -14,8 +14,10 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
 cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export MOECORE_COMMIT=${MOECORE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# the bundle's commit (make gpu-bundle writes it; the lent machine's .git may be stale)
+export MOECORE_COMMIT=${MOECORE_COMMIT:-$(cat build/lib/COMMIT 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+echo "commit $MOECORE_COMMIT" | tee -a "$out/gpu.txt"
 summary="$out/summary.txt"
 : > "$summary"
 envs() { echo "$1" | tr ',' ' '; }

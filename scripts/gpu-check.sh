@@ -10,7 +10,7 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$out/gpu.txt"
+cat build/lib/COMMIT 2>/dev/null | tee -a "$out/gpu.txt"  # the bundle's commit (make gpu-bundle)
 # the byte-level corpus, from whatever license texts this machine has
 if [ ! -f data/corpus/train.bin ]; then
   mkdir -p data/corpus
@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
         grep -E "^FAIL|TFLOP|GB/s|captured|worst|error" "$out/$n.log" | head -n 40
       done
       shift ;;
-    kernels) MOECORE_COMMIT=${MOECORE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} timeout 400 build/tests/gpu/bench_kernels "$out/kernel_table.md" > "$out/bench_kernels.log" 2>&1; rc=$?; echo "== bench_kernels: exit $rc; $(tail -n 1 "$out/bench_kernels.log")"; cat "$out/kernel_table.md" 2>/dev/null || tail -n 30 "$out/bench_kernels.log"; shift ;;
+    kernels) MOECORE_COMMIT=${MOECORE_COMMIT:-$(cat build/lib/COMMIT 2>/dev/null || echo unknown)} timeout 400 build/tests/gpu/bench_kernels "$out/kernel_table.md" > "$out/bench_kernels.log" 2>&1; rc=$?; echo "== bench_kernels: exit $rc; $(tail -n 1 "$out/bench_kernels.log")"; cat "$out/kernel_table.md" 2>/dev/null || tail -n 30 "$out/bench_kernels.log"; shift ;;
     olmoe|tiny|olmoe-nograph|tiny-nograph)
       cfg=configs/olmoe-1b-7b.yaml; case $1 in tiny*) cfg=configs/tiny.yaml ;; esac
       graph=true; case $1 in *-nograph) graph=false ;; esac

@@ -945,19 +945,16 @@ static int wgmma_device_ok(void) {
     return cc_ok;
 }
 
-// The tile of the forward and data-grad: 0 = 128 x 256, 4 stages, one block
-// per multiprocessor (the default when N >= 256); 1 = 128 x 128, 6 stages,
-// one block (N < 256, or MOECORE_WGMMA_BN=128); 2 = 128 x 128, 3 stages, two
-// blocks (MOECORE_WGMMA_BN=128x2: one block's epilogue and barriers under
-// the other's main loop). The variable is read once.
+// The tile of the cp.async forward and data-grad: 0 = 128 x 256, 4 stages
+// (N >= 256); 1 = 128 x 128, 6 stages (N < 256, or MOECORE_WGMMA_BN=128,
+// read once). One block per multiprocessor.
 static int wgmma_tile(int N) {
     static int env = -1;
     if (env < 0) {
         const char *s = getenv("MOECORE_WGMMA_BN");
-        env = !s ? 0 : !strcmp(s, "128x2") ? 2 : atoi(s) == 128 ? 1 : 0;
+        env = s && atoi(s) == 128;
     }
-    if (env == 2) return 2;
-    return env == 1 || N < 256 ? 1 : 0;
+    return env || N < 256 ? 1 : 0;
 }
 int wgmma_bn(int N) { return wgmma_tile(N) == 0 ? 256 : 128; }
 
@@ -971,11 +968,9 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)out | (uintptr_t)inp | (uintptr_t)w) & 15) return -1;
     if (launch_ws(WS_FWD, out, inp, w, NULL, NULL, offsets, E, C, OC) == 0) return 0;
-    switch (wgmma_tile(OC)) {
-    case 0: return launch_wgmma<256>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
-    case 1: return launch_wgmma<128>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
-    default: return launch_wgmma<128, 3, 2>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, C, OC);
-    }
+    const bf16 *a = (const bf16 *)inp, *b = (const bf16 *)w;
+    if (wgmma_tile(OC) == 0) return launch_wgmma<256>((bf16 *)out, a, b, offsets, E, C, OC);
+    return launch_wgmma<128>((bf16 *)out, a, b, offsets, E, C, OC);
 }
 
 // The data-grad dinp[R, C] = dout[R, OC] w_e[OC, C] (assigned, BF16) on the
@@ -990,11 +985,8 @@ extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const
     if (launch_ws(WS_DGRAD, dinp, dout, w, dout2, w2, offsets, E, C, OC) == 0) return 0;
     BwdOperands o = {(const bf16 *)dout, (const bf16 *)w, (const bf16 *)dout2, (const bf16 *)w2,
                      (OC + WG_BK - 1) / WG_BK};
-    switch (wgmma_tile(C)) {
-    case 0: return launch_wgmma_bwd<256, false>(dinp, o, offsets, E, 0, C, OC);
-    case 1: return launch_wgmma_bwd<128, false>(dinp, o, offsets, E, 0, C, OC);
-    default: return launch_wgmma_bwd<128, false, 3, 2>(dinp, o, offsets, E, 0, C, OC);
-    }
+    if (wgmma_tile(C) == 0) return launch_wgmma_bwd<256, false>(dinp, o, offsets, E, 0, C, OC);
+    return launch_wgmma_bwd<128, false>(dinp, o, offsets, E, 0, C, OC);
 }
 extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C,
                                         int OC) {
