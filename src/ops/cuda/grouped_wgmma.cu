@@ -1,7 +1,16 @@
-// The grouped GEMM's forward on Hopper tensor cores (wgmma, sm_90a):
+// The grouped GEMMs on Hopper tensor cores (wgmma, sm_90a): forward
 // out[R, OC] = inp[R, C] w_e[OC, C]^T over the experts' row segments
-// offsets[e]..offsets[e+1], offsets on the device (see gemm.cu's header for
-// the persistent tile scheduler, which this kernel shares in design).
+// offsets[e]..offsets[e+1] (offsets on the device; see gemm.cu's header for
+// the persistent tile scheduler), data-grad and weight-grad. Two families:
+//   - grouped_ws_kernel (further down, the default where N >= 256): warp-
+//     specialised, TMA loads into an mbarrier ring, one producer and two
+//     consumer warpgroups; forward, data-grad (alone or as a pair) and
+//     weight-grad;
+//   - the cp.async kernels described here (grouped_wgmma_kernel,
+//     grouped_wgmma_bwd_kernel): every thread loads and computes; they run
+//     the shapes the TMA kernel does not take and MOECORE_GEMM_TMA=0.
+// H200, OLMoE shape (2026-11-30): forward 551 vs 384 TFLOP/s, data-grad 468
+// vs 336, weight-grad 262 vs 253 (bench/results/2026-11-30-h200-issue6.md).
 //
 // A block of 2 warpgroups owns a 128 x BN output tile (BN = 256, or 128),
 // each warpgroup 64 rows of it as one m64nBNk16 accumulator in registers.
