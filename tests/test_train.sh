@@ -2,6 +2,7 @@
 # The trainer end to end on a small model:
 #  1. resume is bit-exact: 20 steps straight == 10 steps, save, new process, 10 more
 #     (same losses in metrics.jsonl, byte-identical model and optimizer files);
+#     so is train.recompute=experts against keeping the activations;
 #  2. SIGTERM finishes the step, commits a checkpoint and exits 0; a checkpoint
 #     directory without COMMITTED is ignored on resume;
 #  3. bad checkpoints (truncated, bad header length, overlapping or out-of-file
@@ -47,6 +48,17 @@ for f in model.safetensors optim.safetensors; do
   cmp -s "$tmp/a/checkpoints/step-00000020/$f" "$tmp/b/checkpoints/step-00000020/$f" \
     && ok "step-20 $f byte-identical" || bad "step-20 $f differs"
 done
+
+# ---- 1b. train.recompute=experts changes memory, not numbers ------------------------------
+train --train.steps=20 --checkpoint.interval=10 --logging.run_dir="$tmp/r" --train.recompute=experts >"$tmp/r.log" 2>&1 \
+    || { cat "$tmp/r.log"; bad "recompute run failed"; }
+if diff <(losses "$tmp/a/metrics.jsonl") <(losses "$tmp/r/metrics.jsonl") >/dev/null; then
+  ok "recompute=experts: 20 losses identical"
+else
+  bad "recompute=experts: losses differ"
+fi
+cmp -s "$tmp/a/checkpoints/step-00000020/model.safetensors" "$tmp/r/checkpoints/step-00000020/model.safetensors" \
+  && ok "recompute=experts: step-20 model byte-identical" || bad "recompute=experts: step-20 model differs"
 
 # ---- 2. SIGTERM and uncommitted checkpoints ----------------------------------------
 $bin train configs/tiny.yaml "${small[@]}" --train.steps=100000 --logging.run_dir="$tmp/s" --logging.log_interval=1 >"$tmp/s.log" 2>&1 &
