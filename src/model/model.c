@@ -561,7 +561,7 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     if (m->recompute) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
     ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
-    if (m->recompute && !a->use_plan && m->par.ep_size == 1 && c->capacity_factor <= 0)
+    if (m->recompute && !a->use_plan) // the rows stayed here: xl is xp, shared (carve)
         ops->permute_forward(a->xl, in, a->token_of_row, R, D);
     ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe);
     ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe);

@@ -1105,14 +1105,6 @@ static void check_shape(const char *what, int B, int T, int H, int KV, int hd) {
     }
 }
 
-// Lets a kernel use more than 48 KB of dynamic shared memory (once per kernel).
-template <typename K>
-static void allow_smem(K kernel, size_t bytes, bool *done) {
-    if (*done) return;
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    *done = true;
-}
-
 static inline float log2e_scale(int hd) { return (float)(1.4426950408889634 / sqrt((double)hd)); }
 
 // MOECORE_ATTN selects the kernels of head dim 128 (other head dims always
@@ -1130,14 +1122,10 @@ static inline float log2e_scale(int hd) { return (float)(1.4426950408889634 / sq
 // query heads per kv head.
 // Both sets compute the same function with the same arithmetic (results are
 // expected to be bit-identical), so the choice does not change numerics.
-static int attn_variant_;
+static int attn_variant_ = -1;
 static int attn_variant(void) {
-    if (!attn_variant_) {
-        const char *s = getenv("MOECORE_ATTN");
-        int v = s ? atoi(s) : 2;
-        attn_variant_ = v == 1 || v == 3 ? v : 2;
-    }
-    return attn_variant_;
+    int v = env_setting(&attn_variant_, "MOECORE_ATTN", 2);
+    return v == 1 || v == 3 ? v : 2;
 }
 // For tests: the variant in use, and setting it (1, 2 or 3) whatever the environment says.
 extern "C" int cuda_attention_variant(void) { return attn_variant(); }
@@ -1152,8 +1140,8 @@ static bool v2_qblocks(int B, int T, int H) {
 static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
                        int KV) {
     using Cfg = v2::Fwd;
-    static bool smem_set;
-    allow_smem(v2::forward_kernel, Cfg::SMEM, &smem_set);
+    static int smem_set;
+    cuda_allow_smem((const void *)v2::forward_kernel, &smem_set, (int)Cfg::SMEM);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
     v2::forward_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, T, H, KV, log2e_scale(128));
     cudaLaunchCheck();
@@ -1162,8 +1150,8 @@ static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, con
 static void backward_dq_v2(bf16 *dq, const bf16 *dout, const float *lse2, const bf16 *q, const bf16 *k,
                            const bf16 *v, const float *D, int B, int T, int H, int KV) {
     using Cfg = v2::BwdQ;
-    static bool smem_set;
-    allow_smem(v2::backward_dq_kernel, Cfg::SMEM, &smem_set);
+    static int smem_set;
+    cuda_allow_smem((const void *)v2::backward_dq_kernel, &smem_set, (int)Cfg::SMEM);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
     v2::backward_dq_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
         dq, q, k, v, dout, lse2, D, T, H, KV, log2e_scale(128), (float)(1.0 / sqrt(128.0)));
@@ -1173,8 +1161,8 @@ static void backward_dq_v2(bf16 *dq, const bf16 *dout, const float *lse2, const 
 static void backward_dkv_v2(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse2, const bf16 *q, const bf16 *k,
                             const bf16 *v, const float *D, int B, int T, int H, int KV) {
     using Cfg = v2::BwdKV;
-    static bool smem_set;
-    allow_smem(v2::backward_dkv_kernel, Cfg::SMEM, &smem_set);
+    static int smem_set;
+    cuda_allow_smem((const void *)v2::backward_dkv_kernel, &smem_set, (int)Cfg::SMEM);
     dim3 grid(KV, B, ceil_div(T, Cfg::BC));
     v2::backward_dkv_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
         dk, dv, q, k, v, dout, lse2, D, T, H, KV, log2e_scale(128), (float)(1.0 / sqrt(128.0)));
@@ -1189,8 +1177,8 @@ static void forward_hd(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, con
         return;
     }
     using Cfg = FwdCfg<HD>;
-    static bool smem_set;
-    allow_smem(attention_forward_kernel<HD>, Cfg::SMEM, &smem_set);
+    static int smem_set;
+    cuda_allow_smem((const void *)attention_forward_kernel<HD>, &smem_set, (int)Cfg::SMEM);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
     attention_forward_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, T, H, KV,
                                                                              log2e_scale(HD));
@@ -1209,8 +1197,8 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
         backward_dq_v2(dq, dout, lse2, q, k, v, D, B, T, H, KV);
     } else {
         using Cfg = BwdQCfg<HD>;
-        static bool smem_set;
-        allow_smem(attention_backward_dq_kernel<HD>, Cfg::SMEM, &smem_set);
+        static int smem_set;
+        cuda_allow_smem((const void *)attention_backward_dq_kernel<HD>, &smem_set, (int)Cfg::SMEM);
         dim3 grid(H, B, ceil_div(T, Cfg::BR));
         attention_backward_dq_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, q, k, v, dout, lse2, D,
                                                                                    T, H, KV, sl2, scale);
@@ -1220,8 +1208,8 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
         backward_dkv_v2(dk, dv, dout, lse2, q, k, v, D, B, T, H, KV);
     } else {
         using Cfg = BwdKVCfg<HD>;
-        static bool smem_set;
-        allow_smem(attention_backward_dkv_kernel<HD>, Cfg::SMEM, &smem_set);
+        static int smem_set;
+        cuda_allow_smem((const void *)attention_backward_dkv_kernel<HD>, &smem_set, (int)Cfg::SMEM);
         dim3 grid(KV, B, ceil_div(T, Cfg::BC));
         attention_backward_dkv_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
             dk, dv, q, k, v, dout, lse2, D, T, H, KV, sl2, scale);

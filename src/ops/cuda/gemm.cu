@@ -443,13 +443,13 @@ grouped_wgrad_kernel(float *dw, const bf16 *dout, const bf16 *inp, const int *of
 
 // cp.async reads 16-byte chunks of the BF16 operands (hence C, OC multiples
 // of 8 and 16-byte aligned operands); outputs are written in pairs.
-static void grouped_check(const char *op, int E, int C, int OC, const void *operands[3], const void *out,
-                          int out_align) {
+static void grouped_check(const char *op, int E, int C, int OC, const void *const *operands, int n_operands,
+                          const void *out, int out_align) {
     if (C % 8 || OC % 8 || E < 0) {
         fprintf(stderr, "moecore: %s needs C and OC multiples of 8 and E >= 0 (C=%d, OC=%d, E=%d)\n", op, C, OC, E);
         exit(3);
     }
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n_operands; i++)
         if ((uintptr_t)operands[i] & 15) {
             fprintf(stderr, "moecore: %s needs 16-byte aligned operands (operand %d is at %p)\n", op, i, operands[i]);
             exit(3);
@@ -457,14 +457,6 @@ static void grouped_check(const char *op, int E, int C, int OC, const void *oper
     if ((uintptr_t)out & (out_align - 1)) {
         fprintf(stderr, "moecore: %s needs a %d-byte aligned output (%p)\n", op, out_align, out);
         exit(3);
-    }
-}
-
-// Raises a kernel's dynamic shared memory limit once per size it is asked for.
-static void smem_limit(const void *kernel, int *set, int bytes) {
-    if (bytes > 48 * 1024 && bytes > *set) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        *set = bytes;
     }
 }
 
@@ -481,7 +473,7 @@ static void launch_grouped_rows(bf16 *out, const bf16 *A, const bf16 *B, const i
                 (227 * 1024 - GemmSmem<true, BK>::BYTES) / 8 - 1, E);
         exit(3);
     }
-    smem_limit(kernel, &smem_set, smem);
+    cuda_allow_smem(kernel, &smem_set, smem);
     if (occ_smem != smem) {
         cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_blocks, grouped_rows_kernel<BK>, GG_THREADS,
                                                                 smem));
@@ -507,11 +499,7 @@ extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const
 // MOECORE_NO_WGMMA=1: always the mma.sync kernels below (read once)
 static int no_wgmma(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *s = getenv("MOECORE_NO_WGMMA");
-        v = s && atoi(s) == 1;
-    }
-    return v;
+    return env_setting(&v, "MOECORE_NO_WGMMA", 0) == 1;
 }
 
 // The wgmma weight-grad, unless MOECORE_WGMMA_WGRAD=0. With short expert
@@ -522,11 +510,7 @@ static int no_wgmma(void) {
 // 32k rows; H200, 2026-11-30).
 static int wgmma_wgrad(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *s = getenv("MOECORE_WGMMA_WGRAD");
-        v = !(s && atoi(s) == 0);
-    }
-    return v;
+    return env_setting(&v, "MOECORE_WGMMA_WGRAD", 1) != 0;
 }
 
 // Whether the weight-grad epilogues may use 16-byte reductions into dw:
@@ -534,17 +518,13 @@ static int wgmma_wgrad(void) {
 // MOECORE_WGRAD_RMW=1 (read once: load-add-store instead, for comparison).
 extern "C" int wgrad_vec4(const float *dw) {
     static int rmw = -1;
-    if (rmw < 0) {
-        const char *s = getenv("MOECORE_WGRAD_RMW");
-        rmw = s && atoi(s) == 1;
-    }
-    return !rmw && ((uintptr_t)dw & 15) == 0;
+    return env_setting(&rmw, "MOECORE_WGRAD_RMW", 0) != 1 && ((uintptr_t)dw & 15) == 0;
 }
 
 extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets, int E,
                                             int C, int OC) {
     const void *operands[3] = {inp, w, w};
-    grouped_check("grouped_matmul_forward", E, C, OC, operands, out, 4);
+    grouped_check("grouped_matmul_forward", E, C, OC, operands, 3, out, 4);
     if (E == 0) return;
     if (!no_wgmma() && cuda_grouped_forward_wgmma(out, inp, w, offsets, E, C, OC) == 0) return;
     launch_grouped_rows<true>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, OC, C);
@@ -553,8 +533,8 @@ extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const vo
 extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                                              const int *offsets, int E, int C, int OC) {
     const void *operands[3] = {dout, inp, w};
-    grouped_check("grouped_matmul_backward", E, C, OC, operands, dinp, 4);
-    grouped_check("grouped_matmul_backward", E, C, OC, operands, dw, 8);
+    grouped_check("grouped_matmul_backward", E, C, OC, operands, 3, dinp, 4);
+    grouped_check("grouped_matmul_backward", E, C, OC, operands, 3, dw, 8);
     if (E == 0) return;
     // dinp[R, C] = dout[R, OC] w_e[OC, C]: K = OC, B stored [K, N]
     if (dinp && (no_wgmma() || cuda_grouped_dgrad_wgmma(dinp, dout, w, offsets, E, C, OC) != 0))
@@ -562,7 +542,7 @@ extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *
     if (dw && (no_wgmma() || !wgmma_wgrad() || cuda_grouped_wgrad_wgmma(dw, dout, inp, offsets, E, C, OC) != 0)) {
         static int smem_set;
         int smem = GemmSmem<false, false>::BYTES;
-        smem_limit((const void *)grouped_wgrad_kernel, &smem_set, smem);
+        cuda_allow_smem((const void *)grouped_wgrad_kernel, &smem_set, smem);
         dim3 grid(ceil_div(C, GG_BN), ceil_div(OC, GG_BM), E);
         grouped_wgrad_kernel<<<grid, GG_THREADS, smem, cuda_stream()>>>(dw, (const bf16 *)dout, (const bf16 *)inp,
                                                                         offsets, C, OC, wgrad_vec4(dw));
@@ -574,9 +554,8 @@ extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *
 // (fallback) two mma.sync data-grads, the second adding into the first.
 extern "C" void cuda_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2,
                                         const void *w2, const int *offsets, int E, int C, int OC) {
-    const void *operands[3] = {dout1, w1, dout2}, *second[3] = {w2, w2, w2};
-    grouped_check("grouped_dgrad_pair", E, C, OC, operands, dinp, 4);
-    grouped_check("grouped_dgrad_pair", E, C, OC, second, dinp, 4);
+    const void *operands[4] = {dout1, w1, dout2, w2};
+    grouped_check("grouped_dgrad_pair", E, C, OC, operands, 4, dinp, 4);
     if (E == 0) return;
     if (!no_wgmma() && cuda_grouped_dgrad_pair_wgmma(dinp, dout1, w1, dout2, w2, offsets, E, C, OC) == 0) return;
     launch_grouped_rows<false>((bf16 *)dinp, (const bf16 *)dout1, (const bf16 *)w1, offsets, E, C, OC, 0);

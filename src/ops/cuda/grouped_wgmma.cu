@@ -165,6 +165,37 @@ __host__ __device__ __forceinline__ Tile locate(int t, const int *s_off, const i
     return tl;
 }
 
+// A warpgroup's m64nBN accumulator block: acc[4 j + h] is row r + 8 (h / 2),
+// column c0 + 8 j + h % 2, where r = its first row + 16 warp + lane / 4 and
+// c0 = its first column + 2 (lane % 4). The two epilogues of the kernels:
+// out = bf16(acc) for rows < rows and columns < N ...
+template <int BN>
+__device__ __forceinline__ void store_acc_bf16(const float (&acc)[BN / 2], bf16 *o, int N, int r, int c0, int rows) {
+    bool lo_ok = r < rows, hi_ok = r + 8 < rows;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        int c = c0 + 8 * j;
+        if (c < N) {
+            if (lo_ok) *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+            if (hi_ok)
+                *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+        }
+    }
+}
+// ... and dw += acc for rows < M and columns < N (red_add_quad; the block
+// alone owns the tile).
+template <int BN>
+__device__ __forceinline__ void add_acc_f32(const float (&acc)[BN / 2], float *o, int M, int N, int r, int c0,
+                                            bool vec4) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        int c = c0 + 8 * j;
+        bool c_ok = c < N;
+        red_add_quad(o + (size_t)r * N, o + (size_t)(r + 8) * N, c, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2],
+                     acc[4 * j + 3], c_ok && r < M, c_ok && r + 8 < M, vec4);
+    }
+}
+
 // Issues this thread's cp.async for K step kt of tile tl into the stage at
 // shared address st: chunk (tid % 8) of rows tid / 8 + 32 i, A then B.
 template <int BN>
@@ -273,23 +304,8 @@ grouped_wgmma_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets
             load_prologue<BN, S>(tiles, A, B, nxt, N, K, ktiles);
         }
 
-        // acc[4 j + h] is row (16 warp + lane / 4 + 8 (h / 2)), column
-        // (8 j + 2 (lane % 4) + h % 2) of this warpgroup's 64 x BN block
-        bf16 *o = out + (size_t)cur.r0 * N;
-        int r = cur.m0 + wg * 64 + wwarp * 16 + (lane >> 2);
-        int c0 = cur.n0 + 2 * (lane & 3);
-        bool lo_ok = r < cur.rows, hi_ok = r + 8 < cur.rows;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            int c = c0 + 8 * j;
-            if (c < N) {
-                if (lo_ok)
-                    *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
-                if (hi_ok)
-                    *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) =
-                        __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-            }
-        }
+        store_acc_bf16<BN>(acc, out + (size_t)cur.r0 * N, N, cur.m0 + wg * 64 + wwarp * 16 + (lane >> 2),
+                           cur.n0 + 2 * (lane & 3), cur.rows);
         if (tn >= total) break;
         t = tn;
         cur = nxt;
@@ -299,13 +315,9 @@ grouped_wgmma_kernel(bf16 *out, const bf16 *A, const bf16 *B, const int *offsets
 template <int BN, int S = WgConfig<BN>::STAGES, int MINB = 1>
 int launch_wgmma(bf16 *out, const bf16 *inp, const bf16 *w, const int *offsets, int E, int C, int OC) {
     static int smem_set;
-    const void *kernel = (const void *)grouped_wgmma_kernel<BN, S, MINB>;
     int smem = WgConfig<BN, S>::TILE_BYTES + 1024 + 2 * (E + 1) * (int)sizeof(int);
     if (smem * MINB > WG_SMEM_LIMIT) return -1;
-    if (smem > smem_set) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        smem_set = smem;
-    }
+    cuda_allow_smem((const void *)grouped_wgmma_kernel<BN, S, MINB>, &smem_set, smem);
     grouped_wgmma_kernel<BN, S, MINB><<<cuda_num_sms() * MINB, WG_THREADS, smem, cuda_stream()>>>(out, inp, w, offsets,
                                                                                                 E, OC, C);
     cudaLaunchCheck();
@@ -539,34 +551,9 @@ grouped_wgmma_bwd_kernel(void *out, const BwdOperands o, const int *offsets, int
             bwd_load_prologue<BN, WGRAD, S>(tiles, o, nxt, M, N, K, nkt);
         }
 
-        // acc[4 j + h]: row 16 warp + lane / 4 + 8 (h / 2), column
-        // 8 j + 2 (lane % 4) + h % 2 of the warpgroup's 64 x BN block
-        int r = cur.m0 + wg * 64 + wwarp * 16 + (lane >> 2);
-        int c0 = cur.n0 + 2 * (lane & 3);
-        if constexpr (!WGRAD) {
-            bf16 *o = (bf16 *)out + (size_t)cur.r0 * N;
-            bool lo_ok = r < cur.rows, hi_ok = r + 8 < cur.rows;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                int c = c0 + 8 * j;
-                if (c < N) {
-                    if (lo_ok)
-                        *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
-                    if (hi_ok)
-                        *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) =
-                            __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-                }
-            }
-        } else { // dw += acc: this block alone owns the tile
-            float *o = (float *)out + (size_t)cur.e * M * N;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                int c = c0 + 8 * j;
-                bool c_ok = c < N;
-                red_add_quad(o + (size_t)r * N, o + (size_t)(r + 8) * N, c, acc[4 * j], acc[4 * j + 1],
-                             acc[4 * j + 2], acc[4 * j + 3], c_ok && r < M, c_ok && r + 8 < M, K == 1);
-            }
-        }
+        int r = cur.m0 + wg * 64 + wwarp * 16 + (lane >> 2), c0 = cur.n0 + 2 * (lane & 3);
+        if constexpr (!WGRAD) store_acc_bf16<BN>(acc, (bf16 *)out + (size_t)cur.r0 * N, N, r, c0, cur.rows);
+        else add_acc_f32<BN>(acc, (float *)out + (size_t)cur.e * M * N, M, N, r, c0, K == 1);
         if (tn >= total) break;
         t = tn;
         cur = nxt;
@@ -577,13 +564,9 @@ grouped_wgmma_bwd_kernel(void *out, const BwdOperands o, const int *offsets, int
 template <int BN, bool WGRAD, int S = WgConfig<BN>::STAGES, int MINB = 1>
 int launch_wgmma_bwd(void *out, const BwdOperands &o, const int *offsets, int E, int M, int N, int K) {
     static int smem_set;
-    const void *kernel = (const void *)grouped_wgmma_bwd_kernel<BN, WGRAD, S, MINB>;
     int smem = WgConfig<BN, S>::TILE_BYTES + 1024 + (WGRAD ? 1 : 2) * (E + 1) * (int)sizeof(int);
     if (smem * MINB > WG_SMEM_LIMIT) return -1;
-    if (smem > smem_set) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        smem_set = smem;
-    }
+    cuda_allow_smem((const void *)grouped_wgmma_bwd_kernel<BN, WGRAD, S, MINB>, &smem_set, smem);
     grouped_wgmma_bwd_kernel<BN, WGRAD, S, MINB><<<cuda_num_sms() * MINB, WG_THREADS, smem, cuda_stream()>>>(
         out, o, offsets, E, M, N, K);
     cudaLaunchCheck();
@@ -797,33 +780,9 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
         wgmma_wait<0>();
         mbar_arrive(empty0 + 8 * prev);
 
-        // acc[4 j + h]: row 16 warp + lane / 4 + 8 (h / 2), column
-        // 8 j + 2 (lane % 4) + h % 2 of this warpgroup's 64 x 256 block
-        int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2);
-        int c0 = tl.n0 + 2 * (lane & 3);
-        if constexpr (WGRAD) { // dw += acc: this block alone owns the tile
-            float *o = (float *)out + (size_t)tl.e * M * N;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                int c = c0 + 8 * j;
-                bool c_ok = c < N;
-                red_add_quad(o + (size_t)r * N, o + (size_t)(r + 8) * N, c, acc[4 * j], acc[4 * j + 1],
-                             acc[4 * j + 2], acc[4 * j + 3], c_ok && r < M, c_ok && r + 8 < M, vec4);
-            }
-            continue;
-        }
-        bf16 *o = (bf16 *)out + (size_t)tl.r0 * N;
-        bool lo_ok = r < tl.rows, hi_ok = r + 8 < tl.rows;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            int c = c0 + 8 * j;
-            if (c < N) {
-                if (lo_ok) *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
-                if (hi_ok)
-                    *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) =
-                        __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-            }
-        }
+        int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2), c0 = tl.n0 + 2 * (lane & 3);
+        if constexpr (WGRAD) add_acc_f32<BN>(acc, (float *)out + (size_t)tl.e * M * N, M, N, r, c0, vec4);
+        else store_acc_bf16<BN>(acc, (bf16 *)out + (size_t)tl.r0 * N, N, r, c0, tl.rows);
     }
 }
 
@@ -882,11 +841,7 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 // MOECORE_GEMM_TMA=0: the cp.async kernels instead (read once).
 static int tma_wanted(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *s = getenv("MOECORE_GEMM_TMA");
-        v = !(s && atoi(s) == 0);
-    }
-    return v;
+    return env_setting(&v, "MOECORE_GEMM_TMA", 1) != 0;
 }
 
 // Forward (WS_FWD: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C]),
@@ -917,10 +872,7 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
                                            (const void *)grouped_ws_kernel<WS_DGRAD>,
                                            (const void *)grouped_ws_kernel<WS_WGRAD>};
     static int smem_set[3];
-    if (smem > smem_set[mode]) {
-        cudaCheck(cudaFuncSetAttribute(kernels[mode], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        smem_set[mode] = smem;
-    }
+    cuda_allow_smem(kernels[mode], &smem_set[mode], smem);
     int grid = cuda_num_sms(), pair = A2 != NULL;
     switch (mode) {
     case WS_FWD:
@@ -959,11 +911,7 @@ static int wgmma_device_ok(void) {
 // read once). One block per multiprocessor.
 static int wgmma_tile(int N) {
     static int env = -1;
-    if (env < 0) {
-        const char *s = getenv("MOECORE_WGMMA_BN");
-        env = s && atoi(s) == 128;
-    }
-    return env || N < 256 ? 1 : 0;
+    return env_setting(&env, "MOECORE_WGMMA_BN", 0) == 128 || N < 256 ? 1 : 0;
 }
 int wgmma_bn(int N) { return wgmma_tile(N) == 0 ? 256 : 128; }
 
@@ -1002,24 +950,18 @@ extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void
     return cuda_grouped_dgrad_pair_wgmma(dinp, dout, w, NULL, NULL, offsets, E, C, OC);
 }
 
-// The weight-grad dw[e][OC, C] += dout_e^T inp_e (FP32) on the wgmma kernel:
+// The weight-grad dw[e][OC, C] += dout_e^T inp_e (FP32) on the wgmma kernels:
 // 0 when it ran, -1 (nothing launched) as above, or dw not 8-byte aligned.
-// Tile: 128 x 128 with 3 stages and two blocks per multiprocessor (short
-// expert segments give few K steps per tile, so one block's epilogue runs
-// under the other's main loop), or MOECORE_WGMMA_WGRAD_TILE=256: the
-// data-grad's 128 x 256 / 4 stages / one block.
+// The TMA kernel where it takes the call, else the cp.async kernel with
+// 128 x 128 tiles, 3 stages and two blocks per multiprocessor (short expert
+// segments give few K steps per tile, so one block's epilogue runs under
+// the other's main loop).
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
                                         int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dout | (uintptr_t)inp) & 15 || (uintptr_t)dw & 7) return -1;
-    static int tile = -1;
-    if (tile < 0) {
-        const char *s = getenv("MOECORE_WGMMA_WGRAD_TILE");
-        tile = s && atoi(s) == 256 ? 256 : 128;
-    }
     if (launch_ws(WS_WGRAD, dw, dout, inp, NULL, NULL, offsets, E, C, OC) == 0) return 0;
     int vec4 = wgrad_vec4(dw); // passed as K (unused by the weight-grad otherwise)
     BwdOperands o = {(const bf16 *)dout, (const bf16 *)inp, NULL, NULL, 0};
-    if (tile == 256 && wgmma_bn(C) == 256) return launch_wgmma_bwd<256, true>(dw, o, offsets, E, OC, C, vec4);
     return launch_wgmma_bwd<128, true, 3, 2>(dw, o, offsets, E, OC, C, vec4);
 }
