@@ -46,7 +46,7 @@ for step in "$@"; do
       log="$out/model.log"
       timeout 300 build/tests/gpu/test_cuda_model > "$log" 2>&1
       echo "== model exit $? ($(( $(date +%s) - t0 )) s): $(tail -n 1 "$log")" >> "$summary"
-      grep -E "^FAIL|recompute" "$log" >> "$summary" ;;
+      grep -E "^FAIL|recompute|written" "$log" >> "$summary" ;;
     kernels)
       log="$out/kernels.log"
       timeout 400 build/tests/gpu/bench_kernels "$out/kernel_table.md" > "$log" 2>&1

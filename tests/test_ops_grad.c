@@ -342,7 +342,7 @@ START_TEST(test_attention) {
         ck_assert_msg(change_at_s > 1e-3, "%s: perturbing k/v at s does not change output at s", op);
 
         double *dq = filled(nq, 123), *dk = filled(nk, 123), *dv = filled(nk, 123);
-        double *scratch = dbuf(cpu_attention_scratch_floats(B, T, H, hd));
+        double *scratch = dbuf(cpu_attention_scratch_floats(B, T, H, KV, hd));
         cpu_attention_backward(dq, dk, dv, dout, att, q, k, v, scratch, B, T, H, KV, hd);
         check_grad(op, "q", attention_loss, &c, q, nq, dq);
         check_grad(op, "k", attention_loss, &c, k, nk, dk);

@@ -264,7 +264,7 @@ static void carve(Model *m, Carver *cv) {
     m->dres = take(cv, N * D); m->d1 = take(cv, N * D); m->d2 = take(cv, N * D);
     m->dq = take(cv, N * qd); m->dk = take(cv, N * kvd); m->dv = take(cv, N * kvd);
     m->dq2 = take(cv, N * qd); m->dk2 = take(cv, N * kvd); m->dao = take(cv, N * qd);
-    m->att_scratch = ftake(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads, c->head_dim));
+    m->att_scratch = ftake(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads, c->n_kv_heads, c->head_dim));
     if (F) { m->da = take(cv, N * F); m->dg = take(cv, N * F); m->du = take(cv, N * F); }
     if (m->n_moe) {
         m->dey = take(cv, R * D); m->dxp = take(cv, R * D);
@@ -319,6 +319,12 @@ void model_free(Model *m) {
 
 void model_zero_grads(Model *m) {
     for (int c = 0; c < N_CLASSES; c++) m->ops->zero(m->grads[c], m->table.class_numel[c] * sizeof(float));
+    m->expert_grads_unset = 0;
+}
+
+void model_zero_dense_grads(Model *m) {
+    m->ops->zero(m->grads[CLASS_DENSE], m->table.class_numel[CLASS_DENSE] * sizeof(float));
+    m->expert_grads_unset = 1;
 }
 
 void model_begin_step(Model *m) {
@@ -559,12 +565,13 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     // recompute: a->ea and (rows kept here) a->xp = a->xl are shared buffers
     // that later layers overwrote in the forward
     if (m->recompute) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
-    ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D);
+    int accw = !m->expert_grads_unset; // the step's first backward writes the expert grads
+    ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
     if (m->recompute && !a->use_plan) // the rows stayed here: xl is xp, shared (carve)
         ops->permute_forward(a->xl, in, a->token_of_row, R, D);
-    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe);
-    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe);
+    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe, accw);
+    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
     ops->grouped_dgrad_pair(dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
     if (a->use_plan) ep_combine(epc, &a->plan, dxl, m->dxp, m->ep_scratch, row);
     ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
@@ -638,6 +645,7 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
     }
     ops->embedding_backward(G(m->embed), m->dres, m->tokens, N, D);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, m->embed, m->embed + 1);
+    m->expert_grads_unset = 0;
 }
 
 void model_end_step(Model *m) {

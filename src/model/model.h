@@ -2,7 +2,7 @@
 // backward, written once against the op interface (src/ops/ops.h).
 //
 // Usage per optimizer step (gradient accumulation over M micro-batches):
-//   model_zero_grads(m); model_begin_step(m);
+//   model_zero_grads(m) (or model_zero_dense_grads(m)); model_begin_step(m);
 //   for each micro-batch: model_forward(m, tokens, targets, seed);
 //                         model_backward(m, 1/total_valid_targets, 1/M);
 //   ... optimizer ...;  model_end_step(m)   (aux-free bias update)
@@ -82,6 +82,7 @@ typedef struct {
     float *params[N_CLASSES];         // FP32 main weights
     void *wact[N_CLASSES];            // compute weights (the same buffer on CPU)
     float *grads[N_CLASSES];          // FP32, accumulated over micro-batches
+    int expert_grads_unset;           // set by model_zero_dense_grads, cleared by model_backward
     int embed, final_norm, lm_head;
     LayerParams *layers;
     int n_moe;
@@ -150,6 +151,13 @@ float *model_grad(const Model *m, int idx);
 void model_sync_weights(Model *m);
 
 void model_zero_grads(Model *m);
+// As model_zero_grads for the dense grads only: the next model_backward
+// writes the expert grads (every expert weight-grad of the model, zeros for
+// experts without rows) instead of adding to them, which saves a pass over
+// them and the reads of the first accumulation. Not for a backward captured
+// in a CUDA graph that is replayed for later micro-batches (it would write
+// there too).
+void model_zero_dense_grads(Model *m);
 void model_begin_step(Model *m);
 // tokens, targets: host [B,T]; targets -1 are masked. route_seed drives
 // random routing. Token ids must be in [0, vocab_size): callers validate

@@ -17,7 +17,8 @@
 //
 // Conventions
 // - Matrices are row-major, weights [out, in]; y = x W^T.
-// - Parameter grads (f32) always accumulate (+=).
+// - Parameter grads (f32) accumulate (+=), except grouped_matmul_backward's
+//   dw with accumulate = 0 (the expert grads of a step's first backward).
 // - Activation grads assign, unless the op takes `accumulate`, in which case
 //   accumulate != 0 means += (used on the residual stream and where several
 //   paths meet).
@@ -87,12 +88,12 @@ typedef struct Ops {
     // the probabilities [B,H,T,T] on CPU, the log-sum-exp [B,H,T] on CUDA.
     void (*attention_forward)(void *out, float *saved, const void *q, const void *k,
                               const void *v, int B, int T, int H, int KV, int hd);
-    // dq, dk, dv assigned. scratch: attention_scratch_floats(B,T,H,hd) f32.
+    // dq, dk, dv assigned. scratch: attention_scratch_floats(B,T,H,KV,hd) f32.
     void (*attention_backward)(void *dq, void *dk, void *dv, const void *dout,
                                const float *saved, const void *q, const void *k, const void *v,
                                const void *out, float *scratch, int B, int T, int H, int KV, int hd);
     size_t (*attention_saved_floats)(int B, int T, int H, int hd);
-    size_t (*attention_scratch_floats)(int B, int T, int H, int hd);
+    size_t (*attention_scratch_floats)(int B, int T, int H, int KV, int hd);
 
     // out = silu(gate) * up, all [N, F]. backward assigns dgate, dup.
     void (*swiglu_forward)(void *out, const void *gate, const void *up, size_t n);
@@ -155,10 +156,13 @@ typedef struct Ops {
     // memory on CUDA: the host never sees the counts). out[R,OC].
     void (*grouped_matmul_forward)(void *out, const void *inp, const void *w,
                                    const int *offsets, int E, int C, int OC);
-    // dinp (=) and dw (+=); either may be NULL.
+    // dinp (=) and dw (=|+=, by accumulate: an exception to the rule above,
+    // so that the first micro-batch of a step can write the expert grads
+    // instead of zeroing and adding; experts without rows get zeros); either
+    // may be NULL.
     void (*grouped_matmul_backward)(void *dinp, float *dw, const void *dout,
                                     const void *inp, const void *w, const int *offsets,
-                                    int E, int C, int OC);
+                                    int E, int C, int OC, int accumulate);
     // dinp[R,C] = dout1 w1[e] + dout2 w2[e] over the segments: the data-grads
     // of two grouped matmuls of the same input (the experts' gate and up
     // projections), as one product with twice the K.

@@ -490,7 +490,9 @@ int cmd_train(int argc, char **argv) {
         int64_t valid = 0;
         for (size_t i = 0; i < (size_t)G_local * T; i++) valid += targets[i] >= 0;
         comm_allreduce(mesh.dp_comm, &valid, 1, COMM_I64);
-        model_zero_grads(&m);
+        // the first backward writes the expert grads, unless graphs replay it
+        if (use_graph) model_zero_grads(&m);
+        else model_zero_dense_grads(&m);
         model_begin_step(&m);
         double ce_sum = 0;
         for (int l = 0; l < L; l++) lb_step[l] = z_step[l] = 0;

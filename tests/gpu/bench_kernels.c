@@ -632,8 +632,8 @@ static void gemm_grouped(void *p, int set) {
     (void)set;
     if (g->op == OP_FWD) cuda_grouped_matmul_forward(g->res, g->inp, g->w, g->d_off, g->E, g->C, g->OC);
     else if (g->op == OP_DGRAD)
-        cuda_grouped_matmul_backward(g->res, NULL, g->dout, g->inp, g->w, g->d_off, g->E, g->C, g->OC);
-    else cuda_grouped_matmul_backward(NULL, g->dw, g->dout, g->inp, g->w, g->d_off, g->E, g->C, g->OC);
+        cuda_grouped_matmul_backward(g->res, NULL, g->dout, g->inp, g->w, g->d_off, g->E, g->C, g->OC, 1);
+    else cuda_grouped_matmul_backward(NULL, g->dw, g->dout, g->inp, g->w, g->d_off, g->E, g->C, g->OC, 1);
 }
 // the same products, one cuBLASLt call per expert with the host's counts
 static void gemm_loop(void *p, int set) {
@@ -694,13 +694,13 @@ static void gemm_case(const char *layer, int C, int OC, int op, const int *off) 
     } else if (op == OP_DGRAD) {
         ref = hf(nin);
         refd = hf(nin);
-        ops_cpu.grouped_matmul_backward(ref, NULL, dout, inp, w, off, E, C, OC);
+        ops_cpu.grouped_matmul_backward(ref, NULL, dout, inp, w, off, E, C, OC, 1);
         ops_cpu.matmul_backward(refd, NULL, dout, inp, w, R, C, OC, 0);
     } else { // dw accumulates: both sides start from the same random FP32 values
         float *dw0 = rnd(nw, 0, 1, 0);
         ref = dupf(dw0, nw);
         refd = dupf(dw0, nwe);
-        ops_cpu.grouped_matmul_backward(NULL, ref, dout, inp, w, off, E, C, OC);
+        ops_cpu.grouped_matmul_backward(NULL, ref, dout, inp, w, off, E, C, OC, 1);
         ops_cpu.matmul_backward(NULL, refd, dout, inp, w, R, C, OC, 0);
         d_dw0 = d_copy(dw0, nw * 4);
         d_dwd0 = d_copy(dw0, nwe * 4);
@@ -810,7 +810,7 @@ static void section_attention(void) {
     Attn a = {.B = 1, .T = SEQ, .H = N_HEADS, .KV = N_HEADS, .hd = HEAD_DIM};
     const int B = a.B, T = a.T, H = a.H, KV = a.KV, hd = a.hd;
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
-    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, hd);
+    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, H, hd);
     a.nsets = sets_for(2 * (nq + 2 * nk));
     float *q0 = NULL, *k0 = NULL, *v0 = NULL, *do0 = NULL;
     for (int s = 0; s < a.nsets; s++) {
@@ -841,7 +841,7 @@ static void section_attention(void) {
     float *vh = gather_heads(v0, T, KV, hd, heads, NH), *doh = gather_heads(do0, T, H, hd, heads, NH);
     size_t nh = (size_t)T * NH * hd;
     float *ro = hf(nh), *rdq = hf(nh), *rdk = hf(nh), *rdv = hf(nh);
-    float *att = hf(ops_cpu.attention_saved_floats(1, T, NH, hd)), *cscr = hf(ops_cpu.attention_scratch_floats(1, T, NH, hd));
+    float *att = hf(ops_cpu.attention_saved_floats(1, T, NH, hd)), *cscr = hf(ops_cpu.attention_scratch_floats(1, T, NH, NH, hd));
     ops_cpu.attention_forward(ro, att, qh, kh, vh, 1, T, NH, NH, hd);
     ops_cpu.attention_backward(rdq, rdk, rdv, doh, att, qh, kh, vh, ro, cscr, 1, T, NH, NH, hd);
     printf("   CPU reference (4 heads): %.1f s\n", now() - t0);

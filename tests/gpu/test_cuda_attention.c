@@ -36,6 +36,7 @@ cudaStream_t cuda_stream(void);
 // MOECORE_ATTN), and setting it whatever the environment says
 int cuda_attention_variant(void);
 void cuda_attention_set_variant(int variant);
+long long cuda_attention_set_ds_cap_mib(long long mib); // returns the cap before
 
 #define TOL 1e-2
 #define LSE_TOL 1e-4
@@ -169,14 +170,14 @@ static void test_shape(int B, int T, int H, int KV, int hd) {
     // CPU reference (float buffers; saved holds probabilities there)
     float *out_ref = malloc(nq * 4), *dq_ref = malloc(nq * 4), *dk_ref = malloc(nk * 4), *dv_ref = malloc(nk * 4);
     float *att = malloc(ops_cpu.attention_saved_floats(B, T, H, hd) * 4);
-    float *cscr = malloc(ops_cpu.attention_scratch_floats(B, T, H, hd) * 4);
+    float *cscr = malloc(ops_cpu.attention_scratch_floats(B, T, H, KV, hd) * 4);
     ops_cpu.attention_forward(out_ref, att, q, k, v, B, T, H, KV, hd);
     ops_cpu.attention_backward(dq_ref, dk_ref, dv_ref, dout, att, q, k, v, out_ref, cscr, B, T, H, KV, hd);
     float *lse_ref = ref_lse2(q, k, B, T, H, KV, hd);
 
     // GPU
     void *qd = gt_dev_bf16(q, nq), *kd = gt_dev_bf16(k, nk), *vd = gt_dev_bf16(v, nk), *dod = gt_dev_bf16(dout, nq);
-    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, hd);
+    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, KV, hd);
     void *outd = cuda_alloc(nq * 2), *dqd = cuda_alloc(nq * 2), *dkd = cuda_alloc(nk * 2), *dvd = cuda_alloc(nk * 2);
     float *saved = cuda_alloc(ns * 4), *scr = cuda_alloc(nscr * 4);
     gt_poison(outd, nq * 2);
@@ -301,7 +302,7 @@ static void test_large(void) {
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
     float *q = gt_rand(nq, 1.f), *k = gt_rand(nk, 1.f), *v = gt_rand(nk, 1.f), *dout = gt_rand(nq, 1.f);
     void *qd = gt_dev_bf16(q, nq), *kd = gt_dev_bf16(k, nk), *vd = gt_dev_bf16(v, nk), *dod = gt_dev_bf16(dout, nq);
-    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, hd);
+    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, KV, hd);
     void *outd = cuda_alloc(nq * 2), *dqd = cuda_alloc(nq * 2), *dkd = cuda_alloc(nk * 2), *dvd = cuda_alloc(nk * 2);
     float *saved = cuda_alloc(ns * 4), *scr = cuda_alloc(nscr * 4);
     gt_poison(outd, nq * 2);
@@ -316,7 +317,7 @@ static void test_large(void) {
     // heads 0 and H-1, each as a one-head problem on the CPU
     int heads[2] = {0, H - 1};
     float *att = malloc(ops_cpu.attention_saved_floats(1, T, 1, hd) * 4);
-    float *cscr = malloc(ops_cpu.attention_scratch_floats(1, T, 1, hd) * 4);
+    float *cscr = malloc(ops_cpu.attention_scratch_floats(1, T, 1, 1, hd) * 4);
     for (int i = 0; i < 2; i++) {
         int h = heads[i];
         char name[128];
@@ -421,7 +422,9 @@ static int variants_agree(const char *what, const void *a1, const void *a2, int 
 
 // MOECORE_ATTN=1 and =3 (the two kernel sets) on the same random inputs;
 // compare every output. With timing, also the median forward and backward
-// times of 1, 2 and 3.
+// times of 1, 2 and 3, and of 3 with dQ by its own kernel instead of through
+// dS^T (MOECORE_ATTN_DS=0; the same as 3 where H != KV), whose dq is compared
+// with 3's too.
 static void compare_variants(int B, int T, int H, int KV, int timing) {
     const int hd = 128;
     char sh[96], name[160];
@@ -430,14 +433,16 @@ static void compare_variants(int B, int T, int H, int KV, int timing) {
     float *q = gt_rand(nq, 1.f), *k = gt_rand(nk, 1.f), *v = gt_rand(nk, 1.f), *dout = gt_rand(nq, 1.f);
     void *qd = gt_dev_bf16(q, nq), *kd = gt_dev_bf16(k, nk), *vd = gt_dev_bf16(v, nk), *dod = gt_dev_bf16(dout, nq);
     free(q); free(k); free(v); free(dout);
-    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, hd);
+    size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, KV, hd);
     void *outd = cuda_alloc(nq * 2), *dqd = cuda_alloc(nq * 2), *dkd = cuda_alloc(nk * 2), *dvd = cuda_alloc(nk * 2);
     float *saved = cuda_alloc(ns * 4), *scr = cuda_alloc(nscr * 4);
-    void *res[2][5];
-    float ms[3][2] = {{0}};
-    for (int var = 1; var <= 3; var++) {
+    void *res[2][5], *dq_nods = NULL;
+    long long cap = 0;
+    float ms[4][2] = {{0}};
+    for (int var = 1; var <= 4; var++) {
         if (var == 2 && !timing) continue;
-        cuda_attention_set_variant(var);
+        cuda_attention_set_variant(var == 4 ? 3 : var);
+        if (var == 4) cap = cuda_attention_set_ds_cap_mib(0); // lowering the cap after sizing the scratch is safe
         gt_poison(outd, nq * 2);
         gt_poison(saved, ns * 4);
         gt_poison(dqd, nq * 2);
@@ -446,7 +451,8 @@ static void compare_variants(int B, int T, int H, int KV, int timing) {
         gt_poison(scr, nscr * 4);
         cuda_attention_forward(outd, saved, qd, kd, vd, B, T, H, KV, hd);
         cuda_attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, scr, B, T, H, KV, hd);
-        if (var != 2) {
+        if (var == 4) dq_nods = host_bytes(dqd, nq * 2);
+        else if (var != 2) {
             void **r = res[var == 1 ? 0 : 1];
             r[0] = host_bytes(outd, nq * 2);
             r[1] = host_bytes(saved, ns * 4);
@@ -475,6 +481,10 @@ static void compare_variants(int B, int T, int H, int KV, int timing) {
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
     }
+    cuda_attention_set_ds_cap_mib(cap);
+    snprintf(name, sizeof name, "dq kernel = dq via dS^T: dq %s", sh);
+    variants_agree(name, dq_nods, res[1][2], 0, B, T, H, hd, TOL);
+    free(dq_nods);
     const char *names[5] = {"out", "lse2", "dq", "dk", "dv"};
     for (int i = 0; i < 5; i++) {
         snprintf(name, sizeof name, "set 2 = set 1: %-4s %s", names[i], sh);
@@ -487,10 +497,11 @@ static void compare_variants(int B, int T, int H, int KV, int timing) {
         double fwd_flop = 4.0 * B * H * (double)T * T * hd / 2, bwd_flop = 2.5 * fwd_flop;
         for (int pass = 0; pass < 2; pass++) {
             double flop = pass == 0 ? fwd_flop : bwd_flop;
-            printf("time %-8s %s hd=128 causal, MOECORE_ATTN=1 / 2 / 3:", pass == 0 ? "forward" : "backward", sh);
-            for (int var = 0; var < 3; var++)
+            printf("time %-8s %s hd=128 causal, MOECORE_ATTN=1 / 2 / 3 / 3 with MOECORE_ATTN_DS=0:",
+                   pass == 0 ? "forward" : "backward", sh);
+            for (int var = 0; var < 4; var++)
                 printf(" %.3f ms %.1f TFLOP/s x%.2f%s", ms[var][pass], flop / (ms[var][pass] * 1e-3) / 1e12,
-                       ms[0][pass] / ms[var][pass], var < 2 ? " /" : "\n");
+                       ms[0][pass] / ms[var][pass], var < 3 ? " /" : "\n");
         }
     }
     cuda_free(qd); cuda_free(kd); cuda_free(vd); cuda_free(dod); cuda_free(outd); cuda_free(dqd);
@@ -508,6 +519,12 @@ int main(void) {
     test_shape(1, 512, 4, 1, 128);
     test_shape(3, 1, 2, 1, 32);   // a single position: out = v
     test_shape(1, 97, 6, 3, 128); // GQA groups of 2, a tail in every tile size
+    // H == KV at head dim 128: dQ through dS^T (by default), tails of 64 and 128
+    test_shape(2, 200, 4, 4, 128);
+    test_shape(1, 333, 2, 2, 128);
+    long long cap = cuda_attention_set_ds_cap_mib(1); // dS^T of 2 batch rows of T=200, H=4 fit: slices of 2, 1
+    test_shape(3, 200, 4, 4, 128);
+    cuda_attention_set_ds_cap_mib(cap);
     test_large();
     printf("-- head dim 128: kernel set 2 (MOECORE_ATTN=3) against set 1\n");
     compare_variants(1, 97, 6, 3, 0);

@@ -39,7 +39,8 @@
 // grouped_wgmma.cu: 0 when it ran, -1 (nothing launched) when it does not take the shape or device
 int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C, int OC);
 int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C, int OC);
-int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C, int OC);
+int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C, int OC,
+                             int accumulate);
 int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2, const void *w2,
                                   const int *offsets, int E, int C, int OC);
 
@@ -239,16 +240,16 @@ static void run_timed(const Grouped *g, int op) {
         cuda_grouped_forward_wgmma(g->d_out, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC);
         break;
     case T_GDGRAD:
-        cuda_grouped_matmul_backward(g->d_dinp, NULL, g->d_dout, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC);
+        cuda_grouped_matmul_backward(g->d_dinp, NULL, g->d_dout, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC, 1);
         break;
     case T_GDGRAD_WGMMA:
         cuda_grouped_dgrad_wgmma(g->d_dinp, g->d_dout, g->d_w, g->d_offsets, g->E, g->C, g->OC);
         break;
     case T_GWGRAD:
-        cuda_grouped_matmul_backward(NULL, g->d_dw, g->d_dout, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC);
+        cuda_grouped_matmul_backward(NULL, g->d_dw, g->d_dout, g->d_inp, g->d_w, g->d_offsets, g->E, g->C, g->OC, 1);
         break;
     case T_GWGRAD_WGMMA:
-        cuda_grouped_wgrad_wgmma(g->d_dw, g->d_dout, g->d_inp, g->d_offsets, g->E, g->C, g->OC);
+        cuda_grouped_wgrad_wgmma(g->d_dw, g->d_dout, g->d_inp, g->d_offsets, g->E, g->C, g->OC, 1);
         break;
     // dense over all R rows with expert 0's weights: the same FLOPs in one GEMM
     case T_DFWD: cuda_matmul_forward(g->d_out, g->d_inp, g->d_w, g->R, g->C, g->OC); break;
@@ -342,13 +343,13 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
 
     // backward: both, dw NULL, dinp NULL against one CPU reference
     float *dinp_ref = malloc(nin * 4 + 4), *dw_ref = dup_f32(dw0, nw);
-    ops_cpu.grouped_matmul_backward(dinp_ref, dw_ref, dout, inp, w, g.offsets, E, C, OC);
+    ops_cpu.grouped_matmul_backward(dinp_ref, dw_ref, dout, inp, w, g.offsets, E, C, OC, 1);
     for (int variant = 0; variant < 3; variant++) {
         int want_dinp = variant != 2, want_dw = variant != 1;
         if (want_dinp) gt_poison(g.d_dinp, nin * 2);
         if (want_dw) cuda_to_device(g.d_dw, dw0, nw * 4);
         cuda_grouped_matmul_backward(want_dinp ? g.d_dinp : NULL, want_dw ? g.d_dw : NULL, g.d_dout, g.d_inp, g.d_w,
-                                     g.d_offsets, E, C, OC);
+                                     g.d_offsets, E, C, OC, 1);
         cuda_synchronize();
         const char *v = variant == 0 ? "" : variant == 1 ? ", dw NULL" : ", dinp NULL";
         if (want_dinp && R > 0) {
@@ -365,6 +366,28 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
         }
     }
 
+    // dw = (accumulate 0, the first micro-batch of a step) over poison: the
+    // CPU's product alone (experts without rows: zeros), and the same bits as
+    // += into zeros on the GPU
+    {
+        float *zeros = calloc(nw ? nw : 1, 4), *ref0 = calloc(nw ? nw : 1, 4);
+        ops_cpu.grouped_matmul_backward(NULL, ref0, dout, inp, w, g.offsets, E, C, OC, 0);
+        cuda_to_device(g.d_dw, zeros, nw * 4);
+        cuda_grouped_matmul_backward(NULL, g.d_dw, g.d_dout, g.d_inp, g.d_w, g.d_offsets, E, C, OC, 1);
+        cuda_synchronize();
+        float *added = gt_host_f32(g.d_dw, nw);
+        gt_poison(g.d_dw, nw * 4);
+        cuda_grouped_matmul_backward(NULL, g.d_dw, g.d_dout, g.d_inp, g.d_w, g.d_offsets, E, C, OC, 0);
+        cuda_synchronize();
+        got = gt_host_f32(g.d_dw, nw);
+        snprintf(what, sizeof what, "grouped backward dw = (%s)", label);
+        check2d(what, got, ref0, E * OC, C, dw_seg, E, TOL_DW);
+        int same = memcmp(got, added, nw * 4) == 0;
+        printf("%s grouped backward dw = is += into zeros, bit for bit (%s)\n", same ? "ok  " : "FAIL", label);
+        if (same) gt_pass++; else gt_fail++;
+        free(got); free(added); free(zeros); free(ref0);
+    }
+
     // the wgmma backward kernels, called directly: against the CPU and
     // against the mma.sync kernels' results (run again here, variant 0)
     int ok[3] = {wgmma_ok, 0, 0};
@@ -372,7 +395,7 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
         float *fb_dinp = NULL, *fb_dw;
         if (R > 0) gt_poison(g.d_dinp, nin * 2);
         cuda_to_device(g.d_dw, dw0, nw * 4);
-        cuda_grouped_matmul_backward(R > 0 ? g.d_dinp : NULL, g.d_dw, g.d_dout, g.d_inp, g.d_w, g.d_offsets, E, C, OC);
+        cuda_grouped_matmul_backward(R > 0 ? g.d_dinp : NULL, g.d_dw, g.d_dout, g.d_inp, g.d_w, g.d_offsets, E, C, OC, 1);
         cuda_synchronize();
         if (R > 0) fb_dinp = gt_host_bf16(g.d_dinp, nin);
         fb_dw = gt_host_f32(g.d_dw, nw);
@@ -394,7 +417,7 @@ static void test_grouped(const char *label, int E, int C, int OC, const int *cou
         }
 
         cuda_to_device(g.d_dw, dw0, nw * 4);
-        ok[2] = cuda_grouped_wgrad_wgmma(g.d_dw, g.d_dout, g.d_inp, g.d_offsets, E, C, OC) == 0;
+        ok[2] = cuda_grouped_wgrad_wgmma(g.d_dw, g.d_dout, g.d_inp, g.d_offsets, E, C, OC, 1) == 0;
         cuda_synchronize();
         if (!ok[2]) {
             printf("      (wgmma weight-grad does not take this shape/device)\n");

@@ -206,7 +206,7 @@ static void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dou
             }
 }
 static size_t cpu_attention_saved_floats(int B, int T, int H, int hd) { return (size_t)B * H * T * T; }
-static size_t cpu_attention_scratch_floats(int B, int T, int H, int hd) { return (size_t)B * H * T * T; }
+static size_t cpu_attention_scratch_floats(int B, int T, int H, int KV, int hd) { return (size_t)B * H * T * T; }
 
 static inline real silu_r(real x) { return x / (1 + (real)exp(-x)); }
 

@@ -93,7 +93,8 @@ static void c_grouped_matmul_forward(void *out, const void *inp, const void *w, 
     cpu_grouped_matmul_forward(F(out), CF(inp), CF(w), offsets, E, C, OC);
 }
 static void c_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp,
-                                      const void *w, const int *offsets, int E, int C, int OC) {
+                                      const void *w, const int *offsets, int E, int C, int OC, int accumulate) {
+    if (dw && !accumulate) memset(dw, 0, (size_t)E * OC * C * sizeof(float));
     cpu_grouped_matmul_backward(F(dinp), dw, CF(dout), CF(inp), CF(w), offsets, E, C, OC);
 }
 static void c_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2,

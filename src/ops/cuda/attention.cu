@@ -26,7 +26,9 @@
 // No atomics anywhere: every output element is written by one thread after
 // a fixed-order sum, so results are bit-reproducible run to run. The price
 // is that backward recomputes QK^T and dO V^T in both of its big kernels
-// (7 matmuls where FA2 with atomic dQ does 5).
+// (7 matmuls where FA2 with atomic dQ does 5) - except at head dim 128
+// without GQA, where the dK/dV kernel also writes dS^T to scratch and dQ is
+// a plain matmul after it (5 matmuls; see "dS^T in device memory" below).
 //
 // Head dims 16, 32, 64 and 128 are compiled; tails of T are masked
 // (zero-filled loads, guarded stores).
@@ -922,6 +924,27 @@ __global__ void __launch_bounds__(BwdQ::NT, 2)
     store_rows16<HD>(dq + qoff, qstride, wrow + 16, T, Qs, warp * 32 + 16, lane);
 }
 
+// ---- dS^T in device memory (dQ as a matmul after the dK/dV kernel) ----
+//
+// With DS, the dK/dV kernel also writes each dS^T tile it computes (BF16, the
+// values its dK matmul uses) to scratch, and dq_ds_kernel then computes
+// dQ = scale dS K as a plain causal matmul: 5 matmuls in all instead of 7,
+// still without atomics. Per head, dS^T is stored by key blocks of 128: block
+// kb (keys k0 = 128 kb .. k0 + 127) holds, for each key, the queries
+// k0 .. Tp - 1 (Tp = T rounded up to 128), so only the causal half (plus the
+// diagonal blocks) takes memory. Every entry the dQ kernel reads for a query
+// < T is written by the dK/dV kernel (computed, masked to 0, or a zeroed
+// skipped tile); entries of queries >= T only reach dQ rows that are never
+// stored.
+__host__ __device__ __forceinline__ int ds_pad(int T) { return (T + 127) / 128 * 128; }
+__host__ __device__ __forceinline__ size_t ds_block_off(int kb, int Tp) {
+    return (size_t)128 * ((size_t)kb * Tp - (size_t)64 * kb * (kb - 1));
+}
+__host__ __device__ __forceinline__ size_t ds_head_elems(int T) {
+    int Tp = ds_pad(T);
+    return ds_block_off(Tp / 128, Tp);
+}
+
 // ---- backward: dK, dV ----
 
 struct BwdKV {
@@ -942,9 +965,11 @@ struct BwdKV {
 //     dV += P^T dO (hw = 0) or dK += dS^T Q (hw = 1), over the 16-query
 //     chunks in order, skipping the chunks that no key of the warp sees
 //     (whose phase-1 tiles were skipped too, so never read stale).
+template <bool DS>
 __global__ void __launch_bounds__(BwdKV::NT, 1)
-    backward_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
-                        const float *lse2, const float *D, int T, int H, int KV, float scale_log2, float scale) {
+    backward_dkv_kernel(bf16 *dk, bf16 *dv, bf16 *dsT, const bf16 *q, const bf16 *k, const bf16 *v,
+                        const bf16 *dout, const float *lse2, const float *D, int T, int H, int KV, float scale_log2,
+                        float scale) {
     constexpr int BR = BwdKV::BR, BC = BwdKV::BC, NT = BwdKV::NT, PS = BwdKV::PS;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Ks = (bf16 *)smem;                 // [BC][S]
@@ -1032,9 +1057,23 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
                     *(uint32_t *)(dSs + off) = pack_bf16(ds[mt][nt][0], ds[mt][nt][1]);
                     *(uint32_t *)(dSs + off + 8 * PS) = pack_bf16(ds[mt][nt][2], ds[mt][nt][3]);
                 }
+        } else if (DS) { // written out below: its zeros, not the last step's values
+            uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int c = 0; c < 4; c++) *(uint4 *)(dSs + (kw * 32 + lane) * PS + hw * 32 + c * 8) = z;
         }
         // (a tile skipped here is never read below: its chunks are skipped too)
         __syncthreads();
+        if (DS) { // dS^T of keys k0.., queries qr.. to its place in dsT (see ds_block_off)
+            int hh = kvh * group + n / nper, Tp = ds_pad(T);
+            bf16 *dst = dsT + (size_t)(b * H + hh) * ds_head_elems(T) + ds_block_off(kb, Tp) + (qr - k0);
+            size_t ld = (size_t)(Tp - k0);
+#pragma unroll 1
+            for (int it = 0; it < BC * (BR / 8) / NT; it++) {
+                int c = it * NT + threadIdx.x, r = c / (BR / 8), ch = c % (BR / 8);
+                *(uint4 *)(dst + r * ld + ch * 8) = *(const uint4 *)(dSs + r * PS + ch * 8);
+            }
+        }
 
         // phase 2: keys wkey.., all columns; warps 0-3 dV += P^T dO, warps 4-7 dK += dS^T Q
         {
@@ -1084,6 +1123,87 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
             *(uint4 *)(dv + koff + (size_t)t * kstride + ch * 8) = *(const uint4 *)(Vs + r * S + ch * 8);
         }
     }
+}
+
+// ---- backward: dQ from dS^T (after backward_dkv_kernel<true>) ----
+
+struct DqDs {
+    static constexpr int WARPS = 4, BR = 32 * WARPS, BC = 64, NT = 32 * WARPS;
+    static constexpr size_t SMEM = (size_t)4 * BC * S * sizeof(bf16); // 2 x (dS^T, K): 69,632
+};
+
+// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
+// dQ[q] = scale sum_k dS[q, k] K[k] over key blocks of 64 in order; warp w
+// owns queries q0 + 32 w .. + 31 (A fragments by ldmatrix.trans from the
+// [key][query] tile), all HD columns.
+__global__ void __launch_bounds__(DqDs::NT, 2)
+    dq_ds_kernel(bf16 *dq, const bf16 *dsT, const bf16 *k, int T, int H, int KV, float scale) {
+    constexpr int BR = DqDs::BR, BC = DqDs::BC, NT = DqDs::NT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Ds = (bf16 *)smem;     // [2][BC][S]: keys x queries q0..q0+127
+    bf16 *Ks = Ds + 2 * BC * S;  // [2][BC][S]
+
+    int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;
+    int kvh = h / (H / KV);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int q0 = qb * BR, wrow = q0 + warp * 32, Tp = ds_pad(T);
+    size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
+    const bf16 *head = dsT + (size_t)(b * H + h) * ds_head_elems(T);
+    const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
+    int nkb = div_up(min(T, q0 + BR), BC);
+
+    auto load = [&](int j, int st) {
+        int kk0 = j * BC, kb = kk0 / 128, k0 = kb * 128;
+        size_t ld = (size_t)(Tp - k0);
+        const bf16 *src = head + ds_block_off(kb, Tp) + (size_t)(kk0 - k0) * ld + (q0 - k0);
+        bf16 *d = Ds + st * BC * S;
+        constexpr int C = BR / 8; // 16-byte chunks per row
+#pragma unroll 1
+        for (int c = threadIdx.x; c < BC * C; c += NT) {
+            int r = c / C, ch = c % C;
+            cp_async16(d + r * S + ch * 8, src + r * ld + ch * 8, 16);
+        }
+        load_tile<BC, NT>(Ks + st * BC * S, kg, kk0, T, kstride);
+    };
+    load(0, 0);
+    cp_async_commit();
+
+    float acc[2][HD / 8][4];
+    zero(acc);
+    for (int j = 0; j < nkb; j++) {
+        cp_async_wait<0>();
+        __syncthreads(); // block j is in; every warp is done with block j - 1's buffers
+        if (j + 1 < nkb) {
+            load(j + 1, (j + 1) & 1);
+            cp_async_commit();
+        }
+        if (j * BC > wrow + 31) continue; // no query of the warp sees these keys (dS is 0)
+        const bf16 *Dt = Ds + (j & 1) * BC * S, *Kt = Ks + (j & 1) * BC * S;
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldsm_x4_trans(a[mt], Dt + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * S + warp * 32 + mt * 16 +
+                                         ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int np = 0; np < HD / 16; np++) {
+                uint32_t bb[4];
+                ld_b_kn<S>(bb, Kt, kk * 16, np * 16, lane);
+                mma_bf16(acc[0][2 * np], a[0], bb[0], bb[1]);
+                mma_bf16(acc[0][2 * np + 1], a[0], bb[2], bb[3]);
+                mma_bf16(acc[1][2 * np], a[1], bb[0], bb[1]);
+                mma_bf16(acc[1][2 * np + 1], a[1], bb[2], bb[3]);
+            }
+        }
+    }
+    __syncthreads(); // every warp is done with the tiles: stage dQ over them
+    stage_acc<HD>(Ds, warp * 32, acc[0], scale, scale, lane);
+    stage_acc<HD>(Ds, warp * 32 + 16, acc[1], scale, scale, lane);
+    __syncwarp();
+    size_t qoff = ((size_t)b * T * H + h) * HD;
+    store_rows16<HD>(dq + qoff, qstride, wrow, T, Ds, warp * 32, lane);
+    store_rows16<HD>(dq + qoff, qstride, wrow + 16, T, Ds, warp * 32 + 16, lane);
 }
 
 } // namespace v2
@@ -1158,16 +1278,62 @@ static void backward_dq_v2(bf16 *dq, const bf16 *dout, const float *lse2, const 
     cudaLaunchCheck();
 }
 
-static void backward_dkv_v2(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse2, const bf16 *q, const bf16 *k,
-                            const bf16 *v, const float *D, int B, int T, int H, int KV) {
+// dsT NULL: dK, dV only; else also dS^T into dsT (v2::ds_block_off).
+static void backward_dkv_v2(bf16 *dk, bf16 *dv, bf16 *dsT, const bf16 *dout, const float *lse2, const bf16 *q,
+                            const bf16 *k, const bf16 *v, const float *D, int B, int T, int H, int KV) {
     using Cfg = v2::BwdKV;
-    static int smem_set;
-    cuda_allow_smem((const void *)v2::backward_dkv_kernel, &smem_set, (int)Cfg::SMEM);
+    static int smem_set[2];
+    const void *fn = dsT ? (const void *)v2::backward_dkv_kernel<true> : (const void *)v2::backward_dkv_kernel<false>;
+    cuda_allow_smem(fn, &smem_set[dsT != NULL], (int)Cfg::SMEM);
     dim3 grid(KV, B, ceil_div(T, Cfg::BC));
-    v2::backward_dkv_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
-        dk, dv, q, k, v, dout, lse2, D, T, H, KV, log2e_scale(128), (float)(1.0 / sqrt(128.0)));
+    float sl2 = log2e_scale(128), scale = (float)(1.0 / sqrt(128.0));
+    if (dsT)
+        v2::backward_dkv_kernel<true><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dk, dv, dsT, q, k, v, dout, lse2,
+                                                                                   D, T, H, KV, sl2, scale);
+    else
+        v2::backward_dkv_kernel<false><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dk, dv, dsT, q, k, v, dout, lse2,
+                                                                                    D, T, H, KV, sl2, scale);
     cudaLaunchCheck();
 }
+
+static void backward_dq_ds(bf16 *dq, const bf16 *dsT, const bf16 *k, int B, int T, int H, int KV) {
+    using Cfg = v2::DqDs;
+    static int smem_set;
+    cuda_allow_smem((const void *)v2::dq_ds_kernel, &smem_set, (int)Cfg::SMEM);
+    dim3 grid(H, B, ceil_div(T, Cfg::BR));
+    v2::dq_ds_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, dsT, k, T, H, KV, (float)(1.0 / sqrt(128.0)));
+    cudaLaunchCheck();
+}
+
+// dQ through dS^T in scratch (5 matmuls instead of 7) runs where variant 2's
+// dK/dV kernel runs without GQA (head dim 128, H == KV, MOECORE_ATTN 2 or 3)
+// and the dS^T of at least one batch row fits the cap: MOECORE_ATTN_DS MiB
+// (default 1024; 0 turns it off). Batch rows go through the buffer in
+// slices when all of them do not fit. The cap is read when the scratch is
+// sized (cuda_attention_scratch_floats) and must not change after.
+static long long ds_cap_mib_ = -1;
+static size_t ds_cap_bytes(void) {
+    if (ds_cap_mib_ < 0) {
+        int v = -1;
+        ds_cap_mib_ = env_setting(&v, "MOECORE_ATTN_DS", 1024);
+        if (ds_cap_mib_ < 0) ds_cap_mib_ = 0;
+    }
+    return (size_t)ds_cap_mib_ << 20;
+}
+// For tests: sets the cap (MiB), returning the one before.
+extern "C" long long cuda_attention_set_ds_cap_mib(long long mib) {
+    long long old = (long long)(ds_cap_bytes() >> 20);
+    ds_cap_mib_ = mib < 0 ? 0 : mib;
+    return old;
+}
+// Batch rows per dS^T slice; 0 when dQ does not go through dS^T.
+static int ds_batch_rows(int B, int T, int H, int KV, int hd) {
+    if (hd != 128 || H != KV || B <= 0 || T <= 0) return 0;
+    size_t per_row = (size_t)H * v2::ds_head_elems(T) * sizeof(bf16), cap = ds_cap_bytes();
+    size_t n = cap / per_row;
+    return n > (size_t)B ? B : (int)n;
+}
+static size_t d_floats(int B, int T, int H) { return ((size_t)B * H * T + 3) / 4 * 4; } // 16-byte aligned after
 
 template <int HD>
 static void forward_hd(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
@@ -1193,6 +1359,17 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
     cudaLaunchCheck();
 
     float sl2 = log2e_scale(HD), scale = (float)(1.0 / sqrt((double)HD));
+    int dsr = ds_batch_rows(B, T, H, KV, HD);
+    if (dsr > 0 && attn_variant() != 1) { // dK, dV and dS^T, then dQ = scale dS K, per slice of batch rows
+        bf16 *dsT = (bf16 *)(D + d_floats(B, T, H));
+        for (int b0 = 0; b0 < B; b0 += dsr) {
+            int nb = B - b0 < dsr ? B - b0 : dsr;
+            size_t oq = (size_t)b0 * T * H * HD, ok = (size_t)b0 * T * KV * HD, ol = (size_t)b0 * H * T;
+            backward_dkv_v2(dk + ok, dv + ok, dsT, dout + oq, lse2 + ol, q + oq, k + ok, v + ok, D + ol, nb, T, H, KV);
+            backward_dq_ds(dq + oq, dsT, k + ok, nb, T, H, KV);
+        }
+        return;
+    }
     if (HD == 128 && v2_qblocks(B, T, H)) {
         backward_dq_v2(dq, dout, lse2, q, k, v, D, B, T, H, KV);
     } else {
@@ -1205,7 +1382,7 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
         cudaLaunchCheck();
     }
     if (HD == 128 && (attn_variant() == 3 || (attn_variant() == 2 && H == KV))) {
-        backward_dkv_v2(dk, dv, dout, lse2, q, k, v, D, B, T, H, KV);
+        backward_dkv_v2(dk, dv, NULL, dout, lse2, q, k, v, D, B, T, H, KV);
     } else {
         using Cfg = BwdKVCfg<HD>;
         static int smem_set;
@@ -1247,6 +1424,11 @@ extern "C" void cuda_attention_backward(void *dq, void *dk, void *dv, const void
     }
 }
 
-// saved: lse2 [B,H,T]; scratch: D [B,H,T]
+// saved: lse2 [B,H,T]; scratch: D [B,H,T], then (16-byte aligned) the dS^T of
+// a slice of batch rows when dQ goes through it.
 extern "C" size_t cuda_attention_saved_floats(int B, int T, int H, int hd) { return (size_t)B * H * T; }
-extern "C" size_t cuda_attention_scratch_floats(int B, int T, int H, int hd) { return (size_t)B * H * T; }
+extern "C" size_t cuda_attention_scratch_floats(int B, int T, int H, int KV, int hd) {
+    int dsr = ds_batch_rows(B, T, H, KV, hd);
+    if (!dsr) return (size_t)B * H * T;
+    return d_floats(B, T, H) + ((size_t)dsr * H * v2::ds_head_elems(T) + 1) / 2;
+}

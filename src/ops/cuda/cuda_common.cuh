@@ -77,6 +77,8 @@ static inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
 // Needs c of the even lane, and the rows, 16-byte aligned (vec4 != 0);
 // otherwise (vec4 == 0) it falls back to 8-byte read-modify-writes. All 32
 // lanes must call it (it shuffles); lo_ok / hi_ok mask the rows.
+// SET stores the values instead of adding them (16-byte stores likewise).
+template <bool SET = false>
 __device__ __forceinline__ void red_add_quad(float *row_lo, float *row_hi, int c, float x0, float x1, float y0,
                                              float y1, bool lo_ok, bool hi_ok, bool vec4) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -84,26 +86,32 @@ __device__ __forceinline__ void red_add_quad(float *row_lo, float *row_hi, int c
         bool odd = threadIdx.x & 1; // lane parity (blocks are whole warps)
         float s0 = odd ? x0 : y0, s1 = odd ? x1 : y1;
         float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-        if (!odd && lo_ok)
-            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row_lo + c), "f"(x0), "f"(x1),
-                         "f"(r0), "f"(r1)
-                         : "memory");
-        if (odd && hi_ok)
-            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row_hi + c - 2), "f"(r0), "f"(r1),
-                         "f"(y0), "f"(y1)
-                         : "memory");
+        if (!odd && lo_ok) {
+            if (SET) *(float4 *)(row_lo + c) = make_float4(x0, x1, r0, r1);
+            else
+                asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row_lo + c), "f"(x0), "f"(x1),
+                             "f"(r0), "f"(r1)
+                             : "memory");
+        }
+        if (odd && hi_ok) {
+            if (SET) *(float4 *)(row_hi + c - 2) = make_float4(r0, r1, y0, y1);
+            else
+                asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row_hi + c - 2), "f"(r0),
+                             "f"(r1), "f"(y0), "f"(y1)
+                             : "memory");
+        }
         return;
     }
 #endif
     (void)vec4;
     if (lo_ok) {
-        float2 *p = (float2 *)(row_lo + c), v = *p;
+        float2 *p = (float2 *)(row_lo + c), v = SET ? make_float2(0.f, 0.f) : *p;
         v.x += x0;
         v.y += x1;
         *p = v;
     }
     if (hi_ok) {
-        float2 *p = (float2 *)(row_hi + c), v = *p;
+        float2 *p = (float2 *)(row_hi + c), v = SET ? make_float2(0.f, 0.f) : *p;
         v.x += y0;
         v.y += y1;
         *p = v;

@@ -492,7 +492,7 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
 extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C,
                                         int OC);
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
-                                        int OC);
+                                        int OC, int accumulate);
 extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2,
                                              const void *w2, const int *offsets, int E, int C, int OC);
 
@@ -531,7 +531,7 @@ extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const vo
 }
 
 extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
-                                             const int *offsets, int E, int C, int OC) {
+                                             const int *offsets, int E, int C, int OC, int accumulate) {
     const void *operands[3] = {dout, inp, w};
     grouped_check("grouped_matmul_backward", E, C, OC, operands, 3, dinp, 4);
     grouped_check("grouped_matmul_backward", E, C, OC, operands, 3, dw, 8);
@@ -539,7 +539,10 @@ extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *
     // dinp[R, C] = dout[R, OC] w_e[OC, C]: K = OC, B stored [K, N]
     if (dinp && (no_wgmma() || cuda_grouped_dgrad_wgmma(dinp, dout, w, offsets, E, C, OC) != 0))
         launch_grouped_rows<false>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, C, OC);
-    if (dw && (no_wgmma() || !wgmma_wgrad() || cuda_grouped_wgrad_wgmma(dw, dout, inp, offsets, E, C, OC) != 0)) {
+    // dw: the warp-specialised kernel writes (accumulate = 0) or adds; the
+    // others add, into zeros when accumulate = 0
+    if (dw && (no_wgmma() || !wgmma_wgrad() || cuda_grouped_wgrad_wgmma(dw, dout, inp, offsets, E, C, OC, accumulate))) {
+        if (!accumulate) cudaCheck(cudaMemsetAsync(dw, 0, (size_t)E * OC * C * sizeof(float), cuda_stream()));
         static int smem_set;
         int smem = GemmSmem<false, false>::BYTES;
         cuda_allow_smem((const void *)grouped_wgrad_kernel, &smem_set, smem);

@@ -182,17 +182,17 @@ __device__ __forceinline__ void store_acc_bf16(const float (&acc)[BN / 2], bf16 
         }
     }
 }
-// ... and dw += acc for rows < M and columns < N (red_add_quad; the block
-// alone owns the tile).
-template <int BN>
+// ... and dw += acc (SET: dw = acc) for rows < M and columns < N
+// (red_add_quad; the block alone owns the tile).
+template <int BN, bool SET = false>
 __device__ __forceinline__ void add_acc_f32(const float (&acc)[BN / 2], float *o, int M, int N, int r, int c0,
                                             bool vec4) {
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
         int c = c0 + 8 * j;
         bool c_ok = c < N;
-        red_add_quad(o + (size_t)r * N, o + (size_t)(r + 8) * N, c, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2],
-                     acc[4 * j + 3], c_ok && r < M, c_ok && r + 8 < M, vec4);
+        red_add_quad<SET>(o + (size_t)r * N, o + (size_t)(r + 8) * N, c, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2],
+                          acc[4 * j + 3], c_ok && r < M, c_ok && r + 8 < M, vec4);
     }
 }
 
@@ -639,8 +639,11 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
 // expert's rows, so on a tile's last, partial K step each consumer
 // warpgroup zeroes the K rows past the segment in its half of A (then the
 // products with whatever B holds there are zero) and fences before its
-// wgmma; the tile is added into dw by red_add_quad.
-enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2 };
+// wgmma; the tile is added into dw by red_add_quad, or stored over it
+// (WS_WGRAD_SET on the host: dw = A_e^T B_e, the same kernel with bit 1 of
+// vec4 set; experts without rows, which have no tiles, are zeroed by
+// zero_empty_experts first).
+enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3 };
 
 // out[R, N] = A[R, K] B_e^T (forward: B_e [N, K]) or A[R, K] B_e (data-grad:
 // B_e [K, N]), plus A2 B2_e when pair; or dw (weight-grad, above; M rows,
@@ -781,9 +784,23 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
         mbar_arrive(empty0 + 8 * prev);
 
         int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2), c0 = tl.n0 + 2 * (lane & 3);
-        if constexpr (WGRAD) add_acc_f32<BN>(acc, (float *)out + (size_t)tl.e * M * N, M, N, r, c0, vec4);
-        else store_acc_bf16<BN>(acc, (bf16 *)out + (size_t)tl.r0 * N, N, r, c0, tl.rows);
+        if constexpr (WGRAD) {
+            float *o = (float *)out + (size_t)tl.e * M * N;
+            if (vec4 & 2) add_acc_f32<BN, true>(acc, o, M, N, r, c0, vec4 & 1);
+            else add_acc_f32<BN>(acc, o, M, N, r, c0, vec4 & 1);
+        } else {
+            store_acc_bf16<BN>(acc, (bf16 *)out + (size_t)tl.r0 * N, N, r, c0, tl.rows);
+        }
     }
+}
+
+// dw[e] = 0 for the experts without rows (grid.y = expert).
+__global__ void zero_empty_experts(float *dw, const int *offsets, size_t per_expert) {
+    int e = blockIdx.y;
+    if (offsets[e + 1] != offsets[e]) return;
+    float *d = dw + (size_t)e * per_expert;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < per_expert; i += (size_t)gridDim.x * blockDim.x)
+        d[i] = 0.f;
 }
 
 } // namespace
@@ -847,10 +864,12 @@ static int tma_wanted(void) {
 // Forward (WS_FWD: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C]),
 // data-grad (WS_DGRAD: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC], B =
 // w [E*OC, C] N-major) or weight-grad (WS_WGRAD: dw[e][OC, C] += A_e^T B_e,
-// A = dout [., OC], B = inp [., C]) on the warp-specialised kernel: 0 when
-// it ran, -1 (nothing launched) when it does not take the call.
+// WS_WGRAD_SET: =; A = dout [., OC], B = inp [., C]) on the warp-specialised
+// kernel: 0 when it ran, -1 (nothing launched) when it does not take the call.
 static int launch_ws(int mode, void *out, const void *A, const void *B, const void *A2, const void *B2,
                      const int *offsets, int E, int C, int OC) {
+    int set = mode == WS_WGRAD_SET;
+    if (set) mode = WS_WGRAD;
     int N = mode == WS_FWD ? OC : C, K = mode == WS_FWD ? C : OC;
     if (!tma_wanted() || N < WS_BN || wgmma_bn(N) != WS_BN || !tma_available()) return -1;
     WsMaps maps;
@@ -883,8 +902,14 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
                                                                                0);
         break;
     default:
-        grouped_ws_kernel<WS_WGRAD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, 0, offsets, E, OC, C, 0,
-                                                                               wgrad_vec4((const float *)out));
+        if (set) {
+            size_t per = (size_t)OC * C;
+            zero_empty_experts<<<dim3(ceil_div(per, 4 * 256) < 32 ? ceil_div(per, 4 * 256) : 32, E), 256, 0,
+                                 cuda_stream()>>>((float *)out, offsets, per);
+            cudaLaunchCheck();
+        }
+        grouped_ws_kernel<WS_WGRAD><<<grid, WS_THREADS, smem, cuda_stream()>>>(
+            out, maps, 0, offsets, E, OC, C, 0, wgrad_vec4((const float *)out) | (set << 1));
     }
     cudaLaunchCheck();
     return 0;
@@ -956,11 +981,14 @@ extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void
 // 128 x 128 tiles, 3 stages and two blocks per multiprocessor (short expert
 // segments give few K steps per tile, so one block's epilogue runs under
 // the other's main loop).
+// dw (=|+=, by accumulate) on the warp-specialised kernel; otherwise (+=
+// only) on the cp.async kernel, into zeros when accumulate = 0.
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
-                                        int OC) {
+                                        int OC, int accumulate) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dout | (uintptr_t)inp) & 15 || (uintptr_t)dw & 7) return -1;
-    if (launch_ws(WS_WGRAD, dw, dout, inp, NULL, NULL, offsets, E, C, OC) == 0) return 0;
+    if (launch_ws(accumulate ? WS_WGRAD : WS_WGRAD_SET, dw, dout, inp, NULL, NULL, offsets, E, C, OC) == 0) return 0;
+    if (!accumulate) cudaCheck(cudaMemsetAsync(dw, 0, (size_t)E * OC * C * sizeof(float), cuda_stream()));
     int vec4 = wgrad_vec4(dw); // passed as K (unused by the weight-grad otherwise)
     BwdOperands o = {(const bf16 *)dout, (const bf16 *)inp, NULL, NULL, 0};
     return launch_wgmma_bwd<128, true, 3, 2>(dw, o, offsets, E, OC, C, vec4);

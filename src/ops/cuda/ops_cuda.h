@@ -22,7 +22,7 @@ void cuda_router_logits_backward(void *dinp, float *dw, const float *dlogits, co
 void cuda_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets,
                                  int E, int C, int OC);
 void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp,
-                                  const void *w, const int *offsets, int E, int C, int OC);
+                                  const void *w, const int *offsets, int E, int C, int OC, int accumulate);
 void cuda_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2,
                              const int *offsets, int E, int C, int OC);
 
@@ -33,7 +33,7 @@ void cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, con
                              const void *q, const void *k, const void *v, const void *out,
                              float *scratch, int B, int T, int H, int KV, int hd);
 size_t cuda_attention_saved_floats(int B, int T, int H, int hd);
-size_t cuda_attention_scratch_floats(int B, int T, int H, int hd);
+size_t cuda_attention_scratch_floats(int B, int T, int H, int KV, int hd);
 
 // kernels.cu: everything else
 void cuda_cast_to_act(void *dst, const float *src, size_t n);

@@ -124,8 +124,8 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (out, inp, w, offsets, E, C, OC))                                                                      \
     X(grouped_matmul_backward, C_EXPERT,                                                                     \
       (void *dinp, float *dw, const void *dout, const void *inp, const void *w, const int *offsets, int E,   \
-       int C, int OC),                                                                                       \
-      (dinp, dw, dout, inp, w, offsets, E, C, OC))                                                           \
+       int C, int OC, int accumulate),                                                                       \
+      (dinp, dw, dout, inp, w, offsets, E, C, OC, accumulate))                                               \
     X(grouped_dgrad_pair, C_EXPERT,                                                                          \
       (void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2, const int *offsets,  \
        int E, int C, int OC),                                                                                \
