@@ -1019,6 +1019,7 @@ int main(void) {
     test_rmsnorm(4096, 1024, 1, 0);
     test_rmsnorm(777, 512, 0, 0);
     test_rmsnorm(5, 24, 1, 0);      // fast path, lanes past C idle
+    test_rmsnorm(9, 1544, 1, 0);    // block per row: 193 of 224 threads busy, fewer rows than blocks
     test_rmsnorm(37, 100, 1, 0);    // general path, C not a multiple of 8
     test_rmsnorm(33, 4096, 1, 0);   // general path, vectorised
     test_rmsnorm(1000, 2048, 1, 1); // general path, scalar
@@ -1073,9 +1074,11 @@ int main(void) {
         test_permute(37, 3, 100, acc, 0);
         test_permute(300, 4, 256, acc, 1);
         test_permute_backward_uneven(50, 300, 64, acc);
+        test_permute_backward_uneven(50, 300, 2056, acc);  // C > 2048: two channel passes
         test_unpermute(4096, 8, 2048, acc, 0);
         test_unpermute(37, 3, 100, acc, 0);
         test_unpermute(300, 4, 256, acc, 1);
+        test_unpermute(100, 6, 1000, acc, 0);  // slots in two groups, the second partial
     }
 
     printf("-- loss\n");

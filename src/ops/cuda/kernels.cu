@@ -12,10 +12,12 @@
 // - Deterministic: no floating-point atomics. Reductions write per-block
 //   partials that one block (or one thread per column) sums in a fixed
 //   order; the grid of a reduction depends only on the shape and the GPU.
-//   Scatter-adds (embedding and permute backward) first stable-sort the
-//   source rows by destination (CUB radix sort, keys = destination, values
-//   = source index), then one warp per destination and 256-channel slice
-//   sums that destination's rows in ascending source order.
+//   Scatter-adds sum each destination's rows in ascending source order:
+//   embedding backward stable-sorts the source rows by destination (CUB
+//   radix sort, keys = destination, values = source index), then one warp
+//   per destination and 256-channel slice adds them; permute backward
+//   lists each token's rows with integer atomics and sorts each short list
+//   in a warp before adding.
 // - moe_route_index is the same stable sort of the flat (token, slot)
 //   indices by expert: the stable order is then (expert, token, slot), as
 //   on the CPU, and offsets are the segment starts of the sorted keys.
@@ -30,6 +32,8 @@
 #define WARP 32
 #define ROW_THREADS 256  // blocks of warp-per-row kernels: 8 rows at a time
 #define ROW_WARPS (ROW_THREADS / WARP)
+#define ROW_BLOCK_MAX 256  // block-per-row kernels: 8 channels a thread, C <= 2048
+#define MAX_WARPS 32       // warps of the largest block
 #define EW_THREADS 256   // elementwise kernels: 8 elements per thread
 #define LOG2E 1.4426950408889634f
 
@@ -58,6 +62,27 @@ static void *scratch_get(Scratch *s, size_t bytes) {
 
 static inline int ew_blocks(size_t n) { return ceil_div((long)((n + 7) / 8), EW_THREADS); }
 static inline int row_blocks(long rows) { return ceil_div(rows, ROW_WARPS); }
+// threads per row of a block-per-row kernel: C / 8 rounded up to warps, at
+// most ROW_BLOCK_MAX
+static __host__ __device__ inline int row_block_threads(int C) {
+    int t = ((C + 7) / 8 + WARP - 1) / WARP * WARP;
+    return t < WARP ? WARP : t < ROW_BLOCK_MAX ? t : ROW_BLOCK_MAX;
+}
+// Blocks of a persistent grid: as many of `threads` threads and `smem`
+// bytes of dynamic shared memory as fit on the GPU, no more than `work`.
+// per_sm[threads / WARP] (MAX_WARPS + 1 entries) caches the occupancy, so
+// the grid depends only on the shape and the GPU.
+template <typename Kernel>
+static int persistent_blocks(Kernel kernel, int threads, size_t smem, int *per_sm, long work) {
+    int &b = per_sm[threads / WARP];
+    if (!b) {
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, smem));
+        if (b < 1) b = 1;
+    }
+    long G = (long)cuda_num_sms() * b;
+    return (int)(G < work ? G : work);
+}
+
 // bits needed for keys 0..n-1 (at least 1)
 static inline int key_bits(long n) {
     int b = 1;
@@ -125,6 +150,22 @@ __device__ __forceinline__ void store8(float *p, size_t i, size_t n, bool vec, c
         if (i + j < n) p[i + j] = f[j];
 }
 
+// load8 / store8 of a row's channels i..i+7 (i a multiple of 8): with VEC
+// the row length n is a multiple of 8 too, so the 8 are all in (one 16-byte
+// access) or all out; without, load8 / store8's scalar path.
+template <bool VEC>
+__device__ __forceinline__ void load8_row(const bf16 *p, int i, int n, float f[8]) {
+    if (!VEC) return load8(p, i, n, false, f);
+    uint4 raw = make_uint4(0, 0, 0, 0);  // BF16 zeros: select before unpacking
+    if (i < n) raw = *reinterpret_cast<const uint4 *>(p + i);
+    unpack8(raw, f);
+}
+template <bool VEC>
+__device__ __forceinline__ void store8_row(bf16 *p, int i, int n, const float f[8]) {
+    if (!VEC) return store8(p, i, n, false, f);
+    if (i < n) *reinterpret_cast<uint4 *>(p + i) = pack8(f);
+}
+
 // Butterfly reductions: every lane ends with the same value (a + b == b + a
 // exactly), and the order is fixed, so results are reproducible.
 template <typename T>
@@ -153,6 +194,30 @@ __device__ T block_sum(T v) {
         r = warp_sum(r);
     }
     return r;
+}
+
+// Sums of v[0..K) over warps w0 .. w0 + nw - 1 of the block (the caller's
+// group; blockDim a multiple of 32), the same in all their threads: warps'
+// butterflies, then the warps in order. Every thread of the block calls it
+// (one __syncthreads); red holds K x MAX_WARPS floats. A kernel calling it
+// once per row alternates between two such slots: a thread reaches a slot's
+// next writes only after every thread has passed the barrier that follows
+// its last reads.
+template <int K>
+__device__ __forceinline__ void block_sums(float v[K], float *red, int w0, int nw) {
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+#pragma unroll
+    for (int j = 0; j < K; j++) {
+        v[j] = warp_sum(v[j]);
+        if (lane == 0) red[j * MAX_WARPS + warp] = v[j];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < K; j++) {
+        float t = 0.f;
+        for (int i = w0; i < w0 + nw; i++) t += red[j * MAX_WARPS + i];
+        v[j] = t;
+    }
 }
 
 __device__ __forceinline__ float fast_exp(float x) { return exp2f(x * LOG2E); }
@@ -353,11 +418,12 @@ extern "C" void cuda_permute_forward(void *xp, const void *x, const int *token_o
 }
 
 // ---------------------------------------------------------------------------
-// Deterministic scatter-adds. Grid: x = 8 destinations (or sorted positions)
-// per block, one per warp; y = 256-channel slices, 8 channels per lane.
+// Deterministic scatter-adds.
 
 // dwte[tok] += the dout rows of tok's positions, summed in ascending position.
-// Warp i works only if sorted position i starts its token's run.
+// Grid: x = 8 sorted positions per block, one per warp; y = 256-channel
+// slices, 8 channels per lane. Warp i works only if sorted position i starts
+// its token's run.
 static __global__ void embedding_backward_kernel(float *dwte, const bf16 *dout, const unsigned *skeys,
                                                  const int *order, int N, int C, bool vec_in, bool vec_out) {
     int i = blockIdx.x * ROW_WARPS + threadIdx.x / WARP;
@@ -391,44 +457,86 @@ extern "C" void cuda_embedding_backward(float *dwte, const void *dout, const int
     cudaLaunchCheck();
 }
 
-// dx[n] (=|+=) the dxp rows of token n (rows starts[n]..starts[n+1] of order),
-// summed in ascending row.
-static __global__ void permute_backward_kernel(bf16 *dx, const bf16 *dxp, const int *starts, const int *order,
-                                               int N, int C, int accumulate, bool vec) {
-    int n = blockIdx.x * ROW_WARPS + threadIdx.x / WARP;
-    int c = (blockIdx.y * WARP + threadIdx.x % WARP) * 8;
-    if (n >= N || c >= C) return;
-    float acc[8], f[8];
-    bf16 *d = dx + (size_t)n * C;
-    if (accumulate) load8(d, c, C, vec, acc);
-    else
+// permute backward: dx[n] (=|+=) the dxp rows of token n, summed in
+// ascending row. No sort: one pass lists each token's rows in the order
+// integer atomics hand out slots (counts exact, order timing-dependent), and
+// the gather, one block per token with 8 channels a thread, puts the list in
+// ascending order in each warp before adding. A token with more rows than a
+// list holds (never with top-k routing, k <= 32) scans token_of_row instead.
+#define PERMUTE_LIST 32  // rows listed per token: one per lane
+
+// cnt[t] = rows of token t (zeroed before); list[t, 0..min(cnt[t], 32))
+static __global__ void permute_list_kernel(int *cnt, int *list, const int *token_of_row, int R) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= R) return;
+    int t = token_of_row[r];
+    int slot = atomicAdd(&cnt[t], 1);
+    if (slot < PERMUTE_LIST) list[(size_t)t * PERMUTE_LIST + slot] = r;
+}
+
+// acc += src rows r_0 < r_1 < ... < r_{count-1} (lane i holds r_i), in
+// that order, ADD_ROWS loads in flight at a time
+#define ADD_ROWS 4
+template <bool VEC>
+__device__ __forceinline__ void add_rows(float acc[8], int row, int count, const bf16 *src, int c, int C) {
+    for (int i0 = 0; i0 < count; i0 += ADD_ROWS) {
+        float f[ADD_ROWS][8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) acc[u] = 0.f;
-    int j0 = starts[n], j1 = starts[n + 1];
-#pragma unroll 4
-    for (int j = j0; j < j1; j++) {
-        load8(dxp + (size_t)order[j] * C, c, C, vec, f);
+        for (int u = 0; u < ADD_ROWS; u++) {
+            int r = __shfl_sync(0xffffffffu, row, (i0 + u) & (WARP - 1));
+            load8_row<VEC>(src + (size_t)r * C, i0 + u < count ? c : C, C, f[u]);
+        }
 #pragma unroll
-        for (int u = 0; u < 8; u++) acc[u] += f[u];
+        for (int u = 0; u < ADD_ROWS; u++)
+            if (i0 + u < count)
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[j] += f[u][j];
     }
-    store8(d, c, C, vec, acc);
+}
+
+template <bool VEC>
+static __global__ void __launch_bounds__(ROW_BLOCK_MAX)
+    permute_backward_kernel(bf16 *dx, const bf16 *dxp, const int *cnt, const int *list, const int *token_of_row,
+                            int R, int C, int accumulate) {
+    int n = blockIdx.x, lane = threadIdx.x % WARP;
+    int L = cnt[n], mine = list[(size_t)n * PERMUTE_LIST + lane];  // beside the count: entries past it unused
+    bool listed = L <= PERMUTE_LIST;
+    if (!listed || lane >= L) mine = INT_MAX;
+    // lane i takes the listed row of rank i (rows are distinct)
+    int rank = 0, sorted = 0;
+    for (int j = 0; j < L && listed; j++) rank += __shfl_sync(0xffffffffu, mine, j) < mine;
+    for (int j = 0; j < L && listed; j++) {
+        int rj = __shfl_sync(0xffffffffu, mine, j), kj = __shfl_sync(0xffffffffu, rank, j);
+        if (kj == lane) sorted = rj;
+    }
+    bf16 *d = dx + (size_t)n * C;
+    for (int c0 = (threadIdx.x - lane) * 8; c0 < C; c0 += blockDim.x * 8) {  // warp-uniform: lanes past C idle
+        int c = c0 + lane * 8;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (accumulate) load8_row<VEC>(d, c, C, acc);
+        if (listed) add_rows<VEC>(acc, sorted, L, dxp, c, C);
+        else
+            for (int base = 0; base < R; base += WARP) {  // the i-th match of 32 rows to lane i
+                unsigned m = __ballot_sync(0xffffffffu, base + lane < R && token_of_row[base + lane] == n);
+                add_rows<VEC>(acc, base + (int)__fns(m, 0, lane + 1), __popc(m), dxp, c, C);
+            }
+        store8_row<VEC>(d, c, C, acc);
+    }
 }
 
 extern "C" void cuda_permute_backward(void *dx, const void *dxp, const int *token_of_row, int N, int R, int C,
                                       int accumulate) {
-    static Scratch s, st;
+    static Scratch s;
     if (N <= 0 || C <= 0) return;
-    int *starts = (int *)scratch_get(&st, (size_t)(N + 1) * sizeof(int));
     if (R > 0) {
-        unsigned *skeys;
-        int *order;
-        sort_indices_by_key(&s, token_of_row, R, key_bits(N), &skeys, &order);
-        segment_starts_kernel<<<ceil_div(R + 1, 256), 256, 0, cuda_stream()>>>(starts, skeys, R, N);
+        int *cnt = (int *)scratch_get(&s, (size_t)N * (1 + PERMUTE_LIST) * sizeof(int)), *list = cnt + N;
+        cudaCheck(cudaMemsetAsync(cnt, 0, (size_t)N * sizeof(int), cuda_stream()));
+        permute_list_kernel<<<ceil_div(R, 256), 256, 0, cuda_stream()>>>(cnt, list, token_of_row, R);
         cudaLaunchCheck();
         bool vec = C % 8 == 0 && aligned16(dx) && aligned16(dxp);
-        dim3 grid(row_blocks(N), ceil_div(C, WARP * 8));
-        permute_backward_kernel<<<grid, ROW_THREADS, 0, cuda_stream()>>>((bf16 *)dx, (const bf16 *)dxp, starts,
-                                                                         order, N, C, accumulate, vec);
+        (vec ? permute_backward_kernel<true> : permute_backward_kernel<false>)<<<N, row_block_threads(C), 0,
+                                                                                 cuda_stream()>>>(
+            (bf16 *)dx, (const bf16 *)dxp, cnt, list, token_of_row, R, C, accumulate);
         cudaLaunchCheck();
     } else if (!accumulate) {
         cudaCheck(cudaMemsetAsync(dx, 0, (size_t)N * C * sizeof(bf16), cuda_stream()));
@@ -467,33 +575,50 @@ extern "C" void cuda_unpermute_forward(void *out, const void *y, const float *we
     cudaLaunchCheck();
 }
 
-// One warp per token: dy[row] = w dout[n]; dweights[n,s] = <dout[n], y[row]>
-static __global__ void unpermute_backward_kernel(bf16 *dy, float *dweights, const bf16 *dout, const bf16 *y,
-                                                 const float *weights, const int *row_of, int N, int k, int C,
-                                                 bool vec) {
-    int n = blockIdx.x * ROW_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (n >= N) return;
-    const bf16 *d = dout + (size_t)n * C;
-    for (int s = 0; s < k; s++) {
-        int r = row_of[(size_t)n * k + s];
-        float w = weights[(size_t)n * k + s];
-        const bf16 *yr = y + (size_t)r * C;
-        bf16 *dyr = dy + (size_t)r * C;
-        float dot = 0.f;
-#pragma unroll 4
-        for (int c = lane * 8; c < C; c += WARP * 8) {
-            float df[8], yf[8], o[8];
-            load8(d, c, C, vec, df);
-            load8(yr, c, C, vec, yf);
+// One block per token, 8 channels a thread (looping when C > 2048):
+// dy[row] = w dout[n] and dweights[n,s] = <dout[n], y[row]> for
+// UNPERMUTE_SLOTS slots at a time, whose y loads all issue before the first
+// product and whose dots share one block_sums.
+#define UNPERMUTE_SLOTS 4
+template <bool VEC>
+static __global__ void __launch_bounds__(ROW_BLOCK_MAX, VEC ? 4 : 1)
+    unpermute_backward_kernel(bf16 *dy, float *dweights, const bf16 *dout, const bf16 *y, const float *weights,
+                              const int *row_of, int N, int k, int C) {
+    __shared__ float red[2][UNPERMUTE_SLOTS * MAX_WARPS];
+    size_t n = blockIdx.x;
+    const bf16 *d = dout + n * C;
+    for (int s0 = 0, slot = 0; s0 < k; s0 += UNPERMUTE_SLOTS, slot ^= 1) {
+        int row[UNPERMUTE_SLOTS];
+        float w[UNPERMUTE_SLOTS], dot[UNPERMUTE_SLOTS];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                o[u] = w * df[u];
-                dot += df[u] * yf[u];
-            }
-            store8(dyr, c, C, vec, o);
+        for (int u = 0; u < UNPERMUTE_SLOTS; u++) {
+            bool on = s0 + u < k;
+            row[u] = on ? row_of[n * k + s0 + u] : 0;
+            w[u] = on ? weights[n * k + s0 + u] : 0.f;
+            dot[u] = 0.f;
         }
-        dot = warp_sum(dot);
-        if (lane == 0) dweights[(size_t)n * k + s] = dot;
+        for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
+            float df[8], yf[UNPERMUTE_SLOTS][8];
+            load8_row<VEC>(d, c, C, df);
+#pragma unroll
+            for (int u = 0; u < UNPERMUTE_SLOTS; u++)  // slots past k read zeros
+                load8_row<VEC>(y + (size_t)row[u] * C, s0 + u < k ? c : C, C, yf[u]);
+#pragma unroll
+            for (int u = 0; u < UNPERMUTE_SLOTS; u++)
+                if (s0 + u < k) {
+                    float o[8];
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        o[j] = w[u] * df[j];
+                        dot[u] += df[j] * yf[u][j];
+                    }
+                    store8_row<VEC>(dy + (size_t)row[u] * C, c, C, o);
+                }
+        }
+        block_sums<UNPERMUTE_SLOTS>(dot, red[slot], 0, blockDim.x / WARP);
+#pragma unroll
+        for (int u = 0; u < UNPERMUTE_SLOTS; u++)
+            if (threadIdx.x == u && s0 + u < k) dweights[n * k + s0 + u] = dot[u];
     }
 }
 
@@ -501,16 +626,26 @@ extern "C" void cuda_unpermute_backward(void *dy, float *dweights, const void *d
                                         const float *weights, const int *row_of, int N, int k, int C) {
     if (N <= 0) return;
     bool vec = C % 8 == 0 && aligned16(dy) && aligned16(dout) && aligned16(y);
-    unpermute_backward_kernel<<<row_blocks(N), ROW_THREADS, 0, cuda_stream()>>>(
-        (bf16 *)dy, dweights, (const bf16 *)dout, (const bf16 *)y, weights, row_of, N, k, C, vec);
+    (vec ? unpermute_backward_kernel<true> : unpermute_backward_kernel<false>)<<<N, row_block_threads(C), 0,
+                                                                                 cuda_stream()>>>(
+        (bf16 *)dy, dweights, (const bf16 *)dout, (const bf16 *)y, weights, row_of, N, k, C);
     cudaLaunchCheck();
 }
 
 // ---------------------------------------------------------------------------
-// RMSNorm. Fast path (C a multiple of 8, C <= 2048, aligned): one warp per
-// row holding the row in registers, V 16-byte vectors per lane. Otherwise a
-// general warp-per-row kernel that reads the row twice (the second time
-// from cache).
+// RMSNorm, three paths by C (the first two for C a multiple of 8 and
+// 16-byte aligned rows):
+// - C <= 512 (QK-norm's heads): one warp per row holding the row in
+//   registers, V 16-byte vectors per lane;
+// - C <= 2048 (d_model): C / 8 threads per row, one 16-byte vector of each
+//   operand per thread, on a persistent grid of G blocks: block b takes
+//   rows b, b + G, ... and issues row i + G's loads before reducing row i,
+//   so loads stay in flight through each row's reduction (block_sums, one
+//   barrier) and stores. The forward's blocks are one row wide (32
+//   registers: 8 blocks per SM); the backward's hold several rows' groups
+//   of threads, one block per SM, so that its dw partials are few;
+// - otherwise a general warp-per-row kernel that reads the row twice (the
+//   second time from cache).
 
 template <int V>
 static __global__ void __launch_bounds__(ROW_THREADS)
@@ -552,6 +687,40 @@ static __global__ void __launch_bounds__(ROW_THREADS)
     if (lane == 0) rstd[row] = r;
 }
 
+// 16 bytes at channel c of row `row` of a [N, C] array: zeros past N or C
+__device__ __forceinline__ uint4 load_row16(const bf16 *a, int row, int N, int C, int c) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < N && c < C) v = *reinterpret_cast<const uint4 *>(a + (size_t)row * C + c);
+    return v;
+}
+
+// Block per row: row i + G is in flight while row i is reduced.
+static __global__ void __launch_bounds__(ROW_BLOCK_MAX, 8)
+    rmsnorm_forward_block_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
+    __shared__ float red[2][MAX_WARPS];
+    int c = threadIdx.x * 8;
+    bool on = c < C;
+    uint4 wr = load_row16(w, 0, 1, C, c), xn = load_row16(inp, blockIdx.x, N, C, c);
+    for (int row = blockIdx.x, slot = 0; row < N; row += gridDim.x, slot ^= 1) {
+        uint4 xr = xn;
+        int next = row + gridDim.x;
+        if (on && next < N) xn = *reinterpret_cast<const uint4 *>(inp + (size_t)next * C + c);
+        float f[8], wf[8], ss[1] = {0.f};
+        unpack8(xr, f);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss[0] += f[j] * f[j];
+        block_sums<1>(ss, red[slot], 0, blockDim.x / WARP);
+        float r = 1.f / sqrtf(ss[0] / C + eps);
+        if (on) {
+            unpack8(wr, wf);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = f[j] * r * wf[j];
+            *reinterpret_cast<uint4 *>(out + (size_t)row * C + c) = pack8(f);
+        }
+        if (threadIdx.x == 0) rstd[row] = r;
+    }
+}
+
 static __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C,
                                               float eps, bool vec) {
     int row = blockIdx.x * ROW_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -585,20 +754,35 @@ extern "C" void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, co
     cudaStream_t st = cuda_stream();
     if (vec && nvec <= 1 * WARP) rmsnorm_forward_reg_kernel<1><<<grid, ROW_THREADS, 0, st>>>(o, rstd, x, wb, N, C, eps);
     else if (vec && nvec <= 2 * WARP) rmsnorm_forward_reg_kernel<2><<<grid, ROW_THREADS, 0, st>>>(o, rstd, x, wb, N, C, eps);
-    else if (vec && nvec <= 4 * WARP) rmsnorm_forward_reg_kernel<4><<<grid, ROW_THREADS, 0, st>>>(o, rstd, x, wb, N, C, eps);
-    else if (vec && nvec <= 8 * WARP) rmsnorm_forward_reg_kernel<8><<<grid, ROW_THREADS, 0, st>>>(o, rstd, x, wb, N, C, eps);
-    else rmsnorm_forward_kernel<<<grid, ROW_THREADS, 0, st>>>(o, rstd, x, wb, N, C, eps, vec);
+    else if (vec && nvec <= ROW_BLOCK_MAX) {
+        static int per_sm[MAX_WARPS + 1];
+        int threads = row_block_threads(C);
+        int G = persistent_blocks(rmsnorm_forward_block_kernel, threads, 0, per_sm, N);
+        rmsnorm_forward_block_kernel<<<G, threads, 0, st>>>(o, rstd, x, wb, N, C, eps);
+    } else rmsnorm_forward_kernel<<<grid, ROW_THREADS, 0, st>>>(o, rstd, x, wb, N, C, eps, vec);
     cudaLaunchCheck();
 }
 
 // Backward, dx = r w dy - x r^3 mean(x w dy) (=|+=), per row; dw partials
-// [G, C] that column_sum_kernel adds into dw. Each lane reads and writes the
-// same elements, so dinp may alias dout.
+// [G, C] that column_sum_kernel adds into dw. Each thread reads and writes
+// the same elements, so dinp may alias dout.
 //
-// Fast path: a persistent grid of G blocks; warp g of the grid takes rows
-// g, g + 8G, ... and keeps its dw in registers (every warp's lanes own the
-// same channels); the block's 8 warps then add theirs into shared memory in
-// warp order and write one partial row.
+// Warp per row (C <= 512): a persistent grid of G blocks; warp g of the grid
+// takes rows g, g + 8G, ... and keeps its dw in registers (every warp's
+// lanes own the same channels); the block's 8 warps then add theirs into
+// shared memory in warp order and write one partial row.
+// 8 channels of a row: g (=|+=) r w dy - x kk (g holds the old dx when
+// accumulating), dw += dy x r
+__device__ __forceinline__ void rmsnorm_dx8(float g[8], float dw[8], const float xf[8], const float wf[8],
+                                            const float df[8], float r, float kk, int accumulate) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float gj = r * wf[j] * df[j] - xf[j] * kk;
+        g[j] = accumulate ? g[j] + gj : gj;
+        dw[j] += df[j] * xf[j] * r;
+    }
+}
+
 template <int V>
 static __global__ void __launch_bounds__(ROW_THREADS)
     rmsnorm_backward_reg_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *w,
@@ -651,12 +835,7 @@ static __global__ void __launch_bounds__(ROW_THREADS)
                 unpack8(wr[v], wf);
                 unpack8(dyr[v], df);
                 if (accumulate) unpack8(*reinterpret_cast<const uint4 *>(dx + c), g);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float gj = r * wf[j] * df[j] - xf[j] * kk;
-                    g[j] = accumulate ? g[j] + gj : gj;
-                    dw[v][j] += df[j] * xf[j] * r;
-                }
+                rmsnorm_dx8(g, dw[v], xf, wf, df, r, kk, accumulate);
                 *reinterpret_cast<uint4 *>(dx + c) = pack8(g);
             }
         }
@@ -674,6 +853,63 @@ static __global__ void __launch_bounds__(ROW_THREADS)
         __syncthreads();
     }
     for (int c = threadIdx.x; c < C; c += blockDim.x) partial[(size_t)blockIdx.x * C + c] = sdw[c];
+}
+
+// Block per row (C <= 2048), one block per SM: its groups of T =
+// row_block_threads(C) threads each take one row of every set of `groups`
+// consecutive rows; block b takes sets b, b + G, ... and loads set s + G
+// while reducing set s. Each thread keeps its 8 channels' dw in registers;
+// at the end the groups' dw are added in group order into the block's
+// partial row (G = the SM count: few partials for column_sum_kernel). The
+// block is as large as the registers allow: 64 a thread at 1024 threads,
+// 80 at 768 for the old dx's 16 bytes.
+#define DW_BLOCK_THREADS(acc) ((acc) ? 768 : 1024)
+template <int ACC>
+static __global__ void __launch_bounds__(DW_BLOCK_THREADS(ACC), 1)
+    rmsnorm_backward_block_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                                  const float *rstd, int N, int C, int accumulate) {
+    __shared__ float red[2][MAX_WARPS], sdw[DW_BLOCK_THREADS(ACC) * 8];
+    int T = row_block_threads(C), groups = blockDim.x / T, grp = threadIdx.x / T, c = threadIdx.x % T * 8;
+    int stride = gridDim.x * groups, row = blockIdx.x * groups + grp;  // stride: rows from a set to the next
+    uint4 wr = load_row16(w, 0, 1, C, c), xn = load_row16(inp, row, N, C, c), dyn = load_row16(dout, row, N, C, c);
+    uint4 gn = ACC ? load_row16(dinp, row, N, C, c) : make_uint4(0, 0, 0, 0);
+    float rn = row < N ? rstd[row] : 0.f, dw[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int first = blockIdx.x * groups, slot = 0; first < N; first += stride, row += stride, slot ^= 1) {
+        float xf[8], wf[8], df[8], g[8], r = rn, dot[1] = {0.f};
+        unpack8(xn, xf);
+        unpack8(dyn, df);
+        unpack8(gn, g);
+        int next = row + stride;
+        if (next < N) {  // past N the buffers keep stale rows, which are not stored
+            size_t o = (size_t)next * C + c;
+            if (c < C) {
+                xn = *reinterpret_cast<const uint4 *>(inp + o);
+                dyn = *reinterpret_cast<const uint4 *>(dout + o);
+                if (ACC) gn = *reinterpret_cast<const uint4 *>(dinp + o);
+            }
+            rn = rstd[next];
+        }
+        unpack8(wr, wf);
+#pragma unroll
+        for (int j = 0; j < 8; j++) dot[0] += xf[j] * wf[j] * df[j];
+        block_sums<1>(dot, red[slot], grp * T / WARP, T / WARP);
+        float kk = (dot[0] / C) * r * r * r;
+        if (row < N && c < C) {
+            rmsnorm_dx8(g, dw, xf, wf, df, r, kk, ACC);
+            *reinterpret_cast<uint4 *>(dinp + (size_t)row * C + c) = pack8(g);
+        }
+    }
+    if (c < C) store8(sdw + grp * C, c, C, true, dw);
+    __syncthreads();
+    if (grp == 0 && c < C) {
+        float f[8];
+        for (int k = 1; k < groups; k++) {
+            load8(sdw + k * C, c, C, true, f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) dw[j] += f[j];
+        }
+        store8(partial + (size_t)blockIdx.x * C, c, C, true, dw);
+    }
 }
 
 // General path, dx only (dw by rmsnorm_dw_partial_kernel, launched first so
@@ -722,13 +958,23 @@ static __global__ void rmsnorm_dw_partial_kernel(float *partial, const bf16 *dou
 }
 
 // dw[c] += sum over g of partial[g, c]: 32 channels x 32 slices of g per
-// block, the slices then summed in order.
+// block, the slices then summed in order. A slice's loads go 8 at a time
+// (the partials of a persistent grid are hundreds of rows).
 static __global__ void column_sum_kernel(float *dw, const float *partial, int G, int C) {
     __shared__ double sh[32][33];
     int c = blockIdx.x * 32 + threadIdx.x;
     double s = 0;
     if (c < C)
-        for (int g = threadIdx.y; g < G; g += 32) s += partial[(size_t)g * C + c];
+        for (int g0 = threadIdx.y; g0 < G; g0 += 8 * 32) {
+            float p[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int g = g0 + u * 32;
+                p[u] = g < G ? partial[(size_t)g * C + c] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) s += p[u];
+        }
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
@@ -738,39 +984,50 @@ static __global__ void column_sum_kernel(float *dw, const float *partial, int G,
     }
 }
 
-template <int V>
-static void rmsnorm_backward_reg(bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                                 const float *rstd, int N, int C, int accumulate) {
-    static Scratch s;
-    static int blocks_per_sm;
-    size_t smem = (size_t)C * sizeof(float);
-    if (!blocks_per_sm) {  // the kernel's smem is at most 8 KB: size for the largest
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, rmsnorm_backward_reg_kernel<V>,
-                                                                ROW_THREADS, V * WARP * 8 * sizeof(float)));
-        if (blocks_per_sm < 1) blocks_per_sm = 1;
-    }
-    int G = cuda_num_sms() * blocks_per_sm;
-    if (G > row_blocks(N)) G = row_blocks(N);
-    float *partial = (float *)scratch_get(&s, (size_t)G * C * sizeof(float));
-    rmsnorm_backward_reg_kernel<V><<<G, ROW_THREADS, smem, cuda_stream()>>>(dinp, partial, dout, inp, w, rstd, N, C,
-                                                                          accumulate);
+typedef void (*RmsnormDwKernel)(bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, const float *, int, int,
+                                int);
+
+// A fast path's kernel on its persistent grid (blocks of `threads` taking
+// rows_per_block rows at a time; each block writes a partial row), then the
+// partials' column sums into dw.
+static void rmsnorm_backward_persistent(RmsnormDwKernel kernel, int threads, size_t smem, int rows_per_block,
+                                        int *per_sm, Scratch *s, bf16 *dinp, float *dw, const bf16 *dout,
+                                        const bf16 *inp, const bf16 *w, const float *rstd, int N, int C,
+                                        int accumulate) {
+    int G = persistent_blocks(kernel, threads, smem, per_sm, ceil_div(N, rows_per_block));
+    float *partial = (float *)scratch_get(s, (size_t)G * C * sizeof(float));
+    kernel<<<G, threads, smem, cuda_stream()>>>(dinp, partial, dout, inp, w, rstd, N, C, accumulate);
     cudaLaunchCheck();
     column_sum_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, cuda_stream()>>>(dw, partial, G, C);
     cudaLaunchCheck();
 }
 
+// the warp-per-row kernel's shared memory, sized for its largest C
+template <int V>
+static void rmsnorm_backward_reg(Scratch *s, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp,
+                                 const bf16 *w, const float *rstd, int N, int C, int accumulate) {
+    static int per_sm[MAX_WARPS + 1];
+    rmsnorm_backward_persistent(rmsnorm_backward_reg_kernel<V>, ROW_THREADS, V * WARP * 8 * sizeof(float), ROW_WARPS,
+                                per_sm, s, dinp, dw, dout, inp, w, rstd, N, C, accumulate);
+}
+
 extern "C" void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                                       const float *rstd, int N, int C, int accumulate) {
     static Scratch s;
+    static int per_sm[2][MAX_WARPS + 1];
     if (N <= 0 || C <= 0) return;
     bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
     int nvec = C / 8;
     bf16 *dx = (bf16 *)dinp;
     const bf16 *dy = (const bf16 *)dout, *x = (const bf16 *)inp, *wb = (const bf16 *)w;
-    if (vec && nvec <= 1 * WARP) return rmsnorm_backward_reg<1>(dx, dw, dy, x, wb, rstd, N, C, accumulate);
-    if (vec && nvec <= 2 * WARP) return rmsnorm_backward_reg<2>(dx, dw, dy, x, wb, rstd, N, C, accumulate);
-    if (vec && nvec <= 4 * WARP) return rmsnorm_backward_reg<4>(dx, dw, dy, x, wb, rstd, N, C, accumulate);
-    if (vec && nvec <= 8 * WARP) return rmsnorm_backward_reg<8>(dx, dw, dy, x, wb, rstd, N, C, accumulate);
+    if (vec && nvec <= 1 * WARP) return rmsnorm_backward_reg<1>(&s, dx, dw, dy, x, wb, rstd, N, C, accumulate);
+    if (vec && nvec <= 2 * WARP) return rmsnorm_backward_reg<2>(&s, dx, dw, dy, x, wb, rstd, N, C, accumulate);
+    if (vec && nvec <= ROW_BLOCK_MAX) {
+        int T = row_block_threads(C), groups = DW_BLOCK_THREADS(accumulate) / T;
+        return rmsnorm_backward_persistent(
+            accumulate ? rmsnorm_backward_block_kernel<1> : rmsnorm_backward_block_kernel<0>, groups * T, 0, groups,
+            per_sm[accumulate != 0], &s, dx, dw, dy, x, wb, rstd, N, C, accumulate);
+    }
     int G = N < 128 ? N : 128;
     float *partial = (float *)scratch_get(&s, (size_t)G * C * sizeof(float));
     rmsnorm_dw_partial_kernel<<<dim3(ceil_div(C, 256), G), 256, 0, cuda_stream()>>>(partial, dy, x, rstd, N, C);
