@@ -2,7 +2,7 @@
 # The trainer end to end on a small model:
 #  1. resume is bit-exact: 20 steps straight == 10 steps, save, new process, 10 more
 #     (same losses in metrics.jsonl, byte-identical model and optimizer files);
-#     so is train.recompute=experts against keeping the activations;
+#     so is train.recompute=experts (and =gather) against keeping the activations;
 #  2. SIGTERM finishes the step, commits a checkpoint and exits 0; a checkpoint
 #     directory without COMMITTED is ignored on resume;
 #  3. bad checkpoints (truncated, bad header length, overlapping or out-of-file
@@ -49,16 +49,19 @@ for f in model.safetensors optim.safetensors; do
     && ok "step-20 $f byte-identical" || bad "step-20 $f differs"
 done
 
-# ---- 1b. train.recompute=experts changes memory, not numbers ------------------------------
-train --train.steps=20 --checkpoint.interval=10 --logging.run_dir="$tmp/r" --train.recompute=experts >"$tmp/r.log" 2>&1 \
-    || { cat "$tmp/r.log"; bad "recompute run failed"; }
-if diff <(losses "$tmp/a/metrics.jsonl") <(losses "$tmp/r/metrics.jsonl") >/dev/null; then
-  ok "recompute=experts: 20 losses identical"
-else
-  bad "recompute=experts: losses differ"
-fi
-cmp -s "$tmp/a/checkpoints/step-00000020/model.safetensors" "$tmp/r/checkpoints/step-00000020/model.safetensors" \
-  && ok "recompute=experts: step-20 model byte-identical" || bad "recompute=experts: step-20 model differs"
+# ---- 1b. train.recompute=experts|gather changes memory, not numbers -----------------------
+for mode in experts gather; do
+  train --train.steps=20 --checkpoint.interval=10 --logging.run_dir="$tmp/r-$mode" --train.recompute=$mode \
+      >"$tmp/r-$mode.log" 2>&1 || { cat "$tmp/r-$mode.log"; bad "recompute=$mode run failed"; }
+  if diff <(losses "$tmp/a/metrics.jsonl") <(losses "$tmp/r-$mode/metrics.jsonl") >/dev/null; then
+    ok "recompute=$mode: 20 losses identical"
+  else
+    bad "recompute=$mode: losses differ"
+  fi
+  cmp -s "$tmp/a/checkpoints/step-00000020/model.safetensors" \
+      "$tmp/r-$mode/checkpoints/step-00000020/model.safetensors" \
+    && ok "recompute=$mode: step-20 model byte-identical" || bad "recompute=$mode: step-20 model differs"
+done
 
 # ---- 2. SIGTERM and uncommitted checkpoints ----------------------------------------
 $bin train configs/tiny.yaml "${small[@]}" --train.steps=100000 --logging.run_dir="$tmp/s" --logging.log_interval=1 >"$tmp/s.log" 2>&1 &

@@ -24,7 +24,7 @@ typedef struct {
 static const char *const dtype_names[] = {"uint16", "uint32", NULL};
 static const char *const sched_names[] = {"cosine", "wsd", "constant", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
-static const char *const recompute_names[] = {"none", "experts", NULL};
+static const char *const recompute_names[] = {"none", "experts", "gather", NULL};
 
 #define F(field, type) {#field, type, offsetof(RunConfig, field), NULL}
 #define FE(field, names) {#field, T_ENUM, offsetof(RunConfig, field), names}

@@ -33,7 +33,7 @@ typedef struct {
 typedef struct {
     int global_batch;       // instances (sequences) per optimizer step
     int micro_batch;        // instances per forward/backward
-    int recompute;          // 0 none; 1 experts: re-gather expert inputs, redo SwiGLU in backward
+    int recompute;          // 0 none; 1 experts: re-gather expert inputs, redo SwiGLU in backward; 2 gather only
     int64_t steps;          // optimizer steps (0: derive from tokens)
     int64_t tokens;         // train tokens (used when steps is 0)
     int lr_schedule;        // LrSchedule

@@ -221,7 +221,8 @@ static void carve(Model *m, Carver *cv) {
     size_t att = m->ops->attention_saved_floats(m->B, m->T, c->n_heads, c->head_dim);
     for (int l = 0; l <= c->n_layers; l++) m->resid[l] = take(cv, N * D);
     // recompute: one buffer each, shared by the MoE layers (model.h)
-    int rc_ea = m->recompute && m->n_moe, rc_xp = rc_ea && ep == 1 && c->capacity_factor <= 0;
+    int rc_ea = m->recompute == 1 && m->n_moe;
+    int rc_xp = m->recompute && m->n_moe && ep == 1 && c->capacity_factor <= 0;
     void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = rc_xp ? take(cv, R * D) : NULL;
     for (int l = 0; l < c->n_layers; l++) {
         LayerActs *a = &m->acts[l];
@@ -564,7 +565,7 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     }
     // recompute: a->ea and (rows kept here) a->xp = a->xl are shared buffers
     // that later layers overwrote in the forward
-    if (m->recompute) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
+    if (m->recompute == 1) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
     int accw = !m->expert_grads_unset; // the step's first backward writes the expert grads
     ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);

@@ -92,7 +92,8 @@ typedef struct {
     // Activation recompute, set before model_alloc_acts: 0 keeps everything;
     // 1 (experts) keeps one SwiGLU output buffer for all MoE layers, and one
     // routed-rows buffer when the rows stay on this rank (one EP rank, no
-    // capacity), and the backward recomputes them (a gather and a SwiGLU).
+    // capacity), and the backward recomputes them (a gather and a SwiGLU);
+    // 2 (gather) only the routed-rows buffer (the gather is redone).
     int recompute;
     char *arena;                      // one backend allocation, carved
     size_t arena_bytes;
