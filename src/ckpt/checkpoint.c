@@ -13,6 +13,7 @@
 
 #include "ckpt/safetensors.h"
 #include "util/check.h"
+#include "util/fs.h"
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
 
@@ -43,34 +44,6 @@ static int write_file(const char *path, const char *text, char *err, size_t errl
 static void fsync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY);
     if (fd >= 0) { fsync(fd); close(fd); }
-}
-
-static int mkdir_p(const char *path, char *err, size_t errlen) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) { snprintf(err, errlen, "mkdir %s: %s", buf, strerror(errno)); return -1; }
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) && errno != EEXIST) { snprintf(err, errlen, "mkdir %s: %s", buf, strerror(errno)); return -1; }
-    return 0;
-}
-
-static int remove_dir(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) return errno == ENOENT ? 0 : -1;
-    struct dirent *e;
-    char p[4096];
-    int rc = 0;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        rc |= unlink(p);
-    }
-    closedir(d);
-    return rc | rmdir(path);
 }
 
 void ckpt_layout_single(CkptLayout *l, const Model *m) {
@@ -199,7 +172,7 @@ static void prune(const char *dir, int keep) {
             char c[4200];
             snprintf(c, sizeof c, "%s/COMMITTED", p);
             unlink(c);
-            remove_dir(p);
+            fs_remove_dir(p);
         }
     }
 }
@@ -226,7 +199,7 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
     snprintf(err, errlen, "another rank failed to save the checkpoint");
     int32_t exists = 0;
     if (rank0) {
-        rc = mkdir_p(dir, err, errlen);
+        rc = fs_mkdirs(dir, 1, err, errlen);
         snprintf(path, sizeof path, "%s/COMMITTED", final);
         exists = access(path, F_OK) == 0;
     }
@@ -239,7 +212,7 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
     rc = build_layout(&sm, m, 1, mpre, NULL, NULL, err, errlen);
     if (!rc) rc = build_layout(&so, m, 2, opre, m->n_moe ? "router_bias" : NULL, bshape, err, errlen);
     if (rank0 && !rc) {
-        if (remove_dir(tmp) && errno != ENOENT) { snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno)); rc = -1; }
+        if (fs_remove_dir(tmp) && errno != ENOENT) { snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno)); rc = -1; }
         else if (mkdir(tmp, 0755)) { snprintf(err, errlen, "mkdir %s: %s", tmp, strerror(errno)); rc = -1; }
         if (!rc) rc = create_file(mpath, &sm, err, errlen);
         if (!rc) rc = create_file(opath, &so, err, errlen);
@@ -299,7 +272,7 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
         }
         if (!rc) {
             fsync_dir(tmp);
-            remove_dir(final); // an uncommitted leftover of the same step
+            fs_remove_dir(final); // an uncommitted leftover of the same step
             if (rename(tmp, final)) { snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno)); rc = -1; }
             else fsync_dir(dir);
         }
@@ -311,7 +284,7 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
     st_free(&so);
     return 0;
 fail:
-    if (rank0) remove_dir(tmp);
+    if (rank0) fs_remove_dir(tmp);
     free(js);
     st_free(&sm);
     st_free(&so);

@@ -17,6 +17,7 @@
 #include "ckpt/checkpoint.h"
 #include "model/model.h"
 #include "util/check.h"
+#include "util/fs.h"
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
 #define PATH_LEN 4096
@@ -154,40 +155,12 @@ static int replaceable(const char *path, char *err, size_t errlen) {
     return rc;
 }
 
-// Removes a directory of plain files (see replaceable); absent is fine.
-static int remove_plain_dir(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) return errno == ENOENT ? 0 : -1;
-    struct dirent *e;
-    char p[PATH_LEN + 256];
-    int rc = 0;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        rc |= unlink(p);
-    }
-    closedir(d);
-    return rc | rmdir(path);
-}
-
-static int mkdir_parents(const char *path, char *err, size_t errlen) {
-    char buf[PATH_LEN];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) { snprintf(err, errlen, "mkdir %s: %s", buf, strerror(errno)); return -1; }
-        *p = '/';
-    }
-    return 0;
-}
-
 // Makes a fresh path.tmp next to final (parents created, a stale one removed).
 static int begin_dir(const char *final, char *tmp, size_t tmplen, char *err, size_t errlen) {
     snprintf(tmp, tmplen, "%s.tmp", final);
-    if (mkdir_parents(tmp, err, errlen)) return -1;
+    if (fs_mkdirs(tmp, 0, err, errlen)) return -1;
     if (replaceable(tmp, err, errlen)) return -1;
-    if (remove_plain_dir(tmp) && errno != ENOENT) {
+    if (fs_remove_dir(tmp) && errno != ENOENT) {
         snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno));
         return -1;
     }
@@ -201,14 +174,14 @@ static int commit_dir(const char *tmp, const char *final, char *err, size_t errl
     fsync_dir(tmp);
     if (exists(final)) {
         snprintf(old, sizeof old, "%s.old", final);
-        remove_plain_dir(old);
+        fs_remove_dir(old);
         if (rename(final, old)) { snprintf(err, errlen, "rename %s -> %s: %s", final, old, strerror(errno)); return -1; }
         if (rename(tmp, final)) {
             snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno));
             rename(old, final);
             return -1;
         }
-        remove_plain_dir(old);
+        fs_remove_dir(old);
     } else if (rename(tmp, final)) {
         snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno));
         return -1;
@@ -737,7 +710,7 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
     rc = 0;
 fail:
     if (fd >= 0) close(fd);
-    if (tmp_made) remove_plain_dir(tmp);
+    if (tmp_made) fs_remove_dir(tmp);
     if (fd_src >= 0) close(fd_src);
     st_free(&src);
     st_free(&dst);
@@ -1038,7 +1011,7 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
     rc = 0;
 fail:
     if (fd >= 0) close(fd);
-    if (tmp_made) remove_plain_dir(tmp);
+    if (tmp_made) fs_remove_dir(tmp);
     source_close(&src);
     st_free(&dst);
     st_free(&opt);

@@ -25,6 +25,7 @@
 #include "optim/adamw.h"
 #include "train/metrics.h"
 #include "util/check.h"
+#include "util/fs.h"
 #ifdef MOECORE_CUDA
 #include "ops/cuda/ops_cuda.h"
 #endif
@@ -89,18 +90,6 @@ static void fmt_duration(char *buf, size_t n, double s) {
     if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
     else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
     else snprintf(buf, n, "%lds", t);
-}
-
-static int mkdir_parents(const char *path) {
-    char buf[CFG_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
 }
 
 // Skip-step: a step whose loss or grad norm exceeds mean + k sigma of the
@@ -380,7 +369,7 @@ int cmd_train(int argc, char **argv) {
         fclose(mf);
     }
     if (rank0) {
-        if (mkdir_parents(cfg.logging.run_dir)) {
+        if (fs_mkdirs(cfg.logging.run_dir, 1, NULL, 0)) {
             snprintf(err, sizeof err, "cannot create logging.run_dir %s: %s", cfg.logging.run_dir, strerror(errno));
             return fatal("%s", err);
         }
