@@ -296,6 +296,31 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+// Timing on the device buffers of one shape: CUDA events on the backend's
+// stream, 3 warm-ups, then 10 runs of the forward (pass 0) and the backward
+// (pass 1): ms[pass] holds the sorted 10, the median (ms[4] + ms[5]) / 2.
+static void time_attention(float ms[2][10], void *outd, float *saved, const void *qd, const void *kd,
+                           const void *vd, const void *dod, void *dqd, void *dkd, void *dvd, float *scr, int B, int T,
+                           int H, int KV, int hd) {
+    cudaStream_t st = cuda_stream();
+    cudaEvent_t e0, e1;
+    ck(cudaEventCreate(&e0), "event create");
+    ck(cudaEventCreate(&e1), "event create");
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = -3; r < 10; r++) {
+            ck(cudaEventRecord(e0, st), "event record");
+            if (pass == 0) cuda_attention_forward(outd, saved, qd, kd, vd, B, T, H, KV, hd);
+            else cuda_attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, scr, B, T, H, KV, hd);
+            ck(cudaEventRecord(e1, st), "event record");
+            ck(cudaEventSynchronize(e1), "event sync");
+            if (r >= 0) ck(cudaEventElapsedTime(&ms[pass][r], e0, e1), "event elapsed");
+        }
+        qsort(ms[pass], 10, sizeof(float), cmp_float);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 static void test_large(void) {
     const int B = 1, T = 4096, H = 16, KV = 16, hd = 128;
     printf("-- B=%d T=%d H=%d KV=%d hd=%d\n", B, T, H, KV, hd);
@@ -351,31 +376,17 @@ static void test_large(void) {
         if (bad) gt_fail++; else gt_pass++;
     }
 
-    // timing: CUDA events on the backend's stream, 3 warm-ups, median of 10
-    cudaStream_t st = cuda_stream();
-    cudaEvent_t e0, e1;
-    ck(cudaEventCreate(&e0), "event create");
-    ck(cudaEventCreate(&e1), "event create");
+    // timing: median of 10
+    float ms[2][10];
+    time_attention(ms, outd, saved, qd, kd, vd, dod, dqd, dkd, dvd, scr, B, T, H, KV, hd);
     double fwd_flop = 4.0 * B * H * (double)T * T * hd / 2, bwd_flop = 2.5 * fwd_flop;
     for (int pass = 0; pass < 2; pass++) {
-        float ms[10];
-        for (int r = -3; r < 10; r++) {
-            ck(cudaEventRecord(e0, st), "event record");
-            if (pass == 0) cuda_attention_forward(outd, saved, qd, kd, vd, B, T, H, KV, hd);
-            else cuda_attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, scr, B, T, H, KV, hd);
-            ck(cudaEventRecord(e1, st), "event record");
-            ck(cudaEventSynchronize(e1), "event sync");
-            if (r >= 0) ck(cudaEventElapsedTime(&ms[r], e0, e1), "event elapsed");
-        }
-        qsort(ms, 10, sizeof(float), cmp_float);
-        float med = (ms[4] + ms[5]) / 2;
+        float med = (ms[pass][4] + ms[pass][5]) / 2;
         double flop = pass == 0 ? fwd_flop : bwd_flop;
         printf("time %-8s B=%d T=%d H=%d hd=%d causal: %.3f ms (min %.3f, max %.3f), %.1f TFLOP/s (target %s)\n",
-               pass == 0 ? "forward" : "backward", B, T, H, hd, med, ms[0], ms[9], flop / (med * 1e-3) / 1e12,
-               pass == 0 ? ">= 462" : ">= 398");
+               pass == 0 ? "forward" : "backward", B, T, H, hd, med, ms[pass][0], ms[pass][9],
+               flop / (med * 1e-3) / 1e12, pass == 0 ? ">= 462" : ">= 398");
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
 
     free(q); free(k); free(v); free(dout); free(out); free(dq); free(dk); free(dv);
     cuda_free(qd); cuda_free(kd); cuda_free(vd); cuda_free(dod); cuda_free(outd); cuda_free(dqd);
@@ -461,25 +472,9 @@ static void compare_variants(int B, int T, int H, int KV, int timing) {
             r[4] = host_bytes(dvd, nk * 2);
         }
         if (!timing) continue;
-        cudaStream_t st = cuda_stream();
-        cudaEvent_t e0, e1;
-        ck(cudaEventCreate(&e0), "event create");
-        ck(cudaEventCreate(&e1), "event create");
-        for (int pass = 0; pass < 2; pass++) {
-            float t[10];
-            for (int rep = -3; rep < 10; rep++) {
-                ck(cudaEventRecord(e0, st), "event record");
-                if (pass == 0) cuda_attention_forward(outd, saved, qd, kd, vd, B, T, H, KV, hd);
-                else cuda_attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, scr, B, T, H, KV, hd);
-                ck(cudaEventRecord(e1, st), "event record");
-                ck(cudaEventSynchronize(e1), "event sync");
-                if (rep >= 0) ck(cudaEventElapsedTime(&t[rep], e0, e1), "event elapsed");
-            }
-            qsort(t, 10, sizeof(float), cmp_float);
-            ms[var - 1][pass] = (t[4] + t[5]) / 2;
-        }
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
+        float t[2][10];
+        time_attention(t, outd, saved, qd, kd, vd, dod, dqd, dkd, dvd, scr, B, T, H, KV, hd);
+        for (int pass = 0; pass < 2; pass++) ms[var - 1][pass] = (t[pass][4] + t[pass][5]) / 2;
     }
     cuda_attention_set_ds_cap_mib(cap);
     snprintf(name, sizeof name, "dq kernel = dq via dS^T: dq %s", sh);

@@ -645,6 +645,20 @@ __device__ __forceinline__ void abt32(float (&acc)[2][NT8][4], const bf16 *sa, i
         }
     }
 }
+// acc[2][HD/8][4] += A (rows of two 16-row tiles, fragments a[0], a[1], k
+// = k0..k0+15) * B (rows k0.. of a [k][n] tile of stride S, all HD columns).
+__device__ __forceinline__ void mma2_bkn(float (&acc)[2][HD / 8][4], const uint32_t (&a)[2][4], const bf16 *s, int k0,
+                                         int lane) {
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+        uint32_t b[4];
+        ld_b_kn<S>(b, s, k0, np * 16, lane);
+        mma_bf16(acc[0][2 * np], a[0], b[0], b[1]);
+        mma_bf16(acc[0][2 * np + 1], a[0], b[2], b[3]);
+        mma_bf16(acc[1][2 * np], a[1], b[0], b[1]);
+        mma_bf16(acc[1][2 * np + 1], a[1], b[2], b[3]);
+    }
+}
 // acc[2][HD/8][4] += P (2 x 16 rows, accumulator layout, KDIM columns,
 // rounded to BF16) * V (a [k][n] tile of stride S, KDIM rows), as mma_pv.
 template <int KDIM>
@@ -660,15 +674,7 @@ __device__ __forceinline__ void pv32(float (&acc)[2][HD / 8][4], const float (&p
             a[mt][2] = pack_bf16(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
             a[mt][3] = pack_bf16(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
         }
-#pragma unroll
-        for (int np = 0; np < HD / 16; np++) {
-            uint32_t b[4];
-            ld_b_kn<S>(b, s, kk * 16, np * 16, lane);
-            mma_bf16(acc[0][2 * np], a[0], b[0], b[1]);
-            mma_bf16(acc[0][2 * np + 1], a[0], b[2], b[3]);
-            mma_bf16(acc[1][2 * np], a[1], b[0], b[1]);
-            mma_bf16(acc[1][2 * np + 1], a[1], b[2], b[3]);
-        }
+        mma2_bkn(acc, a, s, kk * 16, lane);
     }
 }
 // Rows row0 .. row0+ROWS-1 of a [T, gstride] matrix into s (stride S); rows
@@ -1083,18 +1089,10 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
 #pragma unroll
             for (int kk = 0; kk < BR / 16; kk++) {
                 if (kk * 16 < first) continue; // no query of the chunk sees a key of the warp
-                uint32_t a0[4], a1[4];
-                ld_a<PS>(a0, As, kw * 32, kk * 16, lane);
-                ld_a<PS>(a1, As, kw * 32 + 16, kk * 16, lane);
-#pragma unroll
-                for (int np = 0; np < HD / 16; np++) {
-                    uint32_t bb[4];
-                    ld_b_kn<S>(bb, Bs, kk * 16, np * 16, lane);
-                    mma_bf16(acc[0][2 * np], a0, bb[0], bb[1]);
-                    mma_bf16(acc[0][2 * np + 1], a0, bb[2], bb[3]);
-                    mma_bf16(acc[1][2 * np], a1, bb[0], bb[1]);
-                    mma_bf16(acc[1][2 * np + 1], a1, bb[2], bb[3]);
-                }
+                uint32_t a[2][4];
+                ld_a<PS>(a[0], As, kw * 32, kk * 16, lane);
+                ld_a<PS>(a[1], As, kw * 32 + 16, kk * 16, lane);
+                mma2_bkn(acc, a, Bs, kk * 16, lane);
             }
         }
     }
@@ -1186,15 +1184,7 @@ __global__ void __launch_bounds__(DqDs::NT, 2)
             for (int mt = 0; mt < 2; mt++)
                 ldsm_x4_trans(a[mt], Dt + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * S + warp * 32 + mt * 16 +
                                          ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int np = 0; np < HD / 16; np++) {
-                uint32_t bb[4];
-                ld_b_kn<S>(bb, Kt, kk * 16, np * 16, lane);
-                mma_bf16(acc[0][2 * np], a[0], bb[0], bb[1]);
-                mma_bf16(acc[0][2 * np + 1], a[0], bb[2], bb[3]);
-                mma_bf16(acc[1][2 * np], a[1], bb[0], bb[1]);
-                mma_bf16(acc[1][2 * np + 1], a[1], bb[2], bb[3]);
-            }
+            mma2_bkn(acc, a, Kt, kk * 16, lane);
         }
     }
     __syncthreads(); // every warp is done with the tiles: stage dQ over them

@@ -499,9 +499,9 @@ static __global__ void __launch_bounds__(ROW_BLOCK_MAX)
     permute_backward_kernel(bf16 *dx, const bf16 *dxp, const int *cnt, const int *list, const int *token_of_row,
                             int R, int C, int accumulate) {
     int n = blockIdx.x, lane = threadIdx.x % WARP;
-    int L = cnt[n], mine = list[(size_t)n * PERMUTE_LIST + lane];  // beside the count: entries past it unused
+    int L = cnt[n];
     bool listed = L <= PERMUTE_LIST;
-    if (!listed || lane >= L) mine = INT_MAX;
+    int mine = listed && lane < L ? list[(size_t)n * PERMUTE_LIST + lane] : INT_MAX; // only the written entries
     // lane i takes the listed row of rank i (rows are distinct)
     int rank = 0, sorted = 0;
     for (int j = 0; j < L && listed; j++) rank += __shfl_sync(0xffffffffu, mine, j) < mine;
