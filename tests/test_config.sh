@@ -52,8 +52,11 @@ fi
 nkeys=$(wc -l < "$tmp/keys.txt")
 [ "$nkeys" -gt 40 ] || fail "run_config_keys() gave only $nkeys keys"
 # reference.yaml's keys as section.key, from its two-level layout
-awk '/^[a-z0-9_]+:/ { sub(":.*", ""); sec = $0; next }
-     /^  [a-z0-9_]+:/ { k = $1; sub(":.*", "", k); print sec "." k }' "$ref" > "$tmp/ref_keys.txt"
+# (and section.mapping.key for a mapping inside a section: device.cuda.*)
+awk '/^[a-z0-9_]+:/ { sub(":.*", ""); sec = $0; subsec = ""; next }
+     /^  [a-z0-9_]+: *(#.*)?$/ { subsec = $1; sub(":.*", "", subsec); next }
+     /^  [a-z0-9_]+:/ { k = $1; sub(":.*", "", k); subsec = ""; print sec "." k }
+     /^    [a-z0-9_]+:/ { k = $1; sub(":.*", "", k); print sec "." subsec "." k }' "$ref" > "$tmp/ref_keys.txt"
 missing=$(grep -vxF -f "$tmp/ref_keys.txt" "$tmp/keys.txt")
 [ -z "$missing" ] || fail "keys missing from $ref: $(echo $missing)"
 extra=$(grep -vxF -f "$tmp/keys.txt" "$tmp/ref_keys.txt")
@@ -61,7 +64,7 @@ extra=$(grep -vxF -f "$tmp/keys.txt" "$tmp/ref_keys.txt")
 dups=$(sort "$tmp/ref_keys.txt" | uniq -d)
 [ -z "$dups" ] || fail "keys given twice in $ref: $(echo $dups)"
 # each key line carries a comment
-nocomment=$(grep -E '^  [a-z0-9_]+:' "$ref" | grep -v '#' || true)
+nocomment=$(grep -E '^ +[a-z0-9_]+:' "$ref" | grep -v '#' || true)
 [ -z "$nocomment" ] || fail "keys without a comment in $ref: $nocomment"
 echo "ok: $nkeys keys known to the binary, all in $ref"
 # values: only these may differ from the defaults
@@ -152,6 +155,12 @@ bad_yaml "list for model scalar" 2 $'model:\n  d_model: [64]' model.d_model "exp
 bad_yaml "bad enum" 2 $'train:\n  lr_schedule: linear' train.lr_schedule linear cosine
 bad_yaml "bad model enum" 2 $'model:\n  norm: middle' model.norm middle pre
 bad_yaml "mapping for scalar" 2 $'train:\n  steps: {a: 1}' train.steps nested
+bad_yaml "bad device.cuda enum" 3 $'device:\n  cuda:\n    grouped_gemm: cublas' device.cuda.grouped_gemm cublas mma_sync
+bad_yaml "unknown device.cuda key" 3 $'device:\n  cuda:\n    gemm_tme: false' device.cuda.gemm_tme "did you mean device.cuda.gemm_tma"
+bad_yaml "mapping three levels down" 3 $'device:\n  cuda:\n    gemm_tma: {a: 1}' device.cuda.gemm_tma nested
+expect_error "negative device.cuda.attention_ds_mib" "$tmp/base.yaml" device.cuda.attention_ds_mib ">= 0" \
+  -- --device.cuda.attention_ds_mib=-1
+expect_error "bad device.cuda override" "$tmp/base.yaml" device.cuda.gemm_tma maybe -- --device.cuda.gemm_tma=maybe
 bad_yaml "YAML syntax error" 3 $'optim:\n  lr: 1\n  beta1: 0.9: 3' "YAML syntax error"
 expect_error "unknown override key" "$tmp/base.yaml" train.stpes "did you mean train.steps" -- --train.stpes=5
 expect_error "unknown override section" "$tmp/base.yaml" trian.steps -- --trian.steps=5

@@ -25,6 +25,7 @@ static const char *const dtype_names[] = {"uint16", "uint32", NULL};
 static const char *const sched_names[] = {"cosine", "wsd", "constant", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const recompute_names[] = {"none", "experts", "gather", NULL};
+static const char *const gemm_kernel_names[] = {"wgmma", "mma_sync", NULL}; // CudaGemmKernels
 
 #define F(field, type) {#field, type, offsetof(RunConfig, field), NULL}
 #define FE(field, names) {#field, T_ENUM, offsetof(RunConfig, field), names}
@@ -43,6 +44,8 @@ static const Key table[] = {
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
     F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
+    FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
+    F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT),
 };
 #define NTABLE ((int)(sizeof(table) / sizeof(table[0])))
 
@@ -88,6 +91,7 @@ void run_config_defaults(RunConfig *c) {
     c->parallel.dp = c->parallel.ep = c->parallel.pp = 1;
     c->parallel.bucket_mb = 16;
     c->device.cuda_graph = 1;
+    c->device.cuda = cuda_settings_default();
 }
 
 static void list_clear(StrList *l) {
@@ -202,8 +206,19 @@ int run_config_set(RunConfig *c, const char *key, const char *value, char *err, 
 
 // ---- YAML -------------------------------------------------------------------------------
 
+// Whether section.name is a mapping of keys (device.cuda), not a key.
+static int is_mapping_key(const char *section, const char *name) {
+    char prefix[400];
+    int n = snprintf(prefix, sizeof prefix, "%s.%s.", section, name);
+    for (int i = 0; i < NTABLE; i++)
+        if (!strncmp(table[i].key, prefix, n)) return 1;
+    return 0;
+}
+
 // Accepts a two-level document: sections mapping keys to scalars or to
-// sequences of scalars (list keys). Anything else is an error with its line.
+// sequences of scalars (list keys), and where the table has keys
+// section.mapping.key (device.cuda.*), mappings of those inside a section.
+// Anything else is an error with its line.
 int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, const char *name,
                                 char *err, size_t errlen) {
     yaml_parser_t parser;
@@ -215,7 +230,9 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     enum { TOP, IN_SECTION, IN_LIST } state = TOP;
     int depth = 0, rc = 0, done = 0;
-    char section[128] = "", key[256] = "", full[400], msg[512];
+    // sub: the mapping inside a section ("cuda" of device.cuda.*), keys
+    // one level further down
+    char section[128] = "", sub[128] = "", key[256] = "", full[520], msg[512];
     int have_key = 0, list_started = 0;
     while (!done && !rc) {
         if (!yaml_parser_parse(&parser, &ev)) {
@@ -232,11 +249,19 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
             depth++;
             if (depth == 2 && !section[0]) { rc = -1; snprintf(err, errlen, "%s:%zu: expected a section name", name, line); }
             else if (depth == 2) state = IN_SECTION;
-            else if (depth > 2) { rc = -1; snprintf(err, errlen, "%s:%zu: %s.%s: nested mappings are not supported", name, line, section, key); }
+            else if (depth == 3 && state == IN_SECTION && have_key && !sub[0] && is_mapping_key(section, key)) {
+                snprintf(sub, sizeof sub, "%s", key);
+                have_key = 0;
+            } else if (depth > 2) {
+                rc = -1;
+                snprintf(err, errlen, "%s:%zu: %s.%s%s%s: nested mappings are not supported", name, line, section, sub,
+                         sub[0] ? "." : "", key);
+            }
             break;
         case YAML_MAPPING_END_EVENT:
             depth--;
             if (depth == 1) { state = TOP; section[0] = 0; have_key = 0; }
+            if (depth == 2) { sub[0] = 0; have_key = 0; }
             break;
         case YAML_SEQUENCE_START_EVENT:
             if (state != IN_SECTION || !have_key) {
@@ -246,7 +271,7 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
             }
             state = IN_LIST;
             list_started = 0;
-            snprintf(full, sizeof full, "%s.%s", section, key);
+            snprintf(full, sizeof full, "%s.%s%s%s", section, sub, sub[0] ? "." : "", key);
             {
                 const Key *k = find(full);
                 int model_key = 0;
@@ -303,7 +328,7 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
                 have_key = 1;
                 break;
             }
-            snprintf(full, sizeof full, "%s.%s", section, key);
+            snprintf(full, sizeof full, "%s.%s%s%s", section, sub, sub[0] ? "." : "", key);
             rc = set_key(c, full, v, 0, msg, sizeof msg);
             if (rc) snprintf(err, errlen, "%s:%zu: %s", name, line, msg);
             have_key = 0;
@@ -404,6 +429,8 @@ int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
         FAIL("train.global_batch (%d) must be a multiple of train.micro_batch (%d) x parallel.dp (%d)",
              t->global_batch, t->micro_batch, p->dp);
     if (c->device.peak_tflops < 0) FAIL("device.peak_tflops must be >= 0");
+    if (c->device.cuda.attention_ds_mib < 0)
+        FAIL("device.cuda.attention_ds_mib must be >= 0 (0 turns the dS scratch off), got %d", c->device.cuda.attention_ds_mib);
     return 0;
 }
 
@@ -420,18 +447,23 @@ static void yaml_quoted(FILE *f, const char *s) {
 
 void run_config_write_yaml(const RunConfig *c, FILE *f) {
     model_config_write_yaml(&c->model, f);
-    const char *section = "";
+    char section[32] = "", sub[32] = "";
     for (int i = 0; i < NTABLE; i++) {
         const Key *k = &table[i];
-        const char *dot = strchr(k->key, '.');
+        const char *dot = strchr(k->key, '.'), *dot2 = strchr(dot + 1, '.');
         if (strncmp(section, k->key, dot - k->key) || section[dot - k->key] != 0) {
-            static char sec[32];
-            snprintf(sec, sizeof sec, "%.*s", (int)(dot - k->key), k->key);
-            section = sec;
+            snprintf(section, sizeof section, "%.*s", (int)(dot - k->key), k->key);
+            sub[0] = 0;
             fprintf(f, "%s:\n", section);
         }
+        // a key of a mapping inside the section (device.cuda.*)
+        const char *name = dot2 ? dot2 + 1 : dot + 1;
+        if (dot2 && (strncmp(sub, dot + 1, dot2 - dot - 1) || sub[dot2 - dot - 1] != 0)) {
+            snprintf(sub, sizeof sub, "%.*s", (int)(dot2 - dot - 1), dot + 1);
+            fprintf(f, "  %s:\n", sub);
+        }
         const char *p = (const char *)c + k->offset;
-        fprintf(f, "  %s: ", dot + 1);
+        fprintf(f, "%s%s: ", dot2 ? "    " : "  ", name);
         switch (k->type) {
         case T_INT: fprintf(f, "%d\n", *(const int *)p); break;
         case T_I64: fprintf(f, "%lld\n", (long long)*(const int64_t *)p); break;

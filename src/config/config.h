@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "model/model_config.h"
+#include "ops/cuda/cuda_settings.h"
 #include "optim/adamw.h"
 
 #define CFG_MAX_LIST 64
@@ -70,6 +71,7 @@ typedef struct {
     int type;                // 0 cpu, 1 cuda
     double peak_tflops;      // MFU denominator; 0 = device default (CPU: measured SGEMM)
     int cuda_graph;          // replay each micro-batch's forward + backward as a CUDA graph
+    CudaSettings cuda;       // device.cuda.*: the CUDA backend's kernel choices
 } DeviceSection;
 
 typedef struct {

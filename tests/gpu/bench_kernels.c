@@ -14,7 +14,7 @@
 //    (1024 -> 2048), with row counts from a random top-8 routing of 4096
 //    tokens: forward, data-grad (dinp only) and weight-grad (dw only, +=)
 //    through cuda_grouped_matmul_forward / _backward, i.e. whichever kernel
-//    production picks (MOECORE_* variables as printed in the header). Beside
+//    production picks (the device.cuda defaults, printed in the header). Beside
 //    them (a) the same 64 products as a per-expert cuBLASLt loop with the
 //    host-known counts (cuda_matmul_forward / _backward on row ranges with
 //    per-expert weight pointers), once launched from the host (what a
@@ -593,17 +593,19 @@ static void device_info(void) {
     char date[40];
     time_t tnow = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tnow));
-    const char *e1 = getenv("MOECORE_NO_WGMMA"), *e2 = getenv("MOECORE_WGMMA_WGRAD"), *e3 = getenv("MOECORE_WGMMA_BN"),
-               *e4 = getenv("OMP_NUM_THREADS");
+    const CudaSettings *cs = cuda_settings();
+    const char *kn[2] = {"wgmma", "mma_sync"}, *e4 = getenv("OMP_NUM_THREADS");
     snprintf(header, sizeof header,
              "- device: %s (sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB)\n"
              "- driver %s (CUDA driver API %d.%d), CUDA runtime %d.%d\n"
              "- commit: %s (MOECORE_COMMIT); binary built from %s\n"
-             "- date: %s; MOECORE_NO_WGMMA=%s MOECORE_WGMMA_WGRAD=%s MOECORE_WGMMA_BN=%s OMP_NUM_THREADS=%s\n",
+             "- date: %s; device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d; "
+             "OMP_NUM_THREADS=%s\n",
              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
              l2_bytes / 1048576.0, nvrm, drv / 1000, drv % 1000 / 10, rtv / 1000, rtv % 1000 / 10,
              commit && *commit ? commit : "unset", MOECORE_BUILD_COMMIT[0] ? MOECORE_BUILD_COMMIT : "unknown", date,
-             e1 ? e1 : "unset", e2 ? e2 : "unset", e3 ? e3 : "unset", e4 ? e4 : "unset");
+             kn[cs->grouped_gemm], kn[cs->grouped_wgrad], cs->gemm_tma ? "true" : "false", cs->attention_ds_mib,
+             e4 ? e4 : "unset");
     printf("%s", header);
 }
 

@@ -6,16 +6,16 @@
 //     t < s bit-identical;
 //  4. at B=1 T=4096 H=16 hd=128, two whole heads against the CPU, then the
 //     forward and backward times and TFLOP/s;
-//  5. head dim 128 has a second set of kernels (attention.cu, MOECORE_ATTN:
-//     1 the first set, 3 the second everywhere, 2 or unset the second where
-//     its grid is large enough and without GQA): sections 1-4 check what the
-//     environment selects (run the program with MOECORE_ATTN=1 and =3 to
-//     check both sets against the CPU); this section runs sets 1 and 3 on the same
-//     inputs at hd=128 (small shapes with tails and GQA, and B=1..2 T=4096
-//     H=8/16), compares them (the second set does the same arithmetic in the
-//     same order, so 0 differing elements is expected; the check allows
-//     rounding-level differences that stay within 1e-2 at every position),
-//     and at T=4096 times 1, 2 and 3.
+//  5. head dim 128 has a second set of kernels (attention.cu), which runs
+//     where its grid is large enough and without GQA, and sections 1-4 cover
+//     shapes of both kinds; this section runs the backward with dQ through
+//     dS^T (the default, device.cuda.attention_ds_mib > 0) and by its own
+//     kernel (0) on the same inputs at hd=128, compares the dq of the two
+//     (the same arithmetic in the same order, so 0 differing elements is
+//     expected; the check allows rounding-level differences within 1e-2 at
+//     every position), and at T=4096 times both. (Until 2026-12-01 a
+//     setting also forced either set everywhere, and this section compared
+//     the sets on the same inputs: they agreed in every bit.)
 //
 // Tolerance 1e-2 (relative L2): the inputs are the same BF16 values on both
 // sides, but the GPU writes BF16 outputs (relative rounding 2^-9 ~ 2e-3 per
@@ -32,11 +32,15 @@
 
 // ops_cuda.cu (declared only in cuda_common.cuh, which is C++)
 cudaStream_t cuda_stream(void);
-// attention.cu: the kernel choice in use for head dim 128 (1, 2 or 3 as
-// MOECORE_ATTN), and setting it whatever the environment says
-int cuda_attention_variant(void);
-void cuda_attention_set_variant(int variant);
-long long cuda_attention_set_ds_cap_mib(long long mib); // returns the cap before
+
+// Sets device.cuda.attention_ds_mib, returning the cap before.
+static int set_ds_cap_mib(int mib) {
+    CudaSettings s = *cuda_settings();
+    int old = s.attention_ds_mib;
+    s.attention_ds_mib = mib;
+    cuda_configure(&s);
+    return old;
+}
 
 #define TOL 1e-2
 #define LSE_TOL 1e-4
@@ -431,12 +435,10 @@ static int variants_agree(const char *what, const void *a1, const void *a2, int 
     return ok;
 }
 
-// MOECORE_ATTN=1 and =3 (the two kernel sets) on the same random inputs;
-// compare every output. With timing, also the median forward and backward
-// times of 1, 2 and 3, and of 3 with dQ by its own kernel instead of through
-// dS^T (MOECORE_ATTN_DS=0; the same as 3 where H != KV), whose dq is compared
-// with 3's too.
-static void compare_variants(int B, int T, int H, int KV, int timing) {
+// The backward with dQ through dS^T (the default cap) and by its own kernel
+// (cap 0) on the same random inputs; compare dq. With timing, also the
+// median forward and backward times of both.
+static void compare_ds(int B, int T, int H, int KV, int timing) {
     const int hd = 128;
     char sh[96], name[160];
     snprintf(sh, sizeof sh, "B=%d T=%d H=%d KV=%d", B, T, H, KV);
@@ -447,13 +449,11 @@ static void compare_variants(int B, int T, int H, int KV, int timing) {
     size_t ns = cuda_attention_saved_floats(B, T, H, hd), nscr = cuda_attention_scratch_floats(B, T, H, KV, hd);
     void *outd = cuda_alloc(nq * 2), *dqd = cuda_alloc(nq * 2), *dkd = cuda_alloc(nk * 2), *dvd = cuda_alloc(nk * 2);
     float *saved = cuda_alloc(ns * 4), *scr = cuda_alloc(nscr * 4);
-    void *res[2][5], *dq_nods = NULL;
-    long long cap = 0;
-    float ms[4][2] = {{0}};
-    for (int var = 1; var <= 4; var++) {
-        if (var == 2 && !timing) continue;
-        cuda_attention_set_variant(var == 4 ? 3 : var);
-        if (var == 4) cap = cuda_attention_set_ds_cap_mib(0); // lowering the cap after sizing the scratch is safe
+    void *dq[2];
+    int cap = 0;
+    float ms[2][2] = {{0}};
+    for (int var = 0; var < 2; var++) {
+        if (var == 1) cap = set_ds_cap_mib(0); // lowering the cap after sizing the scratch is safe
         gt_poison(outd, nq * 2);
         gt_poison(saved, ns * 4);
         gt_poison(dqd, nq * 2);
@@ -462,41 +462,25 @@ static void compare_variants(int B, int T, int H, int KV, int timing) {
         gt_poison(scr, nscr * 4);
         cuda_attention_forward(outd, saved, qd, kd, vd, B, T, H, KV, hd);
         cuda_attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, scr, B, T, H, KV, hd);
-        if (var == 4) dq_nods = host_bytes(dqd, nq * 2);
-        else if (var != 2) {
-            void **r = res[var == 1 ? 0 : 1];
-            r[0] = host_bytes(outd, nq * 2);
-            r[1] = host_bytes(saved, ns * 4);
-            r[2] = host_bytes(dqd, nq * 2);
-            r[3] = host_bytes(dkd, nk * 2);
-            r[4] = host_bytes(dvd, nk * 2);
-        }
+        dq[var] = host_bytes(dqd, nq * 2);
         if (!timing) continue;
         float t[2][10];
         time_attention(t, outd, saved, qd, kd, vd, dod, dqd, dkd, dvd, scr, B, T, H, KV, hd);
-        for (int pass = 0; pass < 2; pass++) ms[var - 1][pass] = (t[pass][4] + t[pass][5]) / 2;
+        for (int pass = 0; pass < 2; pass++) ms[var][pass] = (t[pass][4] + t[pass][5]) / 2;
     }
-    cuda_attention_set_ds_cap_mib(cap);
+    set_ds_cap_mib(cap);
     snprintf(name, sizeof name, "dq kernel = dq via dS^T: dq %s", sh);
-    variants_agree(name, dq_nods, res[1][2], 0, B, T, H, hd, TOL);
-    free(dq_nods);
-    const char *names[5] = {"out", "lse2", "dq", "dk", "dv"};
-    for (int i = 0; i < 5; i++) {
-        snprintf(name, sizeof name, "set 2 = set 1: %-4s %s", names[i], sh);
-        int nh = i == 3 || i == 4 ? KV : H;
-        variants_agree(name, res[0][i], res[1][i], i == 1, B, T, nh, i == 1 ? 0 : hd, i == 1 ? LSE_TOL : TOL);
-        free(res[0][i]);
-        free(res[1][i]);
-    }
+    variants_agree(name, dq[1], dq[0], 0, B, T, H, hd, TOL);
+    free(dq[0]);
+    free(dq[1]);
     if (timing) {
         double fwd_flop = 4.0 * B * H * (double)T * T * hd / 2, bwd_flop = 2.5 * fwd_flop;
         for (int pass = 0; pass < 2; pass++) {
             double flop = pass == 0 ? fwd_flop : bwd_flop;
-            printf("time %-8s %s hd=128 causal, MOECORE_ATTN=1 / 2 / 3 / 3 with MOECORE_ATTN_DS=0:",
-                   pass == 0 ? "forward" : "backward", sh);
-            for (int var = 0; var < 4; var++)
+            printf("time %-8s %s hd=128 causal, attention_ds_mib default / 0:", pass == 0 ? "forward" : "backward", sh);
+            for (int var = 0; var < 2; var++)
                 printf(" %.3f ms %.1f TFLOP/s x%.2f%s", ms[var][pass], flop / (ms[var][pass] * 1e-3) / 1e12,
-                       ms[0][pass] / ms[var][pass], var < 3 ? " /" : "\n");
+                       ms[0][pass] / ms[var][pass], var < 1 ? " /" : "\n");
         }
     }
     cuda_free(qd); cuda_free(kd); cuda_free(vd); cuda_free(dod); cuda_free(outd); cuda_free(dqd);
@@ -504,10 +488,6 @@ static void compare_variants(int B, int T, int H, int KV, int timing) {
 }
 
 int main(void) {
-    int variant = cuda_attention_variant();
-    const char *env = getenv("MOECORE_ATTN");
-    printf("-- head dim 128 runs kernel choice %d (MOECORE_ATTN=%s; 1 set 1, 2 (default) set 2 on large grids, 3 set 2)\n",
-           variant, env ? env : "unset");
     test_shape(2, 37, 4, 2, 16);
     test_shape(1, 128, 4, 4, 32);
     test_shape(2, 200, 8, 2, 64);
@@ -517,18 +497,15 @@ int main(void) {
     // H == KV at head dim 128: dQ through dS^T (by default), tails of 64 and 128
     test_shape(2, 200, 4, 4, 128);
     test_shape(1, 333, 2, 2, 128);
-    long long cap = cuda_attention_set_ds_cap_mib(1); // dS^T of 2 batch rows of T=200, H=4 fit: slices of 2, 1
+    int cap = set_ds_cap_mib(1); // dS^T of 2 batch rows of T=200, H=4 fit: slices of 2, 1
     test_shape(3, 200, 4, 4, 128);
-    cuda_attention_set_ds_cap_mib(cap);
+    set_ds_cap_mib(cap);
     test_large();
-    printf("-- head dim 128: kernel set 2 (MOECORE_ATTN=3) against set 1\n");
-    compare_variants(1, 97, 6, 3, 0);
-    compare_variants(2, 200, 4, 1, 0);
-    compare_variants(1, 129, 2, 2, 0);
-    compare_variants(1, 4096, 16, 16, 1);
-    compare_variants(1, 4096, 8, 8, 1);
-    compare_variants(2, 4096, 16, 16, 1);
-    compare_variants(1, 4096, 16, 4, 1);
-    cuda_attention_set_variant(variant);
+    printf("-- head dim 128: dQ through dS^T against dQ by its own kernel\n");
+    compare_ds(2, 200, 4, 4, 0);
+    compare_ds(1, 129, 2, 2, 0);
+    compare_ds(1, 4096, 16, 16, 1);
+    compare_ds(1, 4096, 8, 8, 1);
+    compare_ds(2, 4096, 16, 16, 1);
     return gt_finish();
 }

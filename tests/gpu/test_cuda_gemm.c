@@ -7,9 +7,9 @@
 //
 // Each grouped op has two kernels: the Hopper wgmma one (grouped_wgmma.cu),
 // which cuda_grouped_matmul_forward / _backward take first, and the
-// mma.sync one (gemm.cu) they fall back to. main() sets MOECORE_NO_WGMMA=1
-// before any call (gemm.cu reads it once), so the gemm.cu entry points run
-// the fallback here, and the wgmma kernels are called directly through
+// mma.sync one (gemm.cu) they fall back to. main() sets
+// device.cuda.grouped_gemm to mma_sync (cuda_configure), so the gemm.cu
+// entry points run the fallback here, and the wgmma kernels are called directly through
 // cuda_grouped_forward_wgmma, cuda_grouped_dgrad_wgmma and
 // cuda_grouped_wgrad_wgmma: each grouped shape checks forward, data-grad
 // and weight-grad of both against the CPU and against each other, and the
@@ -485,7 +485,9 @@ static void uneven_counts(int *counts, int E, int R, const int *zero, int nzero)
 }
 
 int main(void) {
-    setenv("MOECORE_NO_WGMMA", "1", 1); // before any grouped call: see the header
+    CudaSettings mma = cuda_settings_default(); // the gemm.cu entry points on mma.sync: see the header
+    mma.grouped_gemm = CUDA_KERNELS_MMA_SYNC;
+    cuda_configure(&mma);
     // dense: odd sizes (tails everywhere), then OLMoE's attention-sized GEMM
     test_matmul(37, 64, 96);
     test_matmul(37, 72, 40);

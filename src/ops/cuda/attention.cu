@@ -34,7 +34,7 @@
 // (zero-filled loads, guarded stores).
 //
 // Head dim 128 also has a second set of kernels ("variant 2", below the
-// first), with bigger warp tiles; MOECORE_ATTN chooses (see the launchers).
+// first), with bigger warp tiles; the launchers choose by shape.
 #include <math.h>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
     store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 16, lane);
 }
 
-// ---- variant 2 (MOECORE_ATTN=2 or 3), head dim 128 ---------------------------
+// ---- variant 2, head dim 128 ----------------------------------------------------
 //
 // The same function, and the same arithmetic in the same order as the kernels
 // above (so the outputs are expected to be bit-identical to them), on bigger
@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 //             (warps 0-3) or dK (warps 4-7) from those. Per step a warp does
 //             256 MMAs on 104 ldmatrix.x4 and 32 4-byte stores (was 256 on
 //             160).
-// Selected by MOECORE_ATTN (see the launchers); sizes of saved and scratch
+// Selected by shape (see the launchers); sizes of saved and scratch
 // are those of the kernels above.
 
 namespace v2 {
@@ -1217,34 +1217,21 @@ static void check_shape(const char *what, int B, int T, int H, int KV, int hd) {
 
 static inline float log2e_scale(int hd) { return (float)(1.4426950408889634 / sqrt((double)hd)); }
 
-// MOECORE_ATTN selects the kernels of head dim 128 (other head dims always
-// run the kernels above); read once, at the first attention call:
-//   1: the kernels above;
-//   2 (the default; unset or anything else): variant 2's dK/dV kernel
-//      without GQA (H == KV), and its forward and dQ kernels (128 queries
-//      per block, 2 blocks per SM) where their grid has more blocks than one
-//      wave (2 per SM): on fewer, the longest causal block sets the time and
-//      the kernels above, with half as many queries per block, finish first;
-//   3: every variant-2 kernel whatever the shape (tests, measurements).
-// Measured on an H200 (T=4096, hd=128, 2026-11-30; test_cuda_attention),
-// variant 2 over the kernels above: forward x1.33 with B H >= 16 (x0.82
-// with B=1 H=8: one wave), backward x1.04-1.05 without GQA, x0.94 with 4
-// query heads per kv head.
-// Both sets compute the same function with the same arithmetic (results are
-// expected to be bit-identical), so the choice does not change numerics.
-static int attn_variant_ = -1;
-static int attn_variant(void) {
-    int v = env_setting(&attn_variant_, "MOECORE_ATTN", 2);
-    return v == 1 || v == 3 ? v : 2;
-}
-// For tests: the variant in use, and setting it (1, 2 or 3) whatever the environment says.
-extern "C" int cuda_attention_variant(void) { return attn_variant(); }
-extern "C" void cuda_attention_set_variant(int variant) { attn_variant_ = variant == 1 || variant == 3 ? variant : 2; }
-
+// Head dim 128 runs variant 2's dK/dV kernel without GQA (H == KV), and
+// its forward and dQ kernels (128 queries per block, 2 blocks per SM) where
+// their grid has more blocks than one wave (2 per SM): on fewer, the
+// longest causal block sets the time and the first set's kernels, with half
+// as many queries per block, finish first. Other head dims always run the
+// first set. Measured on an H200 (T=4096, hd=128, 2026-11-30;
+// test_cuda_attention), variant 2 over the first set: forward x1.33 with
+// B H >= 16 (x0.82 with B=1 H=8: one wave), backward x1.04-1.05 without
+// GQA, x0.94 with 4 query heads per kv head - hence the choice by shape.
+// Both sets compute the same function with the same arithmetic (they were
+// measured bit-identical before the forced choices were removed,
+// 2026-12-01), so the choice does not change numerics.
 // Whether variant 2's query-block kernels (forward, dQ) run this shape.
 static bool v2_qblocks(int B, int T, int H) {
-    int v = attn_variant();
-    return v == 3 || (v == 2 && (long)B * H * ceil_div(T, v2::Fwd::BR) > 2L * cuda_num_sms());
+    return (long)B * H * ceil_div(T, v2::Fwd::BR) > 2L * cuda_num_sms();
 }
 
 static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
@@ -1296,25 +1283,15 @@ static void backward_dq_ds(bf16 *dq, const bf16 *dsT, const bf16 *k, int B, int 
 }
 
 // dQ through dS^T in scratch (5 matmuls instead of 7) runs where variant 2's
-// dK/dV kernel runs without GQA (head dim 128, H == KV, MOECORE_ATTN 2 or 3)
-// and the dS^T of at least one batch row fits the cap: MOECORE_ATTN_DS MiB
-// (default 1024; 0 turns it off). Batch rows go through the buffer in
-// slices when all of them do not fit. The cap is read when the scratch is
-// sized (cuda_attention_scratch_floats) and must not change after.
-static long long ds_cap_mib_ = -1;
+// dK/dV kernel runs without GQA (head dim 128, H == KV) and the dS^T of at
+// least one batch row fits the cap: device.cuda.attention_ds_mib (default
+// 1024; 0 turns it off). Batch rows go through the buffer in slices when
+// all of them do not fit. The cap is read when the scratch is sized
+// (cuda_attention_scratch_floats) and must not grow after (lowering it is
+// safe: fewer rows per slice).
 static size_t ds_cap_bytes(void) {
-    if (ds_cap_mib_ < 0) {
-        int v = -1;
-        ds_cap_mib_ = env_setting(&v, "MOECORE_ATTN_DS", 1024);
-        if (ds_cap_mib_ < 0) ds_cap_mib_ = 0;
-    }
-    return (size_t)ds_cap_mib_ << 20;
-}
-// For tests: sets the cap (MiB), returning the one before.
-extern "C" long long cuda_attention_set_ds_cap_mib(long long mib) {
-    long long old = (long long)(ds_cap_bytes() >> 20);
-    ds_cap_mib_ = mib < 0 ? 0 : mib;
-    return old;
+    int mib = cuda_settings()->attention_ds_mib;
+    return mib > 0 ? (size_t)mib << 20 : 0;
 }
 // Batch rows per dS^T slice; 0 when dQ does not go through dS^T.
 static int ds_batch_rows(int B, int T, int H, int KV, int hd) {
@@ -1350,7 +1327,7 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
 
     float sl2 = log2e_scale(HD), scale = (float)(1.0 / sqrt((double)HD));
     int dsr = ds_batch_rows(B, T, H, KV, HD);
-    if (dsr > 0 && attn_variant() != 1) { // dK, dV and dS^T, then dQ = scale dS K, per slice of batch rows
+    if (dsr > 0) { // dK, dV and dS^T, then dQ = scale dS K, per slice of batch rows
         bf16 *dsT = (bf16 *)(D + d_floats(B, T, H));
         for (int b0 = 0; b0 < B; b0 += dsr) {
             int nb = B - b0 < dsr ? B - b0 : dsr;
@@ -1371,7 +1348,7 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
                                                                                    T, H, KV, sl2, scale);
         cudaLaunchCheck();
     }
-    if (HD == 128 && (attn_variant() == 3 || (attn_variant() == 2 && H == KV))) {
+    if (HD == 128 && H == KV) {
         backward_dkv_v2(dk, dv, NULL, dout, lse2, q, k, v, D, B, T, H, KV);
     } else {
         using Cfg = BwdKVCfg<HD>;

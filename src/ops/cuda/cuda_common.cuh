@@ -118,17 +118,6 @@ __device__ __forceinline__ void red_add_quad(float *row_lo, float *row_hi, int c
     }
 }
 
-// A non-negative integer setting from the environment (the kernel choices
-// MOECORE_*), read once: *cache starts at -1 and keeps the value, dflt when
-// the variable is unset.
-static inline int env_setting(int *cache, const char *name, int dflt) {
-    if (*cache < 0) {
-        const char *s = getenv(name);
-        *cache = s ? atoi(s) : dflt;
-    }
-    return *cache;
-}
-
 // Raises a kernel's dynamic shared memory limit (needed above 48 KB) when it
 // is asked for more than *set, the most it was given so far.
 static inline void cuda_allow_smem(const void *kernel, int *set, int bytes) {

@@ -496,30 +496,21 @@ extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void 
 extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2,
                                              const void *w2, const int *offsets, int E, int C, int OC);
 
-// MOECORE_NO_WGMMA=1: always the mma.sync kernels below (read once)
-static int no_wgmma(void) {
-    static int v = -1;
-    return env_setting(&v, "MOECORE_NO_WGMMA", 0) == 1;
-}
+// device.cuda.grouped_gemm: mma_sync runs every grouped product on the
+// mma.sync kernels below.
+static int no_wgmma(void) { return cuda_settings()->grouped_gemm == CUDA_KERNELS_MMA_SYNC; }
 
-// The wgmma weight-grad, unless MOECORE_WGMMA_WGRAD=0. With short expert
-// segments (K = rows per expert: ~512 on OLMoE-1B-7B) it lost to the
-// mma.sync kernel while its epilogue was a load-add-store (120 vs 167
-// TFLOP/s); with 16-byte reductions and two blocks per multiprocessor it
-// wins (254 vs 232 on the OLMoE shape, 221 vs 189 with one expert holding
-// 32k rows; H200, 2026-11-30).
-static int wgmma_wgrad(void) {
-    static int v = -1;
-    return env_setting(&v, "MOECORE_WGMMA_WGRAD", 1) != 0;
-}
+// device.cuda.grouped_wgrad: the weight-grad on wgmma (default) or on the
+// kernel below. With short expert segments (K = rows per expert: ~512 on
+// OLMoE-1B-7B) it lost to the mma.sync kernel while its epilogue was a
+// load-add-store (120 vs 167 TFLOP/s); with 16-byte reductions and two
+// blocks per multiprocessor it wins (254 vs 232 on the OLMoE shape, 221 vs
+// 189 with one expert holding 32k rows; H200, 2026-11-30).
+static int wgmma_wgrad(void) { return cuda_settings()->grouped_wgrad == CUDA_KERNELS_WGMMA; }
 
-// Whether the weight-grad epilogues may use 16-byte reductions into dw:
-// dw 16-byte aligned (C is a multiple of 8, so rows are too), and not
-// MOECORE_WGRAD_RMW=1 (read once: load-add-store instead, for comparison).
-extern "C" int wgrad_vec4(const float *dw) {
-    static int rmw = -1;
-    return env_setting(&rmw, "MOECORE_WGRAD_RMW", 0) != 1 && ((uintptr_t)dw & 15) == 0;
-}
+// Whether the weight-grad epilogues may use 16-byte reductions into dw: dw
+// 16-byte aligned (C is a multiple of 8, so rows are too).
+extern "C" int wgrad_vec4(const float *dw) { return ((uintptr_t)dw & 15) == 0; }
 
 extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets, int E,
                                             int C, int OC) {

@@ -8,7 +8,7 @@
 //     weight-grad;
 //   - the cp.async kernels described here (grouped_wgmma_kernel,
 //     grouped_wgmma_bwd_kernel): every thread loads and computes; they run
-//     the shapes the TMA kernel does not take and MOECORE_GEMM_TMA=0.
+//     the shapes the TMA kernel does not take and device.cuda.gemm_tma: false.
 // H200, OLMoE shape (2026-11-30): forward 551 vs 384 TFLOP/s, data-grad 468
 // vs 336, weight-grad 262 vs 253 (bench/results/2026-11-30-h200-issue6.md).
 //
@@ -855,11 +855,8 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
                : -1;
 }
 
-// MOECORE_GEMM_TMA=0: the cp.async kernels instead (read once).
-static int tma_wanted(void) {
-    static int v = -1;
-    return env_setting(&v, "MOECORE_GEMM_TMA", 1) != 0;
-}
+// device.cuda.gemm_tma: false runs the cp.async kernels instead.
+static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
 // Forward (WS_FWD: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C]),
 // data-grad (WS_DGRAD: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC], B =
@@ -932,19 +929,16 @@ static int wgmma_device_ok(void) {
 }
 
 // The tile of the cp.async forward and data-grad: 0 = 128 x 256, 4 stages
-// (N >= 256); 1 = 128 x 128, 6 stages (N < 256, or MOECORE_WGMMA_BN=128,
-// read once). One block per multiprocessor.
-static int wgmma_tile(int N) {
-    static int env = -1;
-    return env_setting(&env, "MOECORE_WGMMA_BN", 0) == 128 || N < 256 ? 1 : 0;
-}
+// (N >= 256); 1 = 128 x 128, 6 stages (N < 256). One block per
+// multiprocessor.
+static int wgmma_tile(int N) { return N < 256 ? 1 : 0; }
 int wgmma_bn(int N) { return wgmma_tile(N) == 0 ? 256 : 128; }
 
 // Runs the forward on the wgmma kernel and returns 0, or returns -1 having
 // launched nothing when it cannot: not a compute capability 9.0 device (the
 // code is sm_90a only), C or OC not multiples of 8, operands not 16-byte
-// aligned, or too many experts for shared memory. MOECORE_WGMMA_BN=128
-// picks the 128-column tile (default 256 when OC >= 256).
+// aligned, or too many experts for shared memory. The column tile is 256
+// when OC >= 256, else 128.
 extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C,
                                           int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
@@ -959,7 +953,7 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
 // wgmma kernel, plus dout2[R, OC] w2_e[OC, C] when dout2 is not NULL (the
 // gate and up projections' data-grads in one product): 0 when it ran, -1
 // (nothing launched) under the forward's conditions. Column tile 256 when
-// C >= 256 (MOECORE_WGMMA_BN=128: 128).
+// C >= 256, else 128.
 extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2,
                                              const void *w2, const int *offsets, int E, int C, int OC) {
     if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;

@@ -47,6 +47,11 @@ static void init_once(void) {
     cudaCheck(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
 }
 
+// The kernel choices (device.cuda.*): the defaults until cuda_configure.
+static CudaSettings settings = cuda_settings_default();
+extern "C" void cuda_configure(const CudaSettings *s) { settings = *s; }
+extern "C" const CudaSettings *cuda_settings(void) { return &settings; }
+
 extern "C" cudaStream_t cuda_stream(void) { init_once(); return stream; }
 extern "C" cublasLtHandle_t cuda_blaslt(void) { init_once(); return blaslt; }
 extern "C" void *cuda_blaslt_workspace(size_t *bytes) { init_once(); *bytes = workspace_bytes; return workspace; }

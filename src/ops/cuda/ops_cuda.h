@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ops/cuda/cuda_settings.h"
 #include "ops/ops.h"
 
 #ifdef __cplusplus
@@ -86,7 +87,11 @@ void cuda_sum_squares(double *acc, const float *x, size_t n);
 #ifdef __cplusplus
 extern "C" {
 #endif
-// ops_cuda.cu: memory and the stream
+// ops_cuda.cu: the kernel choices (read at each op, so tests may switch
+// between calls; attention_ds_mib must not change after the attention
+// scratch was sized with it), memory and the stream
+void cuda_configure(const CudaSettings *s);
+const CudaSettings *cuda_settings(void);
 void *cuda_alloc(size_t bytes);
 void cuda_free(void *p);
 void cuda_to_device(void *dst, const void *src, size_t bytes);

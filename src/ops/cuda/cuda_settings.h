@@ -1,0 +1,33 @@
+// Kernel choices of the CUDA backend: the device.cuda.* keys of a run
+// config (configs/reference.yaml documents each), handed to the backend by
+// cuda_configure (ops_cuda.h) before its first op. Plain C with no CUDA
+// header, so that the config reader of a CPU-only build knows them too.
+//
+// Every choice computes the same function; the defaults are the fastest
+// measured on an H200 (README, "On a GPU"). The others are fallbacks kept
+// because they run where the default cannot, and for A/B measurements.
+#pragma once
+
+typedef enum { CUDA_KERNELS_WGMMA = 0, CUDA_KERNELS_MMA_SYNC = 1 } CudaGemmKernels;
+
+typedef struct {
+    // Expert (grouped) GEMMs, forward and data-grads: wgmma (Hopper, sm_90a)
+    // or the mma.sync kernels that run on any GPU and also take the shapes
+    // wgmma does not.
+    int grouped_gemm;      // CudaGemmKernels
+    // Their weight-grads, likewise (wgmma only when grouped_gemm is too).
+    int grouped_wgrad;     // CudaGemmKernels
+    // The wgmma kernels load tiles by TMA in a warp-specialised kernel (1),
+    // or by cp.async in the earlier kernels (0).
+    int gemm_tma;
+    // Attention backward at head dim 128 without GQA: the cap, in MiB, of
+    // the dS^T scratch through which dQ is one plain matmul (5 matmuls
+    // instead of 7); batch rows go through it in slices beyond it; 0: dQ
+    // by its own kernel. Read when the attention scratch is sized.
+    int attention_ds_mib;
+} CudaSettings;
+
+static inline CudaSettings cuda_settings_default(void) {
+    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024};
+    return s;
+}
