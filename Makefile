@@ -10,6 +10,13 @@ TEST_LDLIBS := $(shell pkg-config --libs check 2>/dev/null)
 VERSION := 0.1.0
 CFLAGS  += -DMOECORE_VERSION=\"$(VERSION)\"
 
+# The commit of this build, for run headers and benchmark records:
+# build/commit.h is rewritten only when the commit changes, so that only
+# version.o is rebuilt.
+COMMIT := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+$(shell mkdir -p build && echo '#define MOECORE_BUILD_COMMIT "$(COMMIT)"' > build/commit.h.new && \
+        (cmp -s build/commit.h.new build/commit.h || mv build/commit.h.new build/commit.h); rm -f build/commit.h.new)
+
 LIB_SRC := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 
@@ -45,6 +52,9 @@ deps:
 build/%.o: %.c $(shell find src -name '*.h')
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+build/src/util/version.o: build/commit.h
+build/src/util/version.o: CFLAGS += -Ibuild
 
 build/%.o: %.cu $(shell find src -name '*.h' -o -name '*.cuh')
 	@mkdir -p $(dir $@)

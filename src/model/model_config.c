@@ -246,3 +246,37 @@ int model_config_from_json(ModelConfig *c, const char *json, char *err, size_t e
     json_object_put(o);
     return rc ? rc : model_config_validate(c, err, errlen);
 }
+
+// The ops of a config whose sizes a backend may not take, each with the
+// config keys that set them, asked of ops->supports before any allocation.
+int model_config_check_backend(const ModelConfig *c, const Ops *ops, int micro_batch, int ep, char *err,
+                               size_t errlen) {
+    if (!ops->supports) return 0;
+    char why[300];
+    OpDesc a = {.op = OP_ATTENTION, .B = micro_batch, .T = c->seq_len, .H = c->n_heads, .KV = c->n_kv_heads,
+                .hd = c->head_dim};
+    if (!ops->supports(&a, why, sizeof why)) {
+        snprintf(err, errlen, "model.head_dim %d, model.n_heads %d, model.n_kv_heads %d, model.seq_len %d, "
+                 "train.micro_batch %d: the %s backend cannot run this attention: %s", c->head_dim, c->n_heads,
+                 c->n_kv_heads, c->seq_len, micro_batch, ops->name, why);
+        return -1;
+    }
+    if (c->n_experts <= 0) return 0;
+    OpDesc r = {.op = OP_ROUTER, .N = micro_batch * c->seq_len, .E = c->n_experts, .k = c->top_k,
+                .routing = c->routing};
+    if (!ops->supports(&r, why, sizeof why)) {
+        snprintf(err, errlen, "model.n_experts %d, model.top_k %d: the %s backend cannot run this router: %s",
+                 c->n_experts, c->top_k, ops->name, why);
+        return -1;
+    }
+    // the experts' gate/up (d_model -> expert_hidden) and down products
+    OpDesc g = {.op = OP_GROUPED_MATMUL, .E = c->n_experts / (ep > 0 ? ep : 1), .C = c->d_model,
+                .OC = c->expert_hidden};
+    if (!ops->supports(&g, why, sizeof why)) {
+        snprintf(err, errlen, "model.n_experts %d (%d per rank), model.d_model %d, model.expert_hidden %d: the %s "
+                 "backend cannot run these expert GEMMs: %s", c->n_experts, g.E, c->d_model, c->expert_hidden,
+                 ops->name, why);
+        return -1;
+    }
+    return 0;
+}

@@ -49,6 +49,11 @@ int model_config_set(ModelConfig *c, const char *key, const char *value, char *e
 // Checks every field and fills the derived ones. -1 with a message naming
 // the field on error.
 int model_config_validate(ModelConfig *c, char *err, size_t errlen);
+// Whether the backend runs a validated config at this micro-batch with its
+// experts over ep ranks (Ops.supports); -1 with the keys and the limit in
+// err when it does not. Touches no device: callers ask before allocating.
+int model_config_check_backend(const ModelConfig *c, const Ops *ops, int micro_batch, int ep, char *err,
+                               size_t errlen);
 // Writes the config as a JSON object (every key, derived ones included).
 // Returns a malloc'd string.
 char *model_config_to_json(const ModelConfig *c);

@@ -31,8 +31,26 @@
 typedef enum { GATING_SOFTMAX = 0, GATING_SIGMOID = 1 } Gating;
 typedef enum { ROUTING_LEARNED = 0, ROUTING_RANDOM = 1, ROUTING_UNIFORM = 2 } RoutingMode;
 
+// A question put to a backend before a run (ggml's supports_op): can it run
+// this op on these sizes? The model lists the ops of a config with their
+// sizes (model_check_backend); fields an op does not use are 0.
+typedef enum {
+    OP_ATTENTION,       // B, T, H, KV, hd
+    OP_GROUPED_MATMUL,  // E (experts on this rank), C, OC: forward and backward, and the gate/up pair
+    OP_ROUTER,          // N, E, k, routing (RoutingMode): probs, top-k, weights, counts, LB and z losses
+} OpKind;
+typedef struct {
+    OpKind op;
+    int B, T, H, KV, hd;
+    int N, E, k, routing;
+    int C, OC;
+} OpDesc;
+
 typedef struct Ops {
     const char *name;
+    // 1 when this backend runs d; else 0 with the limit it hits in why.
+    // NULL: every op at every size (the CPU).
+    int (*supports)(const OpDesc *d, char *why, size_t whylen);
     size_t act_bytes;  // bytes per act element
     int host_memory;   // buffers are host memory (the host may read them directly)
 

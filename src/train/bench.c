@@ -3,6 +3,7 @@
 // numbers include data, optimizer and logging), median over the steps after
 // a warm-up.
 #include <json-c/json.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,13 +12,16 @@
 
 #include "train/train.h"
 #include "util/check.h"
+#include "util/fs.h"
 
 static const char *bench_usage =
     "usage: moecore bench CONFIG.yaml [CONFIG.yaml ...] [--steps=N] [--warmup=N] [--record=FILE]\n"
     "                     [--breakdown] [--section.key=value ...]\n"
     "  Trains each config for N steps (default 12) on synthetic tokens, without checkpoints\n"
     "  or eval, and prints the median tokens/s, TFLOP/s and MFU of the steps after the\n"
-    "  first W (default 3). --record appends one JSON object per config to FILE.\n"
+    "  first W (default 3), and the loss of the last step. --record appends one JSON object\n"
+    "  per config to FILE: the numbers, every step's loss, the overrides, and the run's\n"
+    "  commit, device, compute capability, driver and device.cuda kernel choices.\n"
     "  --breakdown (cuda device only) times every op with CUDA events, without the CUDA graph,\n"
     "  and prints the GPU ms per step of each op and class of op (expert GEMMs, attention, ...)\n"
     "  over the steps after the first W; the events and the missing graph slow the steps.\n";
@@ -47,17 +51,15 @@ int cmd_bench(int argc, char **argv) {
         fputs(bench_usage, stderr);
         return 2;
     }
+    TrainOptions opt = {0};
     if (breakdown) {
 #ifndef MOECORE_CUDA
         fprintf(stderr, "moecore: bench --breakdown needs the cuda device (this build has no CUDA backend)\n");
         return 2;
 #endif
-        // cmd_train picks the timed op table from these and resets the op
-        // times as step warmup + 1 starts (src/train/train.c)
-        char from[32];
-        snprintf(from, sizeof from, "%d", warmup);
-        setenv("MOECORE_OPS_TIMED", "1", 1);
-        setenv("MOECORE_OPS_TIMED_FROM", from, 1);
+        // the timed op table; its times are reset as step warmup + 1 starts
+        opt.timed_ops = 1;
+        opt.timed_from = warmup;
     }
     char rows[32][256];
     int rc = 0;
@@ -82,17 +84,25 @@ int cmd_bench(int argc, char **argv) {
         if (breakdown) args[n++] = "--device.cuda_graph=false";
         printf("== bench %s\n", configs[c]);
         fflush(stdout);
-        int r = cmd_train(n, args);
+        int r = train_run(n, args, &opt);
         if (r) { rc = r; snprintf(rows[c], sizeof rows[c], "%-36s failed (exit %d)", configs[c], r); continue; }
         char path[256];
         snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
         FILE *f = fopen(path, "r");
-        double tps[4096], tfl[4096], mfu[4096], mem = 0, mem_host = 0;
+        double tps[4096], tfl[4096], mfu[4096], mem = 0, mem_host = 0, last_loss = NAN;
         int k = 0;
         char line[1 << 16];
+        // the run's description (build, device, kernel choices) from the first
+        // record, and every step's loss, go into the bench record
+        json_object *run = NULL, *losses = json_object_new_array();
         while (f && fgets(line, sizeof line, f) && k < 4096) {
             json_object *o = json_tokener_parse(line), *v;
             if (!o) continue;
+            if (!run && json_object_object_get_ex(o, "run", &v)) run = json_object_get(v);
+            if (json_object_object_get_ex(o, "loss", &v)) {
+                last_loss = json_object_get_double(v);
+                json_object_array_add(losses, json_object_new_double(last_loss));
+            }
             int step = json_object_object_get_ex(o, "step", &v) ? json_object_get_int(v) : 0;
             if (step > warmup) {
                 json_object_object_get_ex(o, "tokens_per_s", &v); tps[k] = json_object_get_double(v);
@@ -106,8 +116,8 @@ int cmd_bench(int argc, char **argv) {
         }
         if (f) fclose(f);
         double mt = median(tps, k), mf = median(tfl, k), mm = median(mfu, k);
-        snprintf(rows[c], sizeof rows[c], "%-36s %12.0f %10.1f %7.1f%% %10.1f GiB", configs[c], mt, mf, 100 * mm,
-                 (mem > 0 ? mem : mem_host) / 1024);
+        snprintf(rows[c], sizeof rows[c], "%-36s %12.0f %10.1f %7.1f%% %10.1f GiB %10.6f", configs[c], mt, mf,
+                 100 * mm, (mem > 0 ? mem : mem_host) / 1024, last_loss);
         if (record) {
             FILE *rf = fopen(record, "a");
             if (!rf) { fprintf(stderr, "moecore: bench: cannot append to %s\n", record); rc = 2; }
@@ -115,17 +125,33 @@ int cmd_bench(int argc, char **argv) {
                 char date[32];
                 time_t now = time(NULL);
                 strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-                fprintf(rf, "{\"date\": \"%s\", \"config\": \"%s\", \"steps\": %d, \"warmup\": %d, "
-                            "\"tokens_per_s\": %.1f, \"tflops_per_device\": %.2f, \"mfu\": %.4f, \"memory_mib\": %.1f}\n",
-                        date, configs[c], steps, warmup, mt, mf, mm, mem > 0 ? mem : mem_host);
+                json_object *o = json_object_new_object();
+                json_object_object_add(o, "date", json_object_new_string(date));
+                json_object_object_add(o, "config", json_object_new_string(configs[c]));
+                json_object *ov = json_object_new_array();
+                for (int i = 0; i < no; i++) json_object_array_add(ov, json_object_new_string(overrides[i]));
+                json_object_object_add(o, "overrides", ov);
+                json_object_object_add(o, "steps", json_object_new_int(steps));
+                json_object_object_add(o, "warmup", json_object_new_int(warmup));
+                json_object_object_add(o, "tokens_per_s", json_object_new_double(mt));
+                json_object_object_add(o, "tflops_per_device", json_object_new_double(mf));
+                json_object_object_add(o, "mfu", json_object_new_double(mm));
+                json_object_object_add(o, "memory_mib", json_object_new_double(mem > 0 ? mem : mem_host));
+                json_object_object_add(o, "losses", json_object_get(losses));
+                // commit, version, device, compute capability, driver, device.cuda
+                if (run) json_object_object_add(o, "run", json_object_get(run));
+                fprintf(rf, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+                json_object_put(o);
                 fclose(rf);
             }
         }
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd)) { /* leaving a temporary directory behind is harmless */ }
+        json_object_put(losses);
+        if (run) json_object_put(run);
+        // leaving a temporary directory behind is harmless
+        snprintf(path, sizeof path, "%s/run", dir);
+        if (fs_remove_dir(path) == 0) fs_remove_dir(dir);
     }
-    printf("\n%-36s %12s %10s %8s %14s\n", "config", "tokens/s", "TFLOP/s", "MFU", "memory");
+    printf("\n%-36s %12s %10s %8s %14s %10s\n", "config", "tokens/s", "TFLOP/s", "MFU", "memory", "last loss");
     for (int c = 0; c < nc; c++) printf("%s\n", rows[c]);
     return rc;
 }

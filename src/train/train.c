@@ -1,6 +1,8 @@
-// `moecore train`: the single-process training loop. The order of work in
-// one step follows DESIGN.md §2; the parallel runtimes will slot in at the
-// marked places (data slice per rank, grad reduction before the optimizer).
+// `moecore train`: the training loop of one process (of several under
+// mpirun). Read it top-down from train_run: parse_args, train_setup (backend,
+// data, model, optimizer, resume, run directory, header), train_loop (per
+// step: train_step, step_record, eval, console line, checkpoint), and
+// train_teardown. The order of work in one step follows DESIGN.md §2.
 #include "train/train.h"
 
 #include <cblas.h>
@@ -26,6 +28,7 @@
 #include "train/metrics.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/version.h"
 #ifdef MOECORE_CUDA
 #include "ops/cuda/ops_cuda.h"
 #endif
@@ -207,33 +210,70 @@ static int fatal(const char *fmt, const char *msg) {
     return 2;
 }
 
-int cmd_train(int argc, char **argv) {
-    Comm *world = comm_world();
-    world_size = comm_size(world);
-    rank0 = comm_rank(world) == 0;
+// Everything one training process holds, from set-up to teardown.
+typedef struct {
+    RunConfig cfg;
+    const char *config_path;
+    int resume;
+    int64_t stop_after;        // --stop-after (0: run to train.steps)
+    TrainOptions opt;          // bench's
+    Comm *world;
+    const Ops *ops;
+    Mesh mesh;
+    int T, G, MB, G_local, M, M_total;  // sequence, global batch, micro-batch; per rank; micro-batches
+    DataLoader *train, *eval;
+    Model m;
+    Ddp ddp;
+    AdamW adamw;
+    CkptLayout layout;
+    TrainState st;
+    int *tokens, *targets;     // this rank's slice of a step's batch [G_local, T]
+    char *config_yaml;         // the resolved config, saved in the run dir and in checkpoints
+    FILE *metrics;             // rank 0
+    double peak, fpt;          // MFU denominator (TFLOP/s), useful FLOPs per token
+    // per-step statistics, MoE layers L x experts E
+    int L, E;
+    double *red, *lb_step, *z_step, *maxload;
+    float *counts_host;
+    int *gflags;
+    Gerrymander gm;
+    // the CUDA graph of one micro-batch's forward + backward
+    int use_graph, graph_tries;
+    void *graph;
+    float graph_scale;
+    double peak_dev_mib;
+    int run_info_written;      // the first metrics record of this process carries the run's description
+} Trainer;
+
+// What one optimizer step produced.
+typedef struct {
+    int64_t step;              // 0-based index of the step
+    double lr, loss, ce, lb_raw, z_raw, gnorm, clip_scale, dt;
+    int skipped;
+} StepResult;
+
+// Reads the config and the command line. Returns -1 to go on, else the exit code.
+static int parse_args(Trainer *tr, int argc, char **argv) {
+    char err[2400];
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
         if (rank0) fputs(train_usage, argc < 1 ? stderr : stdout);
         return argc < 1 ? 2 : 0;
     }
-    char err[2400];
-    RunConfig cfg;
-    run_config_defaults(&cfg);
-    const char *config_path = argv[0];
+    RunConfig *cfg = &tr->cfg;
+    tr->config_path = argv[0];
     // config errors are the same on every rank: each exits with the message
     // (printed once), no abort needed
-    if (run_config_load_yaml(&cfg, config_path, err, sizeof err)) {
+    if (run_config_load_yaml(cfg, tr->config_path, err, sizeof err)) {
         if (rank0) fprintf(stderr, "moecore: error: %s\n", err);
         return 2;
     }
-    int resume = 0;
-    int64_t stop_after = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--resume")) { resume = 1; continue; }
+        if (!strcmp(a, "--resume")) { tr->resume = 1; continue; }
         if (!strncmp(a, "--stop-after=", 13)) {
             char *end;
-            stop_after = strtoll(a + 13, &end, 10);
-            if (*end || stop_after <= 0) {
+            tr->stop_after = strtoll(a + 13, &end, 10);
+            if (*end || tr->stop_after <= 0) {
                 if (rank0) fprintf(stderr, "moecore: error: --stop-after: expected a positive number of steps, got '%s'\n", a + 13);
                 return 2;
             }
@@ -246,461 +286,634 @@ int cmd_train(int argc, char **argv) {
         }
         char key[256];
         snprintf(key, sizeof key, "%.*s", (int)(eq - a - 2), a + 2);
-        if (run_config_set(&cfg, key, eq + 1, err, sizeof err)) {
+        if (run_config_set(cfg, key, eq + 1, err, sizeof err)) {
             if (rank0) fprintf(stderr, "moecore: error: command line: %s\n", err);
             return 2;
         }
     }
-    if (run_config_validate(&cfg, world_size, err, sizeof err)) {
-        if (rank0) fprintf(stderr, "moecore: error: %s: %s\n", config_path, err);
+    if (run_config_validate(cfg, world_size, err, sizeof err)) {
+        if (rank0) fprintf(stderr, "moecore: error: %s: %s\n", tr->config_path, err);
         return 2;
     }
-    const Ops *ops = &ops_cpu;
-    // MOECORE_OPS_TIMED=1 (set by `moecore bench --breakdown`): time every op
-    // with CUDA events and print the GPU time per op at the end, over the
-    // steps from MOECORE_OPS_TIMED_FROM (0-based; bench's warm-up) on.
-    const char *timed_env = getenv("MOECORE_OPS_TIMED");
-    int timed = timed_env && !strcmp(timed_env, "1");
-    if (timed && cfg.device.type != 1) {
-        if (rank0) fprintf(stderr, "moecore: error: bench --breakdown (MOECORE_OPS_TIMED=1) needs the cuda device "
-                                   "(device.type: cuda)\n");
+    return -1;
+}
+
+// The op table of the configured device, with its kernel choices applied.
+// Returns -1 to go on, else the exit code.
+static int pick_backend(Trainer *tr) {
+    const RunConfig *cfg = &tr->cfg;
+    tr->ops = &ops_cpu;
+    if (tr->opt.timed_ops && cfg->device.type != 1) {
+        if (rank0) fprintf(stderr, "moecore: error: bench --breakdown needs the cuda device (device.type: cuda)\n");
         return 2;
     }
-    if (cfg.device.type == 1) {
+    if (cfg->device.type != 1) return -1;
 #ifdef MOECORE_CUDA
-        ops = timed ? &ops_cuda_timed : &ops_cuda;
-        // for now one GPU per process and no host-side expert dispatch on the GPU
-        if (world_size > 1 || cfg.model.capacity_factor > 0) {
-            if (rank0) fprintf(stderr, "moecore: error: device.type cuda: several ranks (NCCL) and model.capacity_factor "
-                                       "are not implemented on the GPU yet; run one process with capacity_factor 0\n");
-            return 2;
-        }
-#else
-        if (rank0) fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (nvcc was not found when it was built)\n");
+    tr->ops = tr->opt.timed_ops ? &ops_cuda_timed : &ops_cuda;
+    cuda_configure(&cfg->device.cuda);
+    // for now one GPU per process and no host-side expert dispatch on the GPU
+    if (world_size > 1 || cfg->model.capacity_factor > 0) {
+        if (rank0) fprintf(stderr, "moecore: error: device.type cuda: several ranks (NCCL) and model.capacity_factor "
+                                   "are not implemented on the GPU yet; run one process with capacity_factor 0\n");
         return 2;
+    }
+    return -1;
+#else
+    if (rank0) fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (nvcc was not found when it was built)\n");
+    return 2;
 #endif
-    }
-    const TrainSection *t = &cfg.train;
-    Mesh mesh;
-    mesh_init(&mesh, world, cfg.parallel.dp, cfg.parallel.ep, cfg.parallel.pp);
-    int T = cfg.model.seq_len, G = t->global_batch, MB = t->micro_batch;
-    int G_local = G / mesh.dp, M = G_local / MB, M_total = G / MB;
+}
 
-    // data: every file is checked before anything is written
-    DataLoader *train = NULL;
-    if (!cfg.data.synthetic) {
-        train = open_loader(&cfg, &cfg.data.train, &cfg.data.train_weights, 1, err, sizeof err);
-        if (!train) return fatal("data.train: %s", err);
+// The run's description for its records: build, device, kernel choices.
+static json_object *run_info_json(const Trainer *tr) {
+    const RunConfig *cfg = &tr->cfg;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "version", json_object_new_string(moecore_version()));
+    json_object_object_add(o, "commit", json_object_new_string(moecore_commit()));
+    json_object_object_add(o, "ranks", json_object_new_int(world_size));
+    json_object_object_add(o, "device_type", json_object_new_string(tr->ops->name));
+#ifdef MOECORE_CUDA
+    if (cfg->device.type == 1) {
+        CudaDeviceInfo d;
+        cuda_device_info(&d);
+        char cc[16];
+        snprintf(cc, sizeof cc, "%d.%d", d.cc_major, d.cc_minor);
+        json_object_object_add(o, "device", json_object_new_string(d.name));
+        json_object_object_add(o, "compute_capability", json_object_new_string(cc));
+        json_object_object_add(o, "driver", json_object_new_string(d.driver));
+        json_object_object_add(o, "cuda_driver_api", json_object_new_int(d.driver_api));
+        json_object_object_add(o, "cuda_runtime", json_object_new_int(d.runtime));
+        const CudaSettings *s = &cfg->device.cuda;
+        const char *kn[2] = {"wgmma", "mma_sync"};
+        json_object *c = json_object_new_object();
+        json_object_object_add(c, "grouped_gemm", json_object_new_string(kn[s->grouped_gemm]));
+        json_object_object_add(c, "grouped_wgrad", json_object_new_string(kn[s->grouped_wgrad]));
+        json_object_object_add(c, "gemm_tma", json_object_new_boolean(s->gemm_tma));
+        json_object_object_add(c, "attention_ds_mib", json_object_new_int(s->attention_ds_mib));
+        json_object_object_add(o, "device_cuda", c);
+        json_object_object_add(o, "cuda_graph", json_object_new_boolean(tr->use_graph));
     }
-    DataLoader *eval = NULL;
-    if (cfg.data.eval.n && !cfg.data.synthetic) {
-        eval = open_loader(&cfg, &cfg.data.eval, NULL, 0, err, sizeof err);
-        if (!eval) return fatal("data.eval: %s", err);
-    }
-    if (cfg.data.validate) {
-        SAY("validating every token of the data ...\n");
-        if ((train && data_validate_all(train, err, sizeof err)) || (eval && data_validate_all(eval, err, sizeof err)))
-            return fatal("%s", err);
-    }
+#else
+    (void)cfg;
+#endif
+    return o;
+}
 
-    Model m;
-    ModelParallel par = {mesh.ep_rank, mesh.ep, mesh.ep_comm};
-    if (model_init_parallel(&m, &cfg.model, ops, &par, err, sizeof err)) return fatal("%s", err);
+// Model, data-parallel runtime, optimizer and the resumed state. Returns -1
+// to go on, else the exit code.
+static int setup_model(Trainer *tr) {
+    char err[2400];
+    const RunConfig *cfg = &tr->cfg;
+    const TrainSection *t = &cfg->train;
+    const Ops *ops = tr->ops;
+    Model *m = &tr->m;
+    ModelParallel par = {tr->mesh.ep_rank, tr->mesh.ep, tr->mesh.ep_comm};
+    if (model_init_parallel(m, &cfg->model, ops, &par, err, sizeof err)) return fatal("%s", err);
     // every rank draws the same full model and keeps its slice of the experts
-    if (mesh.ep == 1) {
-        model_init_weights(&m, t->seed);
+    if (tr->mesh.ep == 1) {
+        model_init_weights(m, t->seed);
     } else {
         Model full;
-        if (model_init(&full, &cfg.model, &ops_cpu, err, sizeof err)) return fatal("%s", err);
+        if (model_init(&full, &cfg->model, &ops_cpu, err, sizeof err)) return fatal("%s", err);
         model_init_weights(&full, t->seed);
-        for (int i = 0; i < m.table.n; i++) {
-            const ParamEntry *e = &m.table.entries[i];
-            ops->to_device(model_param(&m, i), model_param(&full, i) + param_global_offset(e), e->numel * sizeof(float));
+        for (int i = 0; i < m->table.n; i++) {
+            const ParamEntry *e = &m->table.entries[i];
+            ops->to_device(model_param(m, i), model_param(&full, i) + param_global_offset(e), e->numel * sizeof(float));
         }
         model_free(&full);
-        model_sync_weights(&m);
+        model_sync_weights(m);
     }
-    m.recompute = cfg.train.recompute;
-    model_alloc_acts(&m, MB, T);
-    Ddp ddp;
-    ddp_init(&ddp, &m, mesh.dp_comm, mesh.ep_dp_comm, world, cfg.optim_sharded,
-             (size_t)(cfg.parallel.bucket_mb * 1024 * 1024 / 4));
-    AdamW opt;
-    if (cfg.optim_sharded) adamw_init_range(&opt, &cfg.optim, &m, ddp.shard_begin, ddp.shard_end);
-    else adamw_init(&opt, &cfg.optim, &m);
-    CkptLayout layout = {.world = world};
+    m->recompute = cfg->train.recompute;
+    model_alloc_acts(m, tr->MB, tr->T);
+    ddp_init(&tr->ddp, m, tr->mesh.dp_comm, tr->mesh.ep_dp_comm, tr->world, cfg->optim_sharded,
+             (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / 4));
+    if (cfg->optim_sharded) adamw_init_range(&tr->adamw, &cfg->optim, m, tr->ddp.shard_begin, tr->ddp.shard_end);
+    else adamw_init(&tr->adamw, &cfg->optim, m);
+    tr->layout.world = tr->world;
     for (int c = 0; c < N_CLASSES; c++) {
-        layout.own_begin[c] = ddp.shard_begin[c];
-        layout.own_end[c] = ddp.shard_end[c];
+        tr->layout.own_begin[c] = tr->ddp.shard_begin[c];
+        tr->layout.own_end[c] = tr->ddp.shard_end[c];
     }
-    TrainState st;
-    memset(&st, 0, sizeof st);
-    st.seed = t->seed;
-
-    if (resume) {
+    memset(&tr->st, 0, sizeof tr->st);
+    tr->st.seed = t->seed;
+    if (tr->resume) {
         char path[CFG_PATH_MAX + 64];
-        int found = ckpt_find_latest(cfg.checkpoint.dir, path, sizeof path, err, sizeof err);
+        int found = ckpt_find_latest(cfg->checkpoint.dir, path, sizeof path, err, sizeof err);
         if (found < 0) return fatal("%s", err);
         if (found == 0) {
-            SAY("resume: no committed checkpoint in %s, starting from step 0\n", cfg.checkpoint.dir);
+            SAY("resume: no committed checkpoint in %s, starting from step 0\n", cfg->checkpoint.dir);
         } else {
-            if (ckpt_load(path, &m, &opt, &st, err, sizeof err)) return fatal("cannot resume: %s", err);
-            if (st.seed != t->seed)
+            if (ckpt_load(path, m, &tr->adamw, &tr->st, err, sizeof err)) return fatal("cannot resume: %s", err);
+            if (tr->st.seed != t->seed)
                 SAY("resume: note: the checkpoint's seed %llu differs from train.seed %llu; using the checkpoint's\n",
-                    (unsigned long long)st.seed, (unsigned long long)t->seed);
-            SAY("resume: loaded %s (step %lld, %lld tokens seen)\n", path, (long long)st.step, (long long)st.tokens_seen);
+                    (unsigned long long)tr->st.seed, (unsigned long long)t->seed);
+            SAY("resume: loaded %s (step %lld, %lld tokens seen)\n", path, (long long)tr->st.step,
+                (long long)tr->st.tokens_seen);
         }
     }
+    return -1;
+}
 
-    // the first batch is read once before anything is written, so that a bad
-    // token there (the common case of a wrong vocab or dtype) leaves no trace
-    int *tokens = mallocCheck((size_t)G_local * T * sizeof(int)), *targets = mallocCheck((size_t)G_local * T * sizeof(int));
-    if (st.step < t->steps &&
-        read_instances(&cfg, train, st.data_position + (int64_t)mesh.dp_rank * G_local, G_local, tokens, targets, err, sizeof err))
-        return fatal("%s", err);
-
-    // only now, with a valid config, data and checkpoint, write anything
-    char *config_yaml = NULL;
+// The run directory: config.yaml and metrics.jsonl (rank 0). Returns -1 to
+// go on, else the exit code.
+static int open_run_dir(Trainer *tr) {
+    char err[2400];
+    const RunConfig *cfg = &tr->cfg;
     size_t config_len = 0;
-    FILE *metrics = NULL;
-    {
-        FILE *mf = open_memstream(&config_yaml, &config_len);
-        run_config_write_yaml(&cfg, mf);
-        fclose(mf);
+    FILE *mf = open_memstream(&tr->config_yaml, &config_len);
+    run_config_write_yaml(cfg, mf);
+    fclose(mf);
+    if (!rank0) return -1;
+    if (fs_mkdirs(cfg->logging.run_dir, 1, NULL, 0)) {
+        snprintf(err, sizeof err, "cannot create logging.run_dir %s: %s", cfg->logging.run_dir, strerror(errno));
+        return fatal("%s", err);
     }
-    if (rank0) {
-        if (fs_mkdirs(cfg.logging.run_dir, 1, NULL, 0)) {
-            snprintf(err, sizeof err, "cannot create logging.run_dir %s: %s", cfg.logging.run_dir, strerror(errno));
-            return fatal("%s", err);
-        }
-        char p[CFG_PATH_MAX + 32];
-        snprintf(p, sizeof p, "%s/config.yaml", cfg.logging.run_dir);
-        FILE *f = fopen(p, "w");
-        if (!f || fputs(config_yaml, f) < 0 || fclose(f)) {
-            snprintf(err, sizeof err, "cannot write %s: %s", p, strerror(errno));
-            return fatal("%s", err);
-        }
-        snprintf(p, sizeof p, "%s/metrics.jsonl", cfg.logging.run_dir);
-        metrics = fopen(p, st.step > 0 ? "a" : "w");
-        if (!metrics) {
-            snprintf(err, sizeof err, "cannot open %s: %s", p, strerror(errno));
-            return fatal("%s", err);
-        }
+    char p[CFG_PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/config.yaml", cfg->logging.run_dir);
+    FILE *f = fopen(p, "w");
+    if (!f || fputs(tr->config_yaml, f) < 0 || fclose(f)) {
+        snprintf(err, sizeof err, "cannot write %s: %s", p, strerror(errno));
+        return fatal("%s", err);
     }
+    snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->logging.run_dir);
+    tr->metrics = fopen(p, tr->st.step > 0 ? "a" : "w");
+    if (!tr->metrics) {
+        snprintf(err, sizeof err, "cannot open %s: %s", p, strerror(errno));
+        return fatal("%s", err);
+    }
+    return -1;
+}
 
-    double peak = cfg.device.peak_tflops;
+// The run header: what trains on what, with which layout and kernels.
+static void print_header(Trainer *tr) {
+    const RunConfig *cfg = &tr->cfg;
+    const TrainSection *t = &cfg->train;
+    const Model *m = &tr->m;
+    const Mesh *mesh = &tr->mesh;
+    tr->peak = cfg->device.peak_tflops;
     const char *peak_name = "device.peak_tflops";
-    if (peak <= 0 && cfg.device.type == 1) { peak = 989; peak_name = "H100/H200 SXM dense BF16 peak"; }
-    if (peak <= 0) { peak = measure_cpu_peak_tflops(); peak_name = "measured CPU SGEMM 512^3"; }
-    double fpt = flops_per_token(&m.cfg);
+    if (tr->peak <= 0 && cfg->device.type == 1) { tr->peak = 989; peak_name = "H100/H200 SXM dense BF16 peak"; }
+    if (tr->peak <= 0) { tr->peak = measure_cpu_peak_tflops(); peak_name = "measured CPU SGEMM 512^3"; }
+    tr->fpt = flops_per_token(&m->cfg);
     char desc[1024];
-    if (train) data_describe(train, desc, sizeof desc);
+    if (tr->train) data_describe(tr->train, desc, sizeof desc);
     else snprintf(desc, sizeof desc, "synthetic: uniformly random tokens from seed %llu", (unsigned long long)t->seed);
-    SAY("moecore train: %s\n", config_path);
+    SAY("moecore train: %s (moecore %s, commit %s)\n", tr->config_path, moecore_version(), moecore_commit());
     SAY("model: %zu parameters (%zu dense, %zu expert), %d layers (%d MoE, E=%d top-%d), vocab %d (padded %d)\n",
-        m.table.class_numel[CLASS_DENSE] + m.table.class_numel[CLASS_EXPERT] * mesh.ep,
-        m.table.class_numel[CLASS_DENSE], m.table.class_numel[CLASS_EXPERT] * mesh.ep,
-        m.cfg.n_layers, m.n_moe, m.cfg.n_experts, m.cfg.top_k, m.cfg.vocab_size, m.cfg.padded_vocab);
+        m->table.class_numel[CLASS_DENSE] + m->table.class_numel[CLASS_EXPERT] * mesh->ep,
+        m->table.class_numel[CLASS_DENSE], m->table.class_numel[CLASS_EXPERT] * mesh->ep,
+        m->cfg.n_layers, m->n_moe, m->cfg.n_experts, m->cfg.top_k, m->cfg.vocab_size, m->cfg.padded_vocab);
     SAY("data: %s\n", desc);
     SAY("batch: %d x %d tokens per step (%d ranks x %d micro-batches of %d), %lld steps; %.3g FLOP/token; "
         "MFU denominator %.3f TFLOP/s per device (%s)\n",
-        G, T, mesh.dp, M, MB, (long long)t->steps, fpt, peak, peak_name);
-    SAY("parallel: %d ranks, dp %d = ep %d x ep_dp %d, pp %d; optimizer %s\n", world_size, mesh.dp, mesh.ep,
-        mesh.ep_dp, mesh.pp, cfg.optim_sharded ? "sharded over the data-parallel groups" : "replicated");
+        tr->G, tr->T, mesh->dp, tr->M, tr->MB, (long long)t->steps, tr->fpt, tr->peak, peak_name);
+    SAY("parallel: %d ranks, dp %d = ep %d x ep_dp %d, pp %d; optimizer %s\n", world_size, mesh->dp, mesh->ep,
+        mesh->ep_dp, mesh->pp, cfg->optim_sharded ? "sharded over the data-parallel groups" : "replicated");
+#ifdef MOECORE_CUDA
+    if (cfg->device.type == 1) {
+        CudaDeviceInfo d;
+        cuda_device_info(&d);
+        const CudaSettings *s = &cfg->device.cuda;
+        const char *kn[2] = {"wgmma", "mma_sync"};
+        SAY("device: %s (sm_%d%d, %d SMs, %.1f GiB), driver %s, CUDA runtime %d.%d\n", d.name, d.cc_major,
+            d.cc_minor, d.sms, d.memory_gib, d.driver, d.runtime / 1000, d.runtime % 1000 / 10);
+        SAY("device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d\n", kn[s->grouped_gemm],
+            kn[s->grouped_wgrad], s->gemm_tma ? "true" : "false", s->attention_ds_mib);
+    }
+#endif
     {
         // memory accounting of this rank; on CPU the FP32 compute weights are
         // the main weights, so a parameter costs 4 (weight) + 4 (grad) + 8/D
         // (Adam moments of this rank's 1/D shard); the BF16 GPU layout is 6 + 12/D
-        size_t pd = m.table.class_numel[CLASS_DENSE], pe = m.table.class_numel[CLASS_EXPERT], nopt = 0;
-        for (int c = 0; c < N_CLASSES; c++) nopt += opt.end[c] - opt.begin[c];
-        int dd = cfg.optim_sharded ? mesh.dp : 1, de = cfg.optim_sharded ? mesh.ep_dp : 1;
+        size_t pd = m->table.class_numel[CLASS_DENSE], pe = m->table.class_numel[CLASS_EXPERT], nopt = 0;
+        for (int c = 0; c < N_CLASSES; c++) nopt += tr->adamw.end[c] - tr->adamw.begin[c];
+        int dd = cfg->optim_sharded ? mesh->dp : 1, de = cfg->optim_sharded ? mesh->ep_dp : 1;
         printf("rank %d: holds %zu dense + %zu expert parameters: weights %zu B + grads %zu B + optimizer state "
                "%zu B (moments of 1/%d of dense, 1/%d of expert) = %.4f B/param\n",
-               comm_rank(world), pd, pe, (pd + pe) * 4, (pd + pe) * 4, nopt * 8, dd, de,
+               comm_rank(tr->world), pd, pe, (pd + pe) * 4, (pd + pe) * 4, nopt * 8, dd, de,
                (double)((pd + pe) * 8 + nopt * 8) / (pd + pe));
         fflush(stdout);
     }
-    comm_barrier(world);
-    SAY("run dir: %s, checkpoints: %s\n", cfg.logging.run_dir, cfg.checkpoint.dir);
+    comm_barrier(tr->world);
+    SAY("run dir: %s, checkpoints: %s\n", cfg->logging.run_dir, cfg->checkpoint.dir);
+}
 
+// Everything before the first step: backend, mesh, data, model, optimizer,
+// resume, the first batch, the run directory. Nothing is written before the
+// config, the data, the checkpoint and the first batch are known good.
+// Returns -1 to go on, else the exit code.
+static int train_setup(Trainer *tr) {
+    char err[2400];
+    int rc = pick_backend(tr);
+    if (rc >= 0) return rc;
+    const RunConfig *cfg = &tr->cfg;
+    const TrainSection *t = &cfg->train;
+    mesh_init(&tr->mesh, tr->world, cfg->parallel.dp, cfg->parallel.ep, cfg->parallel.pp);
+    tr->T = cfg->model.seq_len;
+    tr->G = t->global_batch;
+    tr->MB = t->micro_batch;
+    tr->G_local = tr->G / tr->mesh.dp;
+    tr->M = tr->G_local / tr->MB;
+    tr->M_total = tr->G / tr->MB;
+
+    // data: every file is checked before anything is written
+    if (!cfg->data.synthetic) {
+        tr->train = open_loader(cfg, &cfg->data.train, &cfg->data.train_weights, 1, err, sizeof err);
+        if (!tr->train) return fatal("data.train: %s", err);
+    }
+    if (cfg->data.eval.n && !cfg->data.synthetic) {
+        tr->eval = open_loader(cfg, &cfg->data.eval, NULL, 0, err, sizeof err);
+        if (!tr->eval) return fatal("data.eval: %s", err);
+    }
+    if (cfg->data.validate) {
+        SAY("validating every token of the data ...\n");
+        if ((tr->train && data_validate_all(tr->train, err, sizeof err)) ||
+            (tr->eval && data_validate_all(tr->eval, err, sizeof err)))
+            return fatal("%s", err);
+    }
+    if ((rc = setup_model(tr)) >= 0) return rc;
+
+    // the first batch is read once before anything is written, so that a bad
+    // token there (the common case of a wrong vocab or dtype) leaves no trace
+    tr->tokens = mallocCheck((size_t)tr->G_local * tr->T * sizeof(int));
+    tr->targets = mallocCheck((size_t)tr->G_local * tr->T * sizeof(int));
+    if (tr->st.step < t->steps &&
+        read_instances(cfg, tr->train, tr->st.data_position + (int64_t)tr->mesh.dp_rank * tr->G_local, tr->G_local,
+                       tr->tokens, tr->targets, err, sizeof err))
+        return fatal("%s", err);
+
+    // only now, with a valid config, data and checkpoint, write anything
+    if ((rc = open_run_dir(tr)) >= 0) return rc;
+    print_header(tr);
+
+    int E = tr->E = tr->m.cfg.n_experts, L = tr->L = tr->m.n_moe;
+    tr->red = mallocCheck((size_t)(4 + 2 * L + 2 * L + (size_t)L * E) * sizeof(double));
+    tr->lb_step = mallocCheck((L + 1) * sizeof(double));
+    tr->z_step = mallocCheck((L + 1) * sizeof(double));
+    tr->maxload = mallocCheck((L + 1) * sizeof(double));
+    tr->counts_host = mallocCheck(((size_t)L * (E > 2 ? E : 2) + 1) * sizeof(float));
+    tr->gflags = mallocCheck((L + 1) * sizeof(int));
+    gerrymander_init(&tr->gm, L, cfg->logging.gerrymander_window);
+
+    // CUDA graph of one micro-batch's forward + backward: its inputs are the
+    // uploaded batch and fixed buffers, so one graph serves every micro-batch
+    // (a different CE scale, from a batch with other masked targets, runs
+    // uncaptured). Random routing and lb_global change kernel arguments per
+    // micro-batch, and DDP hooks need the host: those run uncaptured.
+    tr->use_graph = cfg->device.cuda_graph && tr->ops->capture_begin && world_size == 1 &&
+                    tr->m.cfg.routing != ROUTING_RANDOM && !tr->m.cfg.lb_global;
+    if (tr->ops->capture_begin) SAY("cuda graph: %s\n", tr->use_graph ? "on" : "off");
+    return -1;
+}
+
+// One micro-batch's forward + backward: replayed from the CUDA graph when
+// there is one, captured on the second micro-batch of the run (every lazy
+// allocation has happened by then), else launched op by op.
+static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
+    Model *m = &tr->m;
+    const Ops *ops = tr->ops;
+    char err[512];
+    if (tr->use_graph && tr->graph && ce_scale == tr->graph_scale) {
+        ops->graph_launch(tr->graph);
+    } else if (tr->use_graph && tr->graph_tries == 1) {
+        tr->graph_tries++;
+        ops->capture_begin();
+        model_forward_async(m, route_seed);
+        model_backward(m, ce_scale, 1.0f / tr->M_total);
+        tr->graph = ops->capture_end(err, sizeof err);
+        if (tr->graph) {
+            tr->graph_scale = ce_scale;
+            ops->graph_launch(tr->graph);
+        } else {
+            SAY("cuda graph: %s; running uncaptured\n", err);
+            tr->use_graph = 0;
+            model_forward_async(m, route_seed);
+            model_backward(m, ce_scale, 1.0f / tr->M_total);
+        }
+    } else {
+        if (tr->use_graph && !tr->graph) tr->graph_tries++;
+        model_forward_async(m, route_seed);
+        model_backward(m, ce_scale, 1.0f / tr->M_total);
+    }
+    model_count_micro_batch(m);
+}
+
+// One optimizer step (DESIGN.md §2): this rank's slice of the batch, the
+// micro-batches' forward + backward, grad reduction, the step's statistics
+// over the data-parallel group, clipping, skip-step and AdamW. Returns 0,
+// or the exit code after a data error.
+static int train_step(Trainer *tr, StepResult *r) {
+    char err[2400];
+    const RunConfig *cfg = &tr->cfg;
+    const TrainSection *t = &cfg->train;
+    Model *m = &tr->m;
+    TrainState *st = &tr->st;
+    int L = tr->L, E = tr->E, T = tr->T, M = tr->M, MB = tr->MB, M_total = tr->M_total;
+    double t0 = now_s();
+    int64_t step = r->step = st->step;
+    double lr = r->lr = lr_at(t, cfg->optim.lr, step);
+    // this rank's slice of the global batch, read whole: the CE
+    // normalisation needs the global count of valid targets first
+    if (read_instances(cfg, tr->train, st->data_position + (int64_t)tr->mesh.dp_rank * tr->G_local, tr->G_local,
+                       tr->tokens, tr->targets, err, sizeof err)) {
+        char msg[2600];
+        snprintf(msg, sizeof msg, "step %lld: %s", (long long)step + 1, err);
+        return fatal("%s", msg);
+    }
+    int64_t valid = 0;
+    for (size_t i = 0; i < (size_t)tr->G_local * T; i++) valid += tr->targets[i] >= 0;
+    comm_allreduce(tr->mesh.dp_comm, &valid, 1, COMM_I64);
+    // the first backward writes the expert grads, unless graphs replay it
+    if (tr->use_graph) model_zero_grads(m);
+    else model_zero_dense_grads(m);
+    model_begin_step(m);
+    double ce_sum = 0;
+    double *lb_step = tr->lb_step, *z_step = tr->z_step;
+    for (int l = 0; l < L; l++) lb_step[l] = z_step[l] = 0;
+    for (int mi = 0; mi < M; mi++) {
+        size_t off = (size_t)mi * MB * T;
+        if (mi == M - 1) ddp_arm(&tr->ddp); // grads become final in this backward
+        uint64_t micro = (uint64_t)tr->mesh.dp_rank * M + mi;
+        model_set_batch(m, tr->tokens + off, tr->targets + off);
+        micro_batch(tr, mix(st->seed, (uint64_t)step * 1024 + micro), valid ? 1.0f / (float)valid : 0.0f);
+    }
+    ddp_finish(&tr->ddp);
+    // the step's sums, read once (the only wait for the device in the step)
+    {
+        float *lz = tr->counts_host; // reused: the counts are read after these
+        tr->ops->to_host(&ce_sum, m->ce_acc + 1, sizeof(double));
+        if (L) {
+            tr->ops->to_host(lz, m->lb_step, L * sizeof(float));
+            tr->ops->to_host(lz + L, m->z_step, L * sizeof(float));
+        }
+        for (int l = 0; l < L; l++) { lb_step[l] = lz[l]; z_step[l] = lz[L + l]; }
+    }
+    // statistics over the dp group: CE, aux losses, expert counts, drops
+    {
+        double *red = tr->red;
+        float *counts_host = tr->counts_host;
+        int k = 0;
+        red[k++] = ce_sum;
+        for (int l = 0; l < L; l++) { red[k++] = lb_step[l]; red[k++] = z_step[l]; }
+        for (int l = 0; l < L; l++) { red[k++] = m->step_dropped[l]; red[k++] = m->step_rows[l]; }
+        m->ops->to_host(counts_host, m->step_counts, (size_t)L * E * sizeof(float));
+        for (size_t i = 0; i < (size_t)L * E; i++) red[k++] = counts_host[i];
+        comm_allreduce(tr->mesh.dp_comm, red, k, COMM_F64);
+        k = 0;
+        ce_sum = red[k++];
+        for (int l = 0; l < L; l++) { lb_step[l] = red[k++] / M_total; z_step[l] = red[k++] / M_total; }
+        for (int l = 0; l < L; l++) { m->step_dropped[l] = (float)red[k++]; m->step_rows[l] = (float)red[k++]; }
+        for (size_t i = 0; i < (size_t)L * E; i++) counts_host[i] = (float)red[k++];
+        m->ops->to_device(m->step_counts, counts_host, (size_t)L * E * sizeof(float));
+    }
+    double aux = 0;
+    r->ce = valid ? ce_sum / valid : 0;
+    r->lb_raw = r->z_raw = 0;
+    for (int l = 0; l < L; l++) {
+        aux += m->cfg.lb_coef * lb_step[l] + m->cfg.z_coef * z_step[l];
+        r->lb_raw += lb_step[l];
+        r->z_raw += z_step[l];
+    }
+    r->loss = r->ce + aux;
+    r->gnorm = ddp_grad_norm(&tr->ddp);
+    r->skipped = train_should_skip(st, t, r->loss, r->gnorm);
+    r->clip_scale = 1.0;
+    if (!r->skipped) {
+        float *opt_grads[N_CLASSES];
+        if (t->clip_grad > 0 && r->gnorm > t->clip_grad) r->clip_scale = t->clip_grad / (r->gnorm + 1e-6);
+        ddp_optimizer_grads(&tr->ddp, opt_grads);
+        adamw_step_grads(&tr->adamw, m, opt_grads, (float)lr, (float)r->clip_scale);
+        ddp_gather_params(&tr->ddp);
+        train_push_history(st, t->skip_window, r->loss, r->gnorm);
+    } else {
+        st->skipped_steps++;
+    }
+    model_end_step(m);
+    st->step++;
+    st->data_position += tr->G;
+    st->tokens_seen += (int64_t)tr->G * T;
+    r->dt = now_s() - t0;
+    return 0;
+}
+
+// The step's metrics.jsonl record (rank 0 writes it); fills the per-layer
+// max/mean loads, returns the worst one and whether gerrymandering is flagged.
+static json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, double *dropped_total,
+                                double *rows_total, int *flagged) {
+    const Model *m = &tr->m;
+    const TrainState *st = &tr->st;
+    const Ops *ops = tr->ops;
+    int L = tr->L, E = tr->E;
+    double tps = (double)tr->G * tr->T / r->dt, tflops = tps * tr->fpt / 1e12 / world_size;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "step", json_object_new_int64(st->step));
+    json_object_object_add(o, "loss", json_object_new_double(r->loss));
+    json_object_object_add(o, "ce", json_object_new_double(r->ce));
+    json_object_object_add(o, "lb", json_object_new_double(m->cfg.lb_coef * r->lb_raw));
+    json_object_object_add(o, "lb_raw", json_object_new_double(r->lb_raw));
+    json_object_object_add(o, "z_loss", json_object_new_double(m->cfg.z_coef * r->z_raw));
+    json_object_object_add(o, "z_loss_raw", json_object_new_double(r->z_raw));
+    json_object_object_add(o, "lr", json_object_new_double(r->lr));
+    json_object_object_add(o, "grad_norm", json_object_new_double(r->gnorm));
+    json_object_object_add(o, "clip_scale", json_object_new_double(r->clip_scale));
+    json_object_object_add(o, "skipped", json_object_new_boolean(r->skipped));
+    json_object_object_add(o, "skipped_total", json_object_new_int64(st->skipped_steps));
+    json_object_object_add(o, "tokens", json_object_new_int64(st->tokens_seen));
+    json_object_object_add(o, "tokens_per_s", json_object_new_double(tps));
+    json_object_object_add(o, "tokens_per_s_device", json_object_new_double(tps / world_size));
+    json_object_object_add(o, "tflops_per_device", json_object_new_double(tflops));
+    json_object_object_add(o, "mfu", json_object_new_double(tflops / tr->peak));
+    json_object_object_add(o, "mfu_denominator_tflops", json_object_new_double(tr->peak));
+    json_object_object_add(o, "peak_mem_mib", json_object_new_double(peak_rss_mib()));
+    if (ops->device_memory_used) {
+        double used = ops->device_memory_used() / 1048576.0;
+        if (used > tr->peak_dev_mib) tr->peak_dev_mib = used;
+        json_object_object_add(o, "device_mem_mib", json_object_new_double(tr->peak_dev_mib));
+    }
+    json_object_object_add(o, "step_time_s", json_object_new_double(r->dt));
+    json_object *layers = json_object_new_array();
+    *worst_max = *dropped_total = *rows_total = 0;
+    for (int l = 0; l < L; l++) {
+        ExpertLoad el;
+        expert_load_stats(tr->counts_host + (size_t)l * E, E, &el);
+        tr->maxload[l] = el.max_over_mean;
+        if (el.max_over_mean > *worst_max) *worst_max = el.max_over_mean;
+        *dropped_total += m->step_dropped[l];
+        *rows_total += m->step_rows[l];
+        json_object *lo = json_object_new_object();
+        json_object_object_add(lo, "lb_raw", json_object_new_double(tr->lb_step[l]));
+        json_object_object_add(lo, "z_raw", json_object_new_double(tr->z_step[l]));
+        json_object_object_add(lo, "load_max_over_mean", json_object_new_double(el.max_over_mean));
+        json_object_object_add(lo, "load_min_over_mean", json_object_new_double(el.min_over_mean));
+        json_object_object_add(lo, "load_cv", json_object_new_double(el.cv));
+        json_object_object_add(lo, "dead_experts", json_object_new_int(el.dead));
+        json_object_object_add(lo, "dropped_rows", json_object_new_double(m->step_dropped[l]));
+        json_object_object_add(lo, "routed_rows", json_object_new_double(m->step_rows[l]));
+        json_object_object_add(lo, "dropped_fraction",
+                               json_object_new_double(m->step_rows[l] > 0 ? m->step_dropped[l] / m->step_rows[l] : 0));
+        json_object_array_add(layers, lo);
+    }
+    *flagged = L ? gerrymander_push(&tr->gm, tr->lb_step, tr->maxload, tr->gflags) : 0;
+    for (int l = 0; l < L; l++)
+        json_object_object_add(json_object_array_get_idx(layers, l), "gerrymander_flag",
+                               json_object_new_boolean(tr->gflags[l]));
+    json_object_object_add(o, "moe_layers", layers);
+    json_object_object_add(o, "dropped_fraction", json_object_new_double(*rows_total > 0 ? *dropped_total / *rows_total : 0));
+    json_object_object_add(o, "gerrymander_flag", json_object_new_boolean(*flagged > 0));
+    if (!tr->run_info_written) {
+        json_object_object_add(o, "run", run_info_json(tr));
+        tr->run_info_written = 1;
+    }
+    return o;
+}
+
+static int save_checkpoint(Trainer *tr) {
+    char err[2400];
+    if (ckpt_save(tr->cfg.checkpoint.dir, &tr->m, &tr->adamw, &tr->st, tr->config_yaml, tr->cfg.checkpoint.keep,
+                  &tr->layout, err, sizeof err))
+        return fatal("checkpoint: %s", err);
+    return 0;
+}
+
+// The step loop: steps, eval, metrics, console lines, checkpoints, signals.
+static int train_loop(Trainer *tr) {
+    char err[2400];
+    const RunConfig *cfg = &tr->cfg;
+    const TrainSection *t = &cfg->train;
+    TrainState *st = &tr->st;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    int E = m.cfg.n_experts, L = m.n_moe;
-    double *red = mallocCheck((size_t)(4 + 2 * L + 2 * L + (size_t)L * E) * sizeof(double));
-    double *lb_step = mallocCheck((L + 1) * sizeof(double)), *z_step = mallocCheck((L + 1) * sizeof(double));
-    double *maxload = mallocCheck((L + 1) * sizeof(double));
-    float *counts_host = mallocCheck(((size_t)L * (E > 2 ? E : 2) + 1) * sizeof(float));
-    int *gflags = mallocCheck((L + 1) * sizeof(int));
-    Gerrymander gm;
-    gerrymander_init(&gm, L, cfg.logging.gerrymander_window);
     int rc = 0;
     double t_start = now_s(), t_window = t_start;
-    int64_t first_step = st.step, window_tokens = 0;
-    float *opt_grads[N_CLASSES];
+    int64_t first_step = st->step, window_tokens = 0;
     int32_t stop = 0;
-    // CUDA graph of one micro-batch's forward + backward: its inputs are the
-    // uploaded batch and fixed buffers, so one graph serves every micro-batch
-    // (a different CE scale, from a batch with other masked targets, runs
-    // uncaptured). Random routing and lb_global change kernel arguments per
-    // micro-batch, and DDP hooks need the host: those run uncaptured.
-    int use_graph = cfg.device.cuda_graph && ops->capture_begin && world_size == 1 &&
-                    m.cfg.routing != ROUTING_RANDOM && !m.cfg.lb_global;
-    void *graph = NULL;
-    int graph_tries = 0;
-    float graph_scale = 0;
-    if (ops->capture_begin) SAY("cuda graph: %s\n", use_graph ? "on" : "off");
-    double peak_dev_mib = 0;
     // the op breakdown covers the steps from timed_from on: the op times are
     // reset as that step starts, and their mean wall time is the reference
-    int64_t timed_from = timed && getenv("MOECORE_OPS_TIMED_FROM") ? atoll(getenv("MOECORE_OPS_TIMED_FROM")) : 0;
-    if (timed_from < first_step) timed_from = first_step;
+    int timed = tr->opt.timed_ops;
+    int64_t timed_from = tr->opt.timed_from < first_step ? first_step : tr->opt.timed_from;
     double timed_s = 0;
     int timed_steps = 0;
 
-    while (st.step < t->steps && !stop) {
+    while (st->step < t->steps && !stop) {
 #ifdef MOECORE_CUDA
-        if (timed && st.step == timed_from) ops_timed_reset(); // before t0: its wait is not the step's
+        if (timed && st->step == timed_from) ops_timed_reset(); // before the step: its wait is not the step's
 #endif
-        double t0 = now_s();
-        int64_t step = st.step;
-        double lr = lr_at(t, cfg.optim.lr, step);
-        // this rank's slice of the global batch, read whole: the CE
-        // normalisation needs the global count of valid targets first
-        if (read_instances(&cfg, train, st.data_position + (int64_t)mesh.dp_rank * G_local, G_local, tokens, targets, err, sizeof err)) {
-            char msg[2600];
-            snprintf(msg, sizeof msg, "step %lld: %s", (long long)step + 1, err);
-            rc = fatal("%s", msg);
-            break;
-        }
-        int64_t valid = 0;
-        for (size_t i = 0; i < (size_t)G_local * T; i++) valid += targets[i] >= 0;
-        comm_allreduce(mesh.dp_comm, &valid, 1, COMM_I64);
-        // the first backward writes the expert grads, unless graphs replay it
-        if (use_graph) model_zero_grads(&m);
-        else model_zero_dense_grads(&m);
-        model_begin_step(&m);
-        double ce_sum = 0;
-        for (int l = 0; l < L; l++) lb_step[l] = z_step[l] = 0;
-        for (int mi = 0; mi < M; mi++) {
-            size_t off = (size_t)mi * MB * T;
-            if (mi == M - 1) ddp_arm(&ddp); // grads become final in this backward
-            uint64_t micro = (uint64_t)mesh.dp_rank * M + mi;
-            model_set_batch(&m, tokens + off, targets + off);
-            float ce_scale = valid ? 1.0f / (float)valid : 0.0f;
-            if (use_graph && graph && ce_scale == graph_scale) {
-                ops->graph_launch(graph);
-            } else if (use_graph && graph_tries == 1) {
-                // the second micro-batch on: every lazy allocation has happened
-                graph_tries++;
-                ops->capture_begin();
-                model_forward_async(&m, mix(st.seed, (uint64_t)step * 1024 + micro));
-                model_backward(&m, ce_scale, 1.0f / M_total);
-                graph = ops->capture_end(err, sizeof err);
-                if (graph) {
-                    graph_scale = ce_scale;
-                    ops->graph_launch(graph);
-                } else {
-                    SAY("cuda graph: %s; running uncaptured\n", err);
-                    use_graph = 0;
-                    model_forward_async(&m, mix(st.seed, (uint64_t)step * 1024 + micro));
-                    model_backward(&m, ce_scale, 1.0f / M_total);
-                }
-            } else {
-                if (use_graph && !graph) graph_tries++;
-                model_forward_async(&m, mix(st.seed, (uint64_t)step * 1024 + micro));
-                model_backward(&m, ce_scale, 1.0f / M_total);
-            }
-            model_count_micro_batch(&m);
-        }
-        ddp_finish(&ddp);
-        // the step's sums, read once (the only wait for the device in the step)
-        {
-            float *lz = counts_host; // reused: the counts are read after these
-            ops->to_host(&ce_sum, m.ce_acc + 1, sizeof(double));
-            if (L) {
-                ops->to_host(lz, m.lb_step, L * sizeof(float));
-                ops->to_host(lz + L, m.z_step, L * sizeof(float));
-            }
-            for (int l = 0; l < L; l++) { lb_step[l] = lz[l]; z_step[l] = lz[L + l]; }
-        }
-        // statistics over the dp group: CE, aux losses, expert counts, drops
-        {
-            int k = 0;
-            red[k++] = ce_sum;
-            for (int l = 0; l < L; l++) { red[k++] = lb_step[l]; red[k++] = z_step[l]; }
-            for (int l = 0; l < L; l++) { red[k++] = m.step_dropped[l]; red[k++] = m.step_rows[l]; }
-            m.ops->to_host(counts_host, m.step_counts, (size_t)L * E * sizeof(float));
-            for (size_t i = 0; i < (size_t)L * E; i++) red[k++] = counts_host[i];
-            comm_allreduce(mesh.dp_comm, red, k, COMM_F64);
-            k = 0;
-            ce_sum = red[k++];
-            for (int l = 0; l < L; l++) { lb_step[l] = red[k++] / M_total; z_step[l] = red[k++] / M_total; }
-            for (int l = 0; l < L; l++) { m.step_dropped[l] = (float)red[k++]; m.step_rows[l] = (float)red[k++]; }
-            for (size_t i = 0; i < (size_t)L * E; i++) counts_host[i] = (float)red[k++];
-            m.ops->to_device(m.step_counts, counts_host, (size_t)L * E * sizeof(float));
-        }
-        double ce = valid ? ce_sum / valid : 0, aux = 0, lb_raw = 0, z_raw = 0;
-        for (int l = 0; l < L; l++) {
-            aux += m.cfg.lb_coef * lb_step[l] + m.cfg.z_coef * z_step[l];
-            lb_raw += lb_step[l];
-            z_raw += z_step[l];
-        }
-        double loss = ce + aux;
-        double gnorm = ddp_grad_norm(&ddp);
-        int skipped = train_should_skip(&st, t, loss, gnorm);
-        double clip_scale = 1.0;
-        if (!skipped) {
-            if (t->clip_grad > 0 && gnorm > t->clip_grad) clip_scale = t->clip_grad / (gnorm + 1e-6);
-            ddp_optimizer_grads(&ddp, opt_grads);
-            adamw_step_grads(&opt, &m, opt_grads, (float)lr, (float)clip_scale);
-            ddp_gather_params(&ddp);
-            train_push_history(&st, t->skip_window, loss, gnorm);
-        } else {
-            st.skipped_steps++;
-        }
-        model_end_step(&m);
-        st.step++;
-        st.data_position += G;
-        st.tokens_seen += (int64_t)G * T;
-        window_tokens += (int64_t)G * T;
+        StepResult r = {0};
+        if ((rc = train_step(tr, &r))) break;
+        window_tokens += (int64_t)tr->G * tr->T;
         // a signal may reach the ranks at different steps: agree on it
         stop = stop_signal != 0;
-        comm_allreduce(world, &stop, 1, COMM_I32);
-        double dt = now_s() - t0;
-        if (timed && step >= timed_from) { timed_s += dt; timed_steps++; }
+        comm_allreduce(tr->world, &stop, 1, COMM_I32);
+        if (timed && r.step >= timed_from) { timed_s += r.dt; timed_steps++; }
 
-        double tps = (double)G * T / dt, tflops = tps * fpt / 1e12 / world_size;
-        json_object *o = json_object_new_object();
-        json_object_object_add(o, "step", json_object_new_int64(st.step));
-        json_object_object_add(o, "loss", json_object_new_double(loss));
-        json_object_object_add(o, "ce", json_object_new_double(ce));
-        json_object_object_add(o, "lb", json_object_new_double(m.cfg.lb_coef * lb_raw));
-        json_object_object_add(o, "lb_raw", json_object_new_double(lb_raw));
-        json_object_object_add(o, "z_loss", json_object_new_double(m.cfg.z_coef * z_raw));
-        json_object_object_add(o, "z_loss_raw", json_object_new_double(z_raw));
-        json_object_object_add(o, "lr", json_object_new_double(lr));
-        json_object_object_add(o, "grad_norm", json_object_new_double(gnorm));
-        json_object_object_add(o, "clip_scale", json_object_new_double(clip_scale));
-        json_object_object_add(o, "skipped", json_object_new_boolean(skipped));
-        json_object_object_add(o, "skipped_total", json_object_new_int64(st.skipped_steps));
-        json_object_object_add(o, "tokens", json_object_new_int64(st.tokens_seen));
-        json_object_object_add(o, "tokens_per_s", json_object_new_double(tps));
-        json_object_object_add(o, "tokens_per_s_device", json_object_new_double(tps / world_size));
-        json_object_object_add(o, "tflops_per_device", json_object_new_double(tflops));
-        json_object_object_add(o, "mfu", json_object_new_double(tflops / peak));
-        json_object_object_add(o, "mfu_denominator_tflops", json_object_new_double(peak));
-        json_object_object_add(o, "peak_mem_mib", json_object_new_double(peak_rss_mib()));
-        if (ops->device_memory_used) {
-            double used = ops->device_memory_used() / 1048576.0;
-            if (used > peak_dev_mib) peak_dev_mib = used;
-            json_object_object_add(o, "device_mem_mib", json_object_new_double(peak_dev_mib));
-        }
-        json_object_object_add(o, "step_time_s", json_object_new_double(dt));
-        json_object *layers = json_object_new_array();
-        double worst_max = 0, dropped_total = 0, rows_total = 0;
-        for (int l = 0; l < L; l++) {
-            ExpertLoad el;
-            expert_load_stats(counts_host + (size_t)l * E, E, &el);
-            maxload[l] = el.max_over_mean;
-            if (el.max_over_mean > worst_max) worst_max = el.max_over_mean;
-            dropped_total += m.step_dropped[l];
-            rows_total += m.step_rows[l];
-            json_object *lo = json_object_new_object();
-            json_object_object_add(lo, "lb_raw", json_object_new_double(lb_step[l]));
-            json_object_object_add(lo, "z_raw", json_object_new_double(z_step[l]));
-            json_object_object_add(lo, "load_max_over_mean", json_object_new_double(el.max_over_mean));
-            json_object_object_add(lo, "load_min_over_mean", json_object_new_double(el.min_over_mean));
-            json_object_object_add(lo, "load_cv", json_object_new_double(el.cv));
-            json_object_object_add(lo, "dead_experts", json_object_new_int(el.dead));
-            json_object_object_add(lo, "dropped_rows", json_object_new_double(m.step_dropped[l]));
-            json_object_object_add(lo, "routed_rows", json_object_new_double(m.step_rows[l]));
-            json_object_object_add(lo, "dropped_fraction",
-                                   json_object_new_double(m.step_rows[l] > 0 ? m.step_dropped[l] / m.step_rows[l] : 0));
-            json_object_array_add(layers, lo);
-        }
-        int flagged = L ? gerrymander_push(&gm, lb_step, maxload, gflags) : 0;
-        for (int l = 0; l < L; l++)
-            json_object_object_add(json_object_array_get_idx(layers, l), "gerrymander_flag", json_object_new_boolean(gflags[l]));
-        json_object_object_add(o, "moe_layers", layers);
-        json_object_object_add(o, "dropped_fraction", json_object_new_double(rows_total > 0 ? dropped_total / rows_total : 0));
-        json_object_object_add(o, "gerrymander_flag", json_object_new_boolean(flagged > 0));
-
-        int do_eval = eval && t->eval_interval > 0 && (st.step % t->eval_interval == 0 || st.step == t->steps);
+        double worst_max, dropped_total, rows_total;
+        int flagged;
+        json_object *o = step_record(tr, &r, &worst_max, &dropped_total, &rows_total, &flagged);
+        int do_eval = tr->eval && t->eval_interval > 0 && (st->step % t->eval_interval == 0 || st->step == t->steps);
         if (do_eval) {
-            double ev = evaluate(&m, eval, &mesh, t->eval_batches, MB, tokens, targets, st.seed, err, sizeof err);
+            double ev = evaluate(&tr->m, tr->eval, &tr->mesh, t->eval_batches, tr->MB, tr->tokens, tr->targets,
+                                 st->seed, err, sizeof err);
             if (isnan(ev)) { json_object_put(o); rc = fatal("eval: %s", err); break; }
             json_object_object_add(o, "eval_ce", json_object_new_double(ev));
-            SAY("eval  step %lld | eval ce %.4f\n", (long long)st.step, ev);
+            SAY("eval  step %lld | eval ce %.4f\n", (long long)st->step, ev);
         }
-        if (metrics) {
-            fprintf(metrics, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-            fflush(metrics);
+        if (tr->metrics) {
+            fprintf(tr->metrics, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+            fflush(tr->metrics);
         }
         json_object_put(o);
 
-        if (st.step % cfg.logging.log_interval == 0 || st.step == t->steps || st.step == first_step + 1) {
-            double now = now_s(), wt = now - t_window;
-            double avg_tps = wt > 0 ? window_tokens / wt : tps;
+        if (st->step % cfg->logging.log_interval == 0 || st->step == t->steps || st->step == first_step + 1) {
+            double now = now_s(), wt = now - t_window, fpt = tr->fpt, peak = tr->peak;
+            double avg_tps = wt > 0 ? window_tokens / wt : (double)tr->G * tr->T / r.dt;
             char eta[32];
-            fmt_duration(eta, sizeof eta, (now - t_start) / (st.step - first_step) * (t->steps - st.step));
+            fmt_duration(eta, sizeof eta, (now - t_start) / (st->step - first_step) * (t->steps - st->step));
             char drop[48] = "";
             if (dropped_total > 0) snprintf(drop, sizeof drop, " | dropped %.2f%%", 100 * dropped_total / rows_total);
             char mem[48];
-            if (ops->device_memory_used) snprintf(mem, sizeof mem, "%.1f GiB GPU", peak_dev_mib / 1024);
+            if (tr->ops->device_memory_used) snprintf(mem, sizeof mem, "%.1f GiB GPU", tr->peak_dev_mib / 1024);
             else snprintf(mem, sizeof mem, "%.0f MiB RSS", peak_rss_mib());
             SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb %.4f | z %.4f | lr %.2e | gnorm %.3f%s | "
                 "%.0f tok/s | %.3f TFLOP/s/dev | MFU %.1f%% | load max/mean %.2f%s%s | %s | ETA %s\n",
-                (long long)st.step, (long long)t->steps, loss, ce, lb_raw, z_raw, lr, gnorm,
-                skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / world_size,
+                (long long)st->step, (long long)t->steps, r.loss, r.ce, r.lb_raw, r.z_raw, r.lr, r.gnorm,
+                r.skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / world_size,
                 100 * avg_tps * fpt / 1e12 / world_size / peak, worst_max, drop, flagged ? " GERRYMANDER?" : "",
                 mem, eta);
             t_window = now;
             window_tokens = 0;
         }
-        int last = st.step == t->steps || (stop_after > 0 && st.step - first_step >= stop_after);
-        if ((cfg.checkpoint.interval > 0 && st.step % cfg.checkpoint.interval == 0) ||
-            ((last || stop) && cfg.checkpoint.save_final)) {
-            if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err)) {
-                rc = fatal("checkpoint: %s", err);
-                break;
-            }
-            SAY("checkpoint: saved step %lld to %s\n", (long long)st.step, cfg.checkpoint.dir);
+        int last = st->step == t->steps || (tr->stop_after > 0 && st->step - first_step >= tr->stop_after);
+        if ((cfg->checkpoint.interval > 0 && st->step % cfg->checkpoint.interval == 0) ||
+            ((last || stop) && cfg->checkpoint.save_final)) {
+            if ((rc = save_checkpoint(tr))) break;
+            SAY("checkpoint: saved step %lld to %s\n", (long long)st->step, cfg->checkpoint.dir);
         }
         if (last) break;
     }
-    if (rc == 0 && (stop_signal || stop) && st.step == first_step && cfg.checkpoint.save_final) {
-        // a signal before the first step of this process: save what we have
-        if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err))
-            rc = fatal("checkpoint: %s", err);
-    }
+    // a signal before the first step of this process: save what we have
+    if (rc == 0 && (stop_signal || stop) && st->step == first_step && cfg->checkpoint.save_final)
+        rc = save_checkpoint(tr);
     if (rc == 0 && stop) {
         SAY("stopped by signal %d after step %lld; checkpoint committed\n", stop_signal ? (int)stop_signal : SIGTERM,
-            (long long)st.step);
+            (long long)st->step);
     } else if (rc == 0) {
         char d[32];
         fmt_duration(d, sizeof d, now_s() - t_start);
-        SAY("%s: step %lld of %lld, %lld tokens, %s\n", st.step < t->steps ? "stopped (--stop-after)" : "done",
-            (long long)st.step, (long long)t->steps, (long long)st.tokens_seen, d);
+        SAY("%s: step %lld of %lld, %lld tokens, %s\n", st->step < t->steps ? "stopped (--stop-after)" : "done",
+            (long long)st->step, (long long)t->steps, (long long)st->tokens_seen, d);
     }
 #ifdef MOECORE_CUDA
     if (timed && rc == 0 && rank0)
         ops_timed_report(stdout, timed_steps, timed_steps ? 1000 * timed_s / timed_steps : 0);
 #endif
-    if (graph) ops->graph_free(graph);
-    if (metrics) fclose(metrics);
-    free(config_yaml);
-    free(tokens); free(targets); free(lb_step); free(z_step); free(maxload); free(gflags); free(red); free(counts_host);
-    gerrymander_free(&gm);
-    adamw_free(&opt);
-    ddp_free(&ddp);
-    model_free(&m);
-    mesh_free(&mesh);
-    if (train) data_close(train);
-    if (eval) data_close(eval);
-    run_config_free(&cfg);
     return rc;
 }
+
+// Frees what set-up made; after a failed set-up only what it got to.
+static void train_teardown(Trainer *tr, int set_up) {
+    if (set_up) {
+        if (tr->graph) tr->ops->graph_free(tr->graph);
+        if (tr->metrics) fclose(tr->metrics);
+        free(tr->config_yaml);
+        free(tr->tokens); free(tr->targets); free(tr->lb_step); free(tr->z_step); free(tr->maxload); free(tr->gflags);
+        free(tr->red); free(tr->counts_host);
+        gerrymander_free(&tr->gm);
+        adamw_free(&tr->adamw);
+        ddp_free(&tr->ddp);
+        model_free(&tr->m);
+        mesh_free(&tr->mesh);
+        if (tr->train) data_close(tr->train);
+        if (tr->eval) data_close(tr->eval);
+    }
+    run_config_free(&tr->cfg);
+}
+
+int train_run(int argc, char **argv, const TrainOptions *opt) {
+    static Trainer zero;
+    Trainer *tr = mallocCheck(sizeof *tr);
+    *tr = zero;
+    if (opt) tr->opt = *opt;
+    tr->world = comm_world();
+    world_size = comm_size(tr->world);
+    rank0 = comm_rank(tr->world) == 0;
+    run_config_defaults(&tr->cfg);
+    int rc = parse_args(tr, argc, argv);
+    if (rc < 0) {
+        rc = train_setup(tr);
+        if (rc < 0) {
+            rc = train_loop(tr);
+            train_teardown(tr, 1);
+        }
+        // else a failed set-up has reported its error and the process exits
+    } else {
+        train_teardown(tr, 0);
+    }
+    free(tr);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) { return train_run(argc, argv, NULL); }

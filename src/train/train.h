@@ -8,6 +8,13 @@
 
 // moecore train CONFIG.yaml [--resume] [--section.key=value ...]
 int cmd_train(int argc, char **argv);
+// What `moecore bench` asks of a training run beyond its arguments.
+typedef struct {
+    int timed_ops;       // time every op with CUDA events (the ops_cuda_timed table; cuda only)
+    int64_t timed_from;  // ... over the steps from this 0-based index on (bench's warm-up)
+} TrainOptions;
+// cmd_train with options (NULL: none).
+int train_run(int argc, char **argv, const TrainOptions *opt);
 // moecore bench CONFIG.yaml ... (src/train/bench.c)
 int cmd_bench(int argc, char **argv);
 

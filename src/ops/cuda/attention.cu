@@ -1200,17 +1200,28 @@ __global__ void __launch_bounds__(DqDs::NT, 2)
 
 // ---- launchers ----------------------------------------------------------------
 
-static void check_shape(const char *what, int B, int T, int H, int KV, int hd) {
+// The shapes the kernels take: 1, or 0 with the limit in why.
+extern "C" int cuda_attention_supports(int B, int T, int H, int KV, int hd, char *why, size_t whylen) {
     if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV) {
-        fprintf(stderr, "moecore: %s: bad shape B=%d T=%d H=%d KV=%d (need H %% KV == 0)\n", what, B, T, H, KV);
-        exit(3);
+        snprintf(why, whylen, "bad shape B=%d T=%d H=%d KV=%d (need H %% KV == 0)", B, T, H, KV);
+        return 0;
     }
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128) {
-        fprintf(stderr, "moecore: %s: head dim %d is not supported on CUDA (16, 32, 64 or 128)\n", what, hd);
-        exit(3);
+        snprintf(why, whylen, "head dim %d is not supported on CUDA (16, 32, 64 or 128)", hd);
+        return 0;
     }
     if (ceil_div(T, 16) > 65535 || B > 65535) { // grid.z counts blocks of T, grid.y is B
-        fprintf(stderr, "moecore: %s: B=%d T=%d too large for the launch grid\n", what, B, T);
+        snprintf(why, whylen, "B=%d T=%d too large for the launch grid (at most 65535 sequences of %d tokens)", B,
+                 T, 16 * 65535);
+        return 0;
+    }
+    return 1;
+}
+
+static void check_shape(const char *what, int B, int T, int H, int KV, int hd) {
+    char why[200];
+    if (!cuda_attention_supports(B, T, H, KV, hd, why, sizeof why)) {
+        fprintf(stderr, "moecore: %s: %s\n", what, why);
         exit(3);
     }
 }

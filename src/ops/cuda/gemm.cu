@@ -460,6 +460,27 @@ static void grouped_check(const char *op, int E, int C, int OC, const void *cons
     }
 }
 
+// The most experts the mma.sync kernels (which also take every shape the
+// wgmma kernels do not) keep the segment offsets of in shared memory.
+static int grouped_max_experts(void) {
+    int a = (227 * 1024 - GemmSmem<true, true>::BYTES) / 8 - 1, b = (227 * 1024 - GemmSmem<true, false>::BYTES) / 8 - 1;
+    return a < b ? a : b;
+}
+
+// The sizes the grouped GEMMs take: 1, or 0 with the limit in why.
+extern "C" int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen) {
+    if (C % 8 || OC % 8 || E < 0) {
+        snprintf(why, whylen, "the grouped GEMM needs both matrix sizes multiples of 8 (got %d and %d)", C, OC);
+        return 0;
+    }
+    if (E > grouped_max_experts()) {
+        snprintf(why, whylen, "the grouped GEMM supports at most %d experts per GPU (shared memory), got %d",
+                 grouped_max_experts(), E);
+        return 0;
+    }
+    return 1;
+}
+
 // Launches the persistent grid of grouped_rows_kernel<BK>: one block per
 // slot that can be resident at once; accumulate: out += instead of =.
 template <bool BK>

@@ -5,6 +5,7 @@
 #include "ops/cuda/ops_cuda.h"
 
 #include <dlfcn.h>
+#include <string.h>
 
 #ifndef MOECORE_CUDA_LIB_DIR
 #define MOECORE_CUDA_LIB_DIR "/usr/local/cuda/lib64"
@@ -51,6 +52,34 @@ static void init_once(void) {
 static CudaSettings settings = cuda_settings_default();
 extern "C" void cuda_configure(const CudaSettings *s) { settings = *s; }
 extern "C" const CudaSettings *cuda_settings(void) { return &settings; }
+
+extern "C" void cuda_device_info(CudaDeviceInfo *d) {
+    memset(d, 0, sizeof *d);
+    int dev;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    snprintf(d->name, sizeof d->name, "%s", prop.name);
+    d->cc_major = prop.major;
+    d->cc_minor = prop.minor;
+    d->sms = prop.multiProcessorCount;
+    d->memory_gib = prop.totalGlobalMem / 1073741824.0;
+    cudaCheck(cudaDriverGetVersion(&d->driver_api));
+    cudaCheck(cudaRuntimeGetVersion(&d->runtime));
+    // the kernel module's version: the first token like 580.95.05 of the first line
+    snprintf(d->driver, sizeof d->driver, "?");
+    char line[512], *save = NULL;
+    FILE *f = fopen("/proc/driver/nvidia/version", "r");
+    if (f) {
+        if (fgets(line, sizeof line, f))
+            for (char *tok = strtok_r(line, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save))
+                if (tok[0] >= '0' && tok[0] <= '9' && strchr(tok, '.')) {
+                    snprintf(d->driver, sizeof d->driver, "%s", tok);
+                    break;
+                }
+        fclose(f);
+    }
+}
 
 extern "C" cudaStream_t cuda_stream(void) { init_once(); return stream; }
 extern "C" cublasLtHandle_t cuda_blaslt(void) { init_once(); return blaslt; }

@@ -92,6 +92,17 @@ extern "C" {
 // scratch was sized with it), memory and the stream
 void cuda_configure(const CudaSettings *s);
 const CudaSettings *cuda_settings(void);
+// What the run's records name: the device, its compute capability, the
+// kernel driver's version (from /proc/driver/nvidia/version, "?" if absent)
+// and the CUDA driver API and runtime versions (1000 major + 10 minor).
+typedef struct {
+    char name[256];
+    int cc_major, cc_minor, sms;
+    double memory_gib;
+    char driver[64];
+    int driver_api, runtime;
+} CudaDeviceInfo;
+void cuda_device_info(CudaDeviceInfo *d);
 void *cuda_alloc(size_t bytes);
 void cuda_free(void *p);
 void cuda_to_device(void *dst, const void *src, size_t bytes);
