@@ -1,4 +1,5 @@
-// The CUDA backend's memory-bound kernels (src/ops/cuda/kernels.cu) against
+// The CUDA backend's memory-bound kernels (src/ops/cuda/: elementwise.cu,
+// rmsnorm.cu, rope.cu, router.cu, dispatch.cu, loss.cu, optim.cu) against
 // the CPU backend, op by op, on fresh random inputs; then bit-for-bit
 // determinism of the reductions and scatter-adds, the same ops replayed from
 // a captured CUDA graph, and bandwidth numbers for the hot kernels.

@@ -36,17 +36,25 @@ void cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, con
 size_t cuda_attention_saved_floats(int B, int T, int H, int hd);
 size_t cuda_attention_scratch_floats(int B, int T, int H, int KV, int hd);
 
-// kernels.cu: everything else
+// elementwise.cu: cast, SwiGLU, add, copy
 void cuda_cast_to_act(void *dst, const float *src, size_t n);
-void cuda_embedding_forward(void *out, const int *tokens, const void *wte, int N, int C);
-void cuda_embedding_backward(float *dwte, const void *dout, const int *tokens, int N, int C);
+void cuda_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
+void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+void cuda_add_act(void *y, const void *x, size_t n);
+void cuda_copy_act(void *dst, const void *src, size_t n);
+void cuda_add_f32(float *y, const float *x, size_t n);
+void cuda_copy_f32(float *dst, const float *src, size_t n);
+
+// rmsnorm.cu
 void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int N, int C, float eps);
 void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                            const float *rstd, int N, int C, int accumulate);
+
+// rope.cu
 void cuda_rope_forward(void *out, const void *inp, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
 void cuda_rope_backward(void *dinp, const void *dout, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
-void cuda_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
-void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+
+// router.cu: gate probabilities, top-k, gate weights, counts, load-balancing and z-loss
 void cuda_router_probs_forward(float *probs, const float *logits, int N, int E, Gating g);
 void cuda_router_probs_backward(float *dlogits, const float *dprobs, const float *probs, int N, int E,
                                 Gating g, int accumulate);
@@ -62,6 +70,8 @@ void cuda_lb_loss_backward(float *dprobs, const float *probs, const float *count
                            int N, int E, int k, Gating g, float scale);
 void cuda_zloss_forward(float *out, const float *logits, int N, int E);
 void cuda_zloss_backward(float *dlogits, const float *logits, int N, int E, float scale);
+
+// dispatch.cu: the MoE layer's row index, permute and unpermute; the embedding
 void cuda_moe_route_index(int *offsets, int *row_of, int *token_of_row, const int *idx, int N, int E, int k);
 void cuda_permute_forward(void *xp, const void *x, const int *token_of_row, int R, int C);
 void cuda_permute_backward(void *dx, const void *dxp, const int *token_of_row, int N, int R, int C, int accumulate);
@@ -69,13 +79,15 @@ void cuda_unpermute_forward(void *out, const void *y, const float *weights, cons
                             int N, int k, int C, int accumulate);
 void cuda_unpermute_backward(void *dy, float *dweights, const void *dout, const void *y,
                              const float *weights, const int *row_of, int N, int k, int C);
+void cuda_embedding_forward(void *out, const int *tokens, const void *wte, int N, int C);
+void cuda_embedding_backward(float *dwte, const void *dout, const int *tokens, int N, int C);
+
+// loss.cu: cross-entropy and the loss sum
 void cuda_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V);
 void cuda_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N, int V);
 void cuda_loss_sum(double *acc, const float *losses, const int *targets, int N);
-void cuda_add_act(void *y, const void *x, size_t n);
-void cuda_copy_act(void *dst, const void *src, size_t n);
-void cuda_add_f32(float *y, const float *x, size_t n);
-void cuda_copy_f32(float *dst, const float *src, size_t n);
+
+// optim.cu: AdamW and the sum of squares (gradient norm)
 void cuda_adamw_update(float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, float grad_scale, int t);
 void cuda_sum_squares(double *acc, const float *x, size_t n);

@@ -1,0 +1,76 @@
+// The optimizer's kernels: the AdamW update of the FP32 master weights and
+// their moments (and of the BF16 compute copy, in the same pass, when there
+// is one), and the FP64 sum of squares behind the gradient norm.
+//
+// AdamW is elementwise: one thread per 8 elements, the 16-byte path when
+// every pointer is 16-byte aligned; it matches cpu_adamw_update bit for bit.
+// The sum of squares takes two passes: a grid of min(8 x SMs, ew_blocks(n))
+// blocks (fixed by n and the GPU) sums FP64 squares over a grid-stride loop
+// into one partial per block (block_sum), and sum_partials adds the partials
+// in order into acc.
+#include "ops/cuda/memkernels.cuh"
+
+// torch.optim.AdamW, with cpu_adamw_update's operations in its order and
+// without contraction into FMAs (__f*_rn), so p, m, v match the CPU's
+// bit for bit.
+static __global__ void adamw_kernel(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n, float beta1,
+                                    float beta2, float eps, float grad_scale, float step, float bc2_sqrt, float decay,
+                                    bool vec) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i >= n) return;
+    float pf[8], gf[8], mf[8], vf[8];
+    load8(p, i, n, vec, pf);
+    load8(g, i, n, vec, gf);
+    load8(m, i, n, vec, mf);
+    load8(v, i, n, vec, vf);
+    float b1c = __fsub_rn(1.f, beta1), b2c = __fsub_rn(1.f, beta2);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float gi = __fmul_rn(gf[j], grad_scale);
+        mf[j] = __fadd_rn(__fmul_rn(beta1, mf[j]), __fmul_rn(b1c, gi));
+        vf[j] = __fadd_rn(__fmul_rn(beta2, vf[j]), __fmul_rn(__fmul_rn(b2c, gi), gi));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vf[j]), bc2_sqrt), eps);
+        pf[j] = __fsub_rn(__fmul_rn(pf[j], decay), __fdiv_rn(__fmul_rn(step, mf[j]), denom));
+    }
+    store8(p, i, n, vec, pf);
+    store8(m, i, n, vec, mf);
+    store8(v, i, n, vec, vf);
+    if (p_act) store8(p_act, i, n, vec, pf);
+}
+
+extern "C" void cuda_adamw_update(float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr,
+                                  float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
+    if (!n) return;
+    double bc1 = 1 - pow(beta1, t), bc2 = 1 - pow(beta2, t);
+    float step = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2), decay = 1 - lr * wd;
+    if (p_act == (void *)p) p_act = NULL;
+    bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!p_act || aligned16(p_act));
+    adamw_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(p, (bf16 *)p_act, g, m, v, n, beta1, beta2, eps,
+                                                               grad_scale, step, bc2_sqrt, decay, vec);
+    cudaLaunchCheck();
+}
+
+// Pass 1: a fixed grid (from n and the GPU), per-block FP64 partials;
+// pass 2 sums them in order into acc.
+static __global__ void sum_squares_kernel(double *part, const float *x, size_t n, bool vec) {
+    double s = 0;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += (size_t)gridDim.x * blockDim.x * 8) {
+        float f[8];
+        load8(x, i, n, vec, f);
+#pragma unroll
+        for (int j = 0; j < 8; j++) s += (double)f[j] * f[j];
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+extern "C" void cuda_sum_squares(double *acc, const float *x, size_t n) {
+    static Scratch s;
+    if (!n) return;
+    int G = 8 * cuda_num_sms();
+    if (G > ew_blocks(n)) G = ew_blocks(n);
+    double *part = (double *)scratch_get(&s, (size_t)G * sizeof(double));
+    sum_squares_kernel<<<G, EW_THREADS, 0, cuda_stream()>>>(part, x, n, aligned16(x));
+    cudaLaunchCheck();
+    sum_partials(part, G, NULL, 1.0, acc);
+}
