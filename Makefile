@@ -61,7 +61,7 @@ build/%.o: %.cu $(shell find src -name '*.h' -o -name '*.cuh')
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 build/libmoecore.a: $(LIB_OBJ) $(CUDA_OBJ)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 build/moecore: src/main.c build/libmoecore.a
 	$(CC) $(CFLAGS) $< build/libmoecore.a $(LDLIBS) -o $@

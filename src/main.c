@@ -27,7 +27,7 @@ static void usage(FILE *f) {
             "  detokenize FILE.bin               print token files as text\n"
             "  export-hf CKPT_DIR OUT_DIR [...]  write a checkpoint as a Hugging Face olmoe / flex_olmo model (docs/hf.md)\n"
             "  import-hf HF_DIR CKPT_DIR [...]   read a Hugging Face olmoe / flex_olmo model into a checkpoint\n"
-            "  params [CONFIG.yaml] [--model.KEY=VALUE ...]\n"
+            "  params [CONFIG.yaml] [--device=cpu|cuda] [--model.KEY=VALUE ...]\n"
             "                                    validate a model config (a run config's model\n"
             "                                    section, then overrides), print its parameter table\n"
             "                                    and counts\n"
@@ -68,9 +68,14 @@ static int cmd_params(int argc, char **argv) {
     model_config_defaults(&cfg);
     char err[512];
     if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
-        printf("usage: moecore params [CONFIG.yaml] [--model.KEY=VALUE ...]\n");
+        printf("usage: moecore params [CONFIG.yaml] [--device=cpu|cuda] [--model.KEY=VALUE ...]\n"
+               "  Validates a model config and prints its parameter table. With a run config whose\n"
+               "  device.type is cuda, or --device=cuda, it also checks the CUDA kernels' limits\n"
+               "  (head dim, expert count, ...) at the config's train.micro_batch (default 1).\n");
         return 0;
     }
+    // the backend whose limits the config must meet, and its micro-batch
+    int device = 0, micro_batch = 1, ep = 1;
     if (argc > 0 && strncmp(argv[0], "--", 2) != 0) { // a run config: take its model section
         RunConfig rc;
         run_config_defaults(&rc);
@@ -79,15 +84,41 @@ static int cmd_params(int argc, char **argv) {
             return 2;
         }
         cfg = rc.model;
+        device = rc.device.type;
+        micro_batch = rc.train.micro_batch;
+        ep = rc.parallel.ep;
+        run_config_free(&rc);
         argc--;
         argv++;
     }
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--device=cuda") || !strcmp(argv[i], "--device=cpu")) {
+            device = !strcmp(argv[i], "--device=cuda");
+            memmove(argv + i, argv + i + 1, (argc - i - 1) * sizeof *argv);
+            argc--;
+            i--;
+        }
     parse_model_args(&cfg, argc, argv);
     // the table alone (no buffers: OLMoE-1B-7B's would need 55 GB)
     ParamTable table;
     if (model_param_table(&cfg, &table, err, sizeof err)) {
         fprintf(stderr, "moecore: error: invalid model config: %s\n", err);
         return 2;
+    }
+    if (device == 1) {
+#ifdef MOECORE_CUDA
+        // validated by model_param_table: this fills the derived sizes
+        model_config_validate(&cfg, err, sizeof err);
+        if (model_config_check_backend(&cfg, &ops_cuda, micro_batch, ep, err, sizeof err)) {
+            fprintf(stderr, "moecore: error: %s\n", err);
+            param_table_free(&table);
+            return 2;
+        }
+#else
+        fprintf(stderr, "moecore: error: device cuda: this build has no CUDA backend (nvcc was not found when it was built)\n");
+        param_table_free(&table);
+        return 2;
+#endif
     }
     printf("%-44s %-20s %12s  %s\n", "name", "shape", "elements", "class");
     for (int i = 0; i < table.n; i++) {

@@ -173,6 +173,25 @@ expect_error "missing eval file" "$tmp/base.yaml" data.eval "$tmp/missing.bin" -
 expect_error "no data" "$tmp/base.yaml" data.train -- --data.train=
 expect_error "invalid value" "$tmp/base.yaml" train.global_batch -- --train.global_batch=6
 expect_error "parallel.dp on one process" "$tmp/base.yaml" parallel.dp -- --parallel.dp=2
+# what the CUDA kernels cannot run is refused at validation, before anything
+# is allocated or written, with the keys and the limit named (no GPU needed)
+if "$bin" --version | grep -q cuda; then
+  expect_error "cuda: head dim 256" "$tmp/base.yaml" model.head_dim "16, 32, 64 or 128" \
+    -- --device.type=cuda --model.head_dim=256
+  expect_error "cuda: 2048 experts" "$tmp/base.yaml" model.n_experts "at most 1536 experts" \
+    -- --device.type=cuda --model.n_experts=2048
+  expect_error "cuda: expert_hidden not a multiple of 8" "$tmp/base.yaml" model.expert_hidden "multiples of 8" \
+    -- --device.type=cuda --model.expert_hidden=36
+  for args in "--model.head_dim=256" "--model.n_experts=4096 --model.top_k=8"; do
+    if out=$("$bin" params --device=cuda $args 2>&1); then fail "params --device=cuda $args: exit 0"
+    else grep -q "the cuda backend cannot run" <<<"$out" && echo "ok: params --device=cuda $args refused: $out" ||
+      fail "params --device=cuda $args: $out"; fi
+  done
+  "$bin" params configs/olmoe-1b-7b.yaml --device=cuda > /dev/null || fail "params: OLMoE-1B-7B refused for cuda"
+else
+  echo "skip: this build has no CUDA backend (the cuda limit checks)"
+fi
+
 # token 300 >= vocab_size 257 at token 5 (byte offset 10) of a file of one instance
 python3 -c "
 import struct, sys

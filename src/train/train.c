@@ -317,6 +317,12 @@ static int pick_backend(Trainer *tr) {
                                    "are not implemented on the GPU yet; run one process with capacity_factor 0\n");
         return 2;
     }
+    // what the kernels cannot run is refused here, before any allocation
+    char err[600];
+    if (model_config_check_backend(&cfg->model, tr->ops, cfg->train.micro_batch, cfg->parallel.ep, err, sizeof err)) {
+        if (rank0) fprintf(stderr, "moecore: error: %s: %s\n", tr->config_path, err);
+        return 2;
+    }
     return -1;
 #else
     if (rank0) fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (nvcc was not found when it was built)\n");

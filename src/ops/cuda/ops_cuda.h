@@ -1,6 +1,6 @@
 // The CUDA backend's launchers, one per op of src/ops/ops.h with the same
 // signature and semantics (act = BF16, f32 = float, all device memory, all
-// on cuda_stream()). ops_cuda.cu gathers them into the ops_cuda table.
+// on cuda_stream()). ops_cuda_table.c gathers them into the ops_cuda table.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -92,6 +92,19 @@ void cuda_adamw_update(float *p, void *p_act, const float *g, float *m, float *v
                        float beta1, float beta2, float eps, float wd, float grad_scale, int t);
 void cuda_sum_squares(double *acc, const float *x, size_t n);
 
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// The limits behind Ops.supports (ops_cuda_table.c): 1 when the kernels
+// take the sizes, else 0 with the limit in why. No device is touched.
+int cuda_attention_supports(int B, int T, int H, int KV, int hd, char *why, size_t whylen); // attention.cu
+int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen);                 // gemm.cu
+int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen);             // router.cu
+int cuda_supports(const OpDesc *d, char *why, size_t whylen);                              // ops_cuda_table.c
 #ifdef __cplusplus
 }
 #endif

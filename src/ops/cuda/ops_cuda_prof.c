@@ -209,6 +209,7 @@ static void timed_to_host(void *dst, const void *src, size_t bytes) {
 #define OP_ENTRY(name, cls, params, args) .name = timed_##name,
 const Ops ops_cuda_timed = {
     .name = "cuda",
+    .supports = cuda_supports,
     .act_bytes = 2, // BF16
     .alloc = cuda_alloc,
     .free = cuda_free,

@@ -2,8 +2,18 @@
 #ifdef MOECORE_CUDA
 #include "ops/cuda/ops_cuda.h"
 
+int cuda_supports(const OpDesc *d, char *why, size_t whylen) {
+    switch (d->op) {
+    case OP_ATTENTION: return cuda_attention_supports(d->B, d->T, d->H, d->KV, d->hd, why, whylen);
+    case OP_GROUPED_MATMUL: return cuda_grouped_supports(d->E, d->C, d->OC, why, whylen);
+    case OP_ROUTER: return cuda_router_supports(d->E, d->k, d->routing, why, whylen);
+    }
+    return 1;
+}
+
 const Ops ops_cuda = {
     .name = "cuda",
+    .supports = cuda_supports,
     .act_bytes = 2, // BF16
     .alloc = cuda_alloc,
     .free = cuda_free,

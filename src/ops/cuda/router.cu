@@ -136,6 +136,32 @@ static __global__ void router_topk_uniform_kernel(int *idx, int N, int E, int k)
     idx[i] = (int)((n * k + s) % E);
 }
 
+// The expert counts the router's kernels take (their dynamic shared memory
+// stays under the default 48 KB: E ints for the counts, ROW_WARPS x E
+// floats for the LB partials; learned top-k keeps one bit per lane's
+// expert in a 64-bit mask): 1, or 0 with the limit in why.
+#define ROUTER_SMEM_MAX (48 * 1024)
+extern "C" int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen) {
+    int lb_max = ROUTER_SMEM_MAX / (ROW_WARPS * (int)sizeof(float)), count_max = ROUTER_SMEM_MAX / (int)sizeof(int);
+    if (k < 1 || k > E) {
+        snprintf(why, whylen, "top-k needs 1 <= k <= E (k=%d, E=%d)", k, E);
+        return 0;
+    }
+    if (routing == ROUTING_RANDOM && k > TOPK_RANDOM_MAX_K) {
+        snprintf(why, whylen, "random routing supports top-k up to %d, got %d", TOPK_RANDOM_MAX_K, k);
+        return 0;
+    }
+    if (routing == ROUTING_LEARNED && E > 64 * WARP) {
+        snprintf(why, whylen, "learned top-k supports at most %d experts, got %d", 64 * WARP, E);
+        return 0;
+    }
+    if (E > lb_max || E > count_max) {
+        snprintf(why, whylen, "the load-balancing loss supports at most %d experts (shared memory), got %d", lb_max, E);
+        return 0;
+    }
+    return 1;
+}
+
 extern "C" void cuda_router_topk(int *idx, const float *probs, const float *bias, int N, int E, int k,
                                  RoutingMode mode, uint64_t seed) {
     if (N <= 0 || k <= 0) return;
