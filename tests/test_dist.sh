@@ -4,6 +4,7 @@
 #  1. layouts dp2, ep2, ep2 x ep_dp2, ep4, dp2 + sharded optimizer and
 #     ep2 x ep_dp2 + sharded, with learned and with random routing: 5 steps of
 #     losses within 1e-5 relative, final weights within 1e-5 (norm-wise per tensor);
+#     dp2 and ep2 x ep_dp2 also with aux-loss-free balancing;
 #  2. a checkpoint saved in one layout resumes in another (ep2 x ep_dp2 -> one
 #     rank; one rank -> ep4 + sharded) with the next loss within 1e-6 of the
 #     uninterrupted run's;
@@ -81,6 +82,20 @@ for routing in learned random; do
     else bad "$name $routing: $out"; fi
   done
 done
+
+# aux-loss-free balancing: the bias moves by the expert counts of the whole
+# dp group (reduced where they live), so every layout picks the same experts
+aux=(--model.routing=learned --model.aux_free_rate=0.02)
+if run single_aux 1 "${aux[@]}"; then
+  for layout in "dp2 2 --parallel.dp=2" "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2"; do
+    set -- $layout
+    name=$1 np=$2; shift 2
+    if ! run "${name}_aux" "$np" "${aux[@]}" "$@"; then tail -n 5 "$tmp/${name}_aux.log"; bad "$name aux-free: run failed"; continue; fi
+    if out=$(compare single_aux "${name}_aux" 1e-5 1e-5); then ok "$name aux-free: $out"; else bad "$name aux-free: $out"; fi
+  done
+else
+  tail "$tmp/single_aux.log"; bad "single aux-free failed"
+fi
 
 # ---- 2. save in one layout, resume in another -------------------------------------------------
 long=(--train.steps=8 --checkpoint.interval=4 --model.routing=learned)

@@ -652,22 +652,7 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
 void model_end_step(Model *m) {
     const ModelConfig *c = &m->cfg;
     if (!(c->aux_free_rate > 0) || !m->n_moe) return;
-    int E = c->n_experts;
-    size_t n = (size_t)m->n_moe * E;
-    float *cnt_all = mallocCheck(2 * n * sizeof(float)), *b_all = cnt_all + n;
-    m->ops->to_host(cnt_all, m->step_counts, n * sizeof(float));
-    m->ops->to_host(b_all, m->router_bias, n * sizeof(float));
-    for (int li = 0; li < m->n_moe; li++) {
-        const float *cnt = cnt_all + (size_t)li * E;
-        float *b = b_all + (size_t)li * E;
-        double mean = 0;
-        for (int e = 0; e < E; e++) mean += cnt[e];
-        mean /= E;
-        for (int e = 0; e < E; e++)
-            b[e] += c->aux_free_rate * (cnt[e] < mean ? 1.0f : cnt[e] > mean ? -1.0f : 0.0f);
-    }
-    m->ops->to_device(m->router_bias, b_all, n * sizeof(float));
-    free(cnt_all);
+    m->ops->router_bias_update(m->router_bias, m->step_counts, m->n_moe, c->n_experts, c->aux_free_rate);
 }
 
 double model_active_matmul_params(const ModelConfig *c) {

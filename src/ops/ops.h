@@ -138,6 +138,10 @@ typedef struct Ops {
                                     int accumulate);
     // counts[E] += number of (token, slot) pairs routed to each expert
     void (*router_count)(float *counts, const int *idx, int N, int E, int k);
+    // Aux-loss-free balancing after a step, for L layers of E experts:
+    // bias[l, e] += rate * sign(mean_e counts[l, :] - counts[l, e]) (0 when
+    // equal; the mean in FP64). counts stay where they are (no host copy).
+    void (*router_bias_update)(float *bias, const float *counts, int L, int E, float rate);
     // Load-balancing loss (E/k) sum_i f_i P_i, f_i = counts[i] / count_tokens,
     // P_i = mean over the N tokens of p̂[:, i] (p̂ = probs, normalised per
     // token for sigmoid gating), written to out[0]; backward adds

@@ -553,7 +553,7 @@ static int train_setup(Trainer *tr) {
     print_header(tr);
 
     int E = tr->E = tr->m.cfg.n_experts, L = tr->L = tr->m.n_moe;
-    tr->red = mallocCheck((size_t)(4 + 2 * L + 2 * L + (size_t)L * E) * sizeof(double));
+    tr->red = mallocCheck((size_t)(4 + 2 * L + 2 * L) * sizeof(double));
     tr->lb_step = mallocCheck((L + 1) * sizeof(double));
     tr->z_step = mallocCheck((L + 1) * sizeof(double));
     tr->maxload = mallocCheck((L + 1) * sizeof(double));
@@ -654,23 +654,23 @@ static int train_step(Trainer *tr, StepResult *r) {
         }
         for (int l = 0; l < L; l++) { lb_step[l] = lz[l]; z_step[l] = lz[L + l]; }
     }
-    // statistics over the dp group: CE, aux losses, expert counts, drops
+    // statistics over the dp group: CE, aux losses, drops; the expert
+    // counts are reduced where they live (backend memory: the aux-free bias
+    // update reads them there) and copied to the host only for the metrics.
+    // They are integers, exact in FP32 below 2^24 per expert and step.
     {
         double *red = tr->red;
-        float *counts_host = tr->counts_host;
         int k = 0;
         red[k++] = ce_sum;
         for (int l = 0; l < L; l++) { red[k++] = lb_step[l]; red[k++] = z_step[l]; }
         for (int l = 0; l < L; l++) { red[k++] = m->step_dropped[l]; red[k++] = m->step_rows[l]; }
-        m->ops->to_host(counts_host, m->step_counts, (size_t)L * E * sizeof(float));
-        for (size_t i = 0; i < (size_t)L * E; i++) red[k++] = counts_host[i];
         comm_allreduce(tr->mesh.dp_comm, red, k, COMM_F64);
         k = 0;
         ce_sum = red[k++];
         for (int l = 0; l < L; l++) { lb_step[l] = red[k++] / M_total; z_step[l] = red[k++] / M_total; }
         for (int l = 0; l < L; l++) { m->step_dropped[l] = (float)red[k++]; m->step_rows[l] = (float)red[k++]; }
-        for (size_t i = 0; i < (size_t)L * E; i++) counts_host[i] = (float)red[k++];
-        m->ops->to_device(m->step_counts, counts_host, (size_t)L * E * sizeof(float));
+        comm_allreduce(tr->mesh.dp_comm, m->step_counts, (size_t)L * E, COMM_F32);
+        m->ops->to_host(tr->counts_host, m->step_counts, (size_t)L * E * sizeof(float));
     }
     double aux = 0;
     r->ce = valid ? ce_sum / valid : 0;

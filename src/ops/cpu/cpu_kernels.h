@@ -345,6 +345,17 @@ static void cpu_router_count(float *counts, const int *idx, int N, int E, int k)
     for (size_t i = 0; i < (size_t)N * k; i++) counts[idx[i]] += 1;
 }
 
+static void cpu_router_bias_update(float *bias, const float *counts, int L, int E, float rate) {
+    for (int l = 0; l < L; l++) {
+        const float *cnt = counts + (size_t)l * E;
+        float *b = bias + (size_t)l * E;
+        double mean = 0;
+        for (int e = 0; e < E; e++) mean += cnt[e];
+        mean /= E;
+        for (int e = 0; e < E; e++) b[e] += rate * (cnt[e] < mean ? 1.0f : cnt[e] > mean ? -1.0f : 0.0f);
+    }
+}
+
 // LB = (E/k) sum_i f_i P_i ;  f_i = counts_i / count_tokens ;  P_i = mean_t p̂_ti
 static real cpu_lb_loss_forward(const real *probs, const float *counts, float count_tokens, int N,
                                 int E, int k, Gating g) {

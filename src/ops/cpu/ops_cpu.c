@@ -154,6 +154,7 @@ const Ops ops_cpu = {
     .router_weights_forward = cpu_router_weights_forward,
     .router_weights_backward = cpu_router_weights_backward,
     .router_count = cpu_router_count,
+    .router_bias_update = cpu_router_bias_update,
     .lb_loss_forward = c_lb_loss_forward,
     .lb_loss_backward = cpu_lb_loss_backward,
     .zloss_forward = c_zloss_forward,

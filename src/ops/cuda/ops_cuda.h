@@ -64,6 +64,7 @@ void cuda_router_weights_forward(float *weights, const float *probs, const int *
 void cuda_router_weights_backward(float *dprobs, const float *dweights, const float *probs, const int *idx,
                                   int N, int E, int k, int renorm, int accumulate);
 void cuda_router_count(float *counts, const int *idx, int N, int E, int k);
+void cuda_router_bias_update(float *bias, const float *counts, int L, int E, float rate);
 void cuda_lb_loss_forward(float *out, const float *probs, const float *counts, float count_tokens,
                           int N, int E, int k, Gating g);
 void cuda_lb_loss_backward(float *dprobs, const float *probs, const float *counts, float count_tokens,

@@ -92,6 +92,8 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
        int renorm, int accumulate),                                                                          \
       (dprobs, dweights, probs, idx, N, E, k, renorm, accumulate))                                           \
     X(router_count, C_DISPATCH, (float *counts, const int *idx, int N, int E, int k), (counts, idx, N, E, k)) \
+    X(router_bias_update, C_OTHER, (float *bias, const float *counts, int L, int E, float rate),             \
+      (bias, counts, L, E, rate))                                                                            \
     X(lb_loss_forward, C_DISPATCH,                                                                           \
       (float *out, const float *probs, const float *counts, float count_tokens, int N, int E, int k,         \
        Gating g),                                                                                            \

@@ -47,6 +47,7 @@ const Ops ops_cuda = {
     .router_weights_forward = cuda_router_weights_forward,
     .router_weights_backward = cuda_router_weights_backward,
     .router_count = cuda_router_count,
+    .router_bias_update = cuda_router_bias_update,
     .lb_loss_forward = cuda_lb_loss_forward,
     .lb_loss_backward = cuda_lb_loss_backward,
     .zloss_forward = cuda_zloss_forward,

@@ -253,6 +253,27 @@ extern "C" void cuda_router_count(float *counts, const int *idx, int N, int E, i
     cudaLaunchCheck();
 }
 
+// Aux-loss-free bias update: one block per layer; the counts are integers
+// (exact in FP64 in any order), so the mean and every comparison are the CPU's.
+static __global__ void router_bias_update_kernel(float *bias, const float *counts, int E, float rate) {
+    const float *cnt = counts + (size_t)blockIdx.x * E;
+    float *b = bias + (size_t)blockIdx.x * E;
+    __shared__ double mean;
+    double s = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s += cnt[e];
+    s = block_sum(s);
+    if (threadIdx.x == 0) mean = s / E;
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        b[e] += rate * (cnt[e] < mean ? 1.0f : cnt[e] > mean ? -1.0f : 0.0f);
+}
+
+extern "C" void cuda_router_bias_update(float *bias, const float *counts, int L, int E, float rate) {
+    if (L <= 0 || E <= 0) return;
+    router_bias_update_kernel<<<L, 256, 0, cuda_stream()>>>(bias, counts, E, rate);
+    cudaLaunchCheck();
+}
+
 // Load-balancing loss. Pass 1: block b sums p̂[n, :] over its warps' rows
 // (warp w of the grid takes rows w, w + 8G, ...) into part[b, :], each warp
 // in its own shared row, combined in warp order. Pass 2 (one block): P_e in

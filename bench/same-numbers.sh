@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Same numbers before and after a refactor, in one device call: runs the
+# training loop of two moecore binaries on the bench settings (synthetic
+# tokens, no checkpoints or eval, STEPS steps) for each config, in the order
+# A B B A so that drift during the call hits both alike, and prints per
+# config whether every step's loss is bit-identical, the loss at step 10,
+# and each binary's median tokens/s over the steps after WARMUP (the median
+# of its two runs' medians), with B / A.
+# Usage: bench/same-numbers.sh A_BIN B_BIN CONFIG... (env: STEPS=12 WARMUP=3, OUT=dir for logs)
+set -u
+a=$1 b=$2; shift 2
+steps=${STEPS:-12} warmup=${WARMUP:-3}
+out=${OUT:-build/same-numbers}
+mkdir -p "$out"
+run() { # BIN NAME CONFIG
+  local dir="$out/$2-$(basename "$3" .yaml)-$4"
+  rm -rf "$dir"
+  timeout 300 "$1" train "$3" --data.synthetic=true --checkpoint.save_final=false --checkpoint.interval=0 \
+    --train.eval_interval=0 --train.steps="$steps" --logging.run_dir="$dir" > "$dir.log" 2>&1 ||
+    echo "   $2 on $3: exit $? (log $dir.log): $(tail -n 2 "$dir.log" | tr '\n' ' ')"
+}
+for cfg in "$@"; do
+  run "$a" A "$cfg" 1; run "$b" B "$cfg" 1; run "$b" B "$cfg" 2; run "$a" A "$cfg" 2
+  python3 - "$out" "$(basename "$cfg" .yaml)" "$warmup" "$cfg" <<'EOF'
+import json, statistics, sys
+out, name, warmup, cfg = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def load(who, i):
+    try:
+        return [json.loads(l) for l in open(f"{out}/{who}-{name}-{i}/metrics.jsonl")]
+    except OSError:
+        return []
+runs = {w: [load(w, 1), load(w, 2)] for w in "AB"}
+losses = {w: [[r["loss"] for r in run] for run in runs[w]] for w in "AB"}
+same = all(l == losses["A"][0] and l for w in "AB" for l in losses[w])
+tps = {w: statistics.median([statistics.median([r["tokens_per_s"] for r in run if r["step"] > warmup] or [0])
+                             for run in runs[w]]) for w in "AB"}
+l10 = {w: (losses[w][0][9] if len(losses[w][0]) >= 10 else None) for w in "AB"}
+ratio = tps["B"] / tps["A"] if tps["A"] else 0
+print(f"{cfg}: losses bit-identical in all 4 runs: {same}; loss at step 10 A {l10['A']!r} B {l10['B']!r}; "
+      f"tokens/s A {tps['A']:.0f} B {tps['B']:.0f} (B/A {ratio:.4f}); per run A "
+      + " ".join(f"{statistics.median([r['tokens_per_s'] for r in run if r['step'] > warmup] or [0]):.0f}" for run in runs["A"])
+      + " B " + " ".join(f"{statistics.median([r['tokens_per_s'] for r in run if r['step'] > warmup] or [0]):.0f}" for run in runs["B"]))
+EOF
+done
