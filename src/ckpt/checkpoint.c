@@ -15,7 +15,6 @@
 #include "util/check.h"
 #include "util/fs.h"
 
-#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
 
 // Model-config keys that may change between a checkpoint and a resumed run:
 // training-time options, not the architecture.
@@ -379,36 +378,36 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, s
 
     snprintf(path, sizeof path, "%s/train_state.json", dir);
     js = json_object_from_file(path);
-    if (!js || !json_object_is_type(js, json_type_object)) FAIL("%s: missing or not a JSON object", path);
+    if (!js || !json_object_is_type(js, json_type_object)) FAIL_GOTO("%s: missing or not a JSON object", path);
     json_object *v;
 #define GET(key, type) (json_object_object_get_ex(js, key, &v) && json_object_is_type(v, type))
     if (!GET("format", json_type_string) || strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
-        FAIL("%s: not a moecore checkpoint (format)", path);
-    if (!GET("model", json_type_object)) FAIL("%s: no model config", path);
+        FAIL_GOTO("%s: not a moecore checkpoint (format)", path);
+    if (!GET("model", json_type_object)) FAIL_GOTO("%s: no model config", path);
     if (check_model_config(path, v, &m->cfg, err, errlen)) goto fail;
-    if (!GET("step", json_type_int)) FAIL("%s: missing step", path);
+    if (!GET("step", json_type_int)) FAIL_GOTO("%s: missing step", path);
     ns.step = json_object_get_int64(v);
-    if (!GET("tokens_seen", json_type_int)) FAIL("%s: missing tokens_seen", path);
+    if (!GET("tokens_seen", json_type_int)) FAIL_GOTO("%s: missing tokens_seen", path);
     ns.tokens_seen = json_object_get_int64(v);
-    if (!GET("data_position", json_type_int)) FAIL("%s: missing data_position", path);
+    if (!GET("data_position", json_type_int)) FAIL_GOTO("%s: missing data_position", path);
     ns.data_position = json_object_get_int64(v);
-    if (!GET("skipped_steps", json_type_int)) FAIL("%s: missing skipped_steps", path);
+    if (!GET("skipped_steps", json_type_int)) FAIL_GOTO("%s: missing skipped_steps", path);
     ns.skipped_steps = json_object_get_int64(v);
-    if (!GET("optimizer_step", json_type_int)) FAIL("%s: missing optimizer_step", path);
+    if (!GET("optimizer_step", json_type_int)) FAIL_GOTO("%s: missing optimizer_step", path);
     int adam_t = json_object_get_int(v);
-    if (!GET("seed", json_type_string)) FAIL("%s: missing seed", path);
+    if (!GET("seed", json_type_string)) FAIL_GOTO("%s: missing seed", path);
     ns.seed = strtoull(json_object_get_string(v), NULL, 10);
     json_object *hg;
     if (!GET("skip_hist_loss", json_type_array) ||
         !json_object_object_get_ex(js, "skip_hist_gnorm", &hg) || !json_object_is_type(hg, json_type_array) ||
         json_object_array_length(v) != json_object_array_length(hg) || json_object_array_length(v) > SKIP_WINDOW_MAX)
-        FAIL("%s: bad skip-step history", path);
+        FAIL_GOTO("%s: bad skip-step history", path);
     ns.hist_n = (int)json_object_array_length(v);
     for (int i = 0; i < ns.hist_n; i++) {
         ns.hist_loss[i] = strtod(json_object_get_string(json_object_array_get_idx(v, i)), NULL);
         ns.hist_gnorm[i] = strtod(json_object_get_string(json_object_array_get_idx(hg, i)), NULL);
     }
-    if (ns.step < 0 || ns.data_position < 0 || adam_t < 0) FAIL("%s: negative counters", path);
+    if (ns.step < 0 || ns.data_position < 0 || adam_t < 0) FAIL_GOTO("%s: negative counters", path);
 
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (st_open(path, &fdm, &sm, err, errlen)) goto fail;

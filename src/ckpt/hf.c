@@ -19,7 +19,6 @@
 #include "util/check.h"
 #include "util/fs.h"
 
-#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
 #define PATH_LEN 4096
 
 // ---- number formats -------------------------------------------------------------
@@ -210,33 +209,33 @@ static const char *qk_name(int q) { return q == QKNORM_NONE ? "none" : q == QKNO
 
 int hf_check_config(const ModelConfig *c, HfFormat *f, char *err, size_t errlen) {
     if (c->norm == NORM_PERI)
-        FAIL("model.norm = peri has no transformers equivalent (olmoe is model.norm = pre, flex_olmo is post)");
+        FAIL_GOTO("model.norm = peri has no transformers equivalent (olmoe is model.norm = pre, flex_olmo is post)");
     HfFormat want = c->norm == NORM_PRE ? HF_OLMOE : HF_FLEX_OLMO;
     if (*f == HF_AUTO) *f = want;
     if (*f != want)
-        FAIL("model.norm = %s cannot be written as %s, which is model.norm = %s", norm_name(c->norm),
+        FAIL_GOTO("model.norm = %s cannot be written as %s, which is model.norm = %s", norm_name(c->norm),
              hf_format_name(*f), *f == HF_OLMOE ? "pre" : "post");
     const char *fn = hf_format_name(*f);
     if (c->qk_norm != QKNORM_FULL)
-        FAIL("model.qk_norm = %s: %s normalises q and k over their full width (model.qk_norm = full)",
+        FAIL_GOTO("model.qk_norm = %s: %s normalises q and k over their full width (model.qk_norm = full)",
              qk_name(c->qk_norm), fn);
-    if (c->n_experts == 0) FAIL("model.n_experts = 0: %s has an MoE feed-forward in every layer", fn);
+    if (c->n_experts == 0) FAIL_GOTO("model.n_experts = 0: %s has an MoE feed-forward in every layer", fn);
     if (c->dense_layers > 0)
-        FAIL("model.dense_layers = %d: %s has an MoE feed-forward in every layer (model.dense_layers = 0)",
+        FAIL_GOTO("model.dense_layers = %d: %s has an MoE feed-forward in every layer (model.dense_layers = 0)",
              c->dense_layers, fn);
-    if (c->n_shared > 0) FAIL("model.n_shared = %d: %s has no shared experts", c->n_shared, fn);
-    if (c->gating != GATING_SOFTMAX) FAIL("model.gating = sigmoid: %s gates with a softmax", fn);
+    if (c->n_shared > 0) FAIL_GOTO("model.n_shared = %d: %s has no shared experts", c->n_shared, fn);
+    if (c->gating != GATING_SOFTMAX) FAIL_GOTO("model.gating = sigmoid: %s gates with a softmax", fn);
     if (c->routing != ROUTING_LEARNED)
-        FAIL("model.routing = %s: %s routes with the learned router (model.routing = learned)",
+        FAIL_GOTO("model.routing = %s: %s routes with the learned router (model.routing = learned)",
              c->routing == ROUTING_RANDOM ? "random" : "uniform", fn);
     if (c->capacity_factor > 0)
-        FAIL("model.capacity_factor = %g: %s computes every routed token (model.capacity_factor = 0, dropless)",
+        FAIL_GOTO("model.capacity_factor = %g: %s computes every routed token (model.capacity_factor = 0, dropless)",
              c->capacity_factor, fn);
     if (c->aux_free_rate > 0)
-        FAIL("model.aux_free_rate = %g: the aux-loss-free router bias changes which experts are chosen, "
+        FAIL_GOTO("model.aux_free_rate = %g: the aux-loss-free router bias changes which experts are chosen, "
              "and %s has no router bias", c->aux_free_rate, fn);
     if (*f == HF_OLMOE && c->head_dim * c->n_heads != c->d_model)
-        FAIL("model.head_dim = %d: olmoe derives head_dim = hidden_size / num_attention_heads = %d "
+        FAIL_GOTO("model.head_dim = %d: olmoe derives head_dim = hidden_size / num_attention_heads = %d "
              "(flex_olmo, model.norm = post, takes any head_dim)", c->head_dim, c->d_model / c->n_heads);
     return 0;
 fail:
@@ -358,17 +357,17 @@ int hf_config_parse(const char *json, const char *path, ModelConfig *c, HfFormat
     json_object *o = parse_json(json, path, err, errlen), *v;
     if (!o) return -1;
     if (!json_object_object_get_ex(o, "model_type", &v) || !json_object_is_type(v, json_type_string))
-        FAIL("%s: missing model_type", path);
+        FAIL_GOTO("%s: missing model_type", path);
     const char *mt = json_object_get_string(v);
     if (!strcmp(mt, "olmoe")) *f = HF_OLMOE;
     else if (!strcmp(mt, "flex_olmo")) *f = HF_FLEX_OLMO;
-    else FAIL("%s: model_type %s is not supported (olmoe, flex_olmo)", path, mt);
+    else FAIL_GOTO("%s: model_type %s is not supported (olmoe, flex_olmo)", path, mt);
     int nested = json_object_object_get_ex(o, "moecore_model_config", &v) && v;
     if (nested) {
-        if (!json_object_is_type(v, json_type_object)) FAIL("%s: moecore_model_config: not a JSON object", path);
+        if (!json_object_is_type(v, json_type_object)) FAIL_GOTO("%s: moecore_model_config: not a JSON object", path);
         char e2[512];
         if (model_config_from_json(c, json_object_to_json_string(v), e2, sizeof e2))
-            FAIL("%s: moecore_model_config: %s", path, e2);
+            FAIL_GOTO("%s: moecore_model_config: %s", path, e2);
     } else {
         model_config_defaults(c);
     }
@@ -386,7 +385,7 @@ int hf_config_parse(const char *json, const char *path, ModelConfig *c, HfFormat
         get_int(o, "max_position_embeddings", 0, 4096, &maxpos, path, err, errlen))
         goto fail;
     if (*f == HF_OLMOE && (D % H || hd != D / H))
-        FAIL("%s: head_dim = %d: olmoe uses hidden_size / num_attention_heads (%d / %d)", path, hd, D, H);
+        FAIL_GOTO("%s: head_dim = %d: olmoe uses hidden_size / num_attention_heads (%d / %d)", path, hd, D, H);
     float theta, eps, std = c->init_std, aux = c->lb_coef;
     if (get_float(o, "rope_theta", *f == HF_OLMOE ? 10000.0f : 500000.0f, &theta, path, err, errlen)) goto fail;
     json_object *rp;
@@ -433,7 +432,7 @@ int hf_config_parse(const char *json, const char *path, ModelConfig *c, HfFormat
                         ? nested_vocab : *hf_vocab;
     if (!nested) c->seq_len = maxpos < 4096 ? maxpos : 4096;
     char e2[512];
-    if (model_config_validate(c, e2, sizeof e2)) FAIL("%s: %s", path, e2);
+    if (model_config_validate(c, e2, sizeof e2)) FAIL_GOTO("%s: %s", path, e2);
     json_object_put(o);
     return 0;
 fail:
@@ -540,12 +539,12 @@ static int read_ckpt_config(const char *dir, ModelConfig *c, long long *step, ch
     int rc = -1;
     if (!json_object_object_get_ex(o, "format", &v) || !json_object_is_type(v, json_type_string) ||
         strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
-        FAIL("%s: not a moecore checkpoint (format)", path);
+        FAIL_GOTO("%s: not a moecore checkpoint (format)", path);
     *step = json_object_object_get_ex(o, "step", &v) ? json_object_get_int64(v) : 0;
     if (!json_object_object_get_ex(o, "model", &v) || !json_object_is_type(v, json_type_object))
-        FAIL("%s: no model config", path);
+        FAIL_GOTO("%s: no model config", path);
     char e2[512];
-    if (model_config_from_json(c, json_object_to_json_string(v), e2, sizeof e2)) FAIL("%s: model: %s", path, e2);
+    if (model_config_from_json(c, json_object_to_json_string(v), e2, sizeof e2)) FAIL_GOTO("%s: model: %s", path, e2);
     rc = 0;
 fail:
     json_object_put(o);
@@ -624,7 +623,7 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
     long long step = 0;
     HfFormat f = o->format;
 
-    if (o->dtype != ST_F32 && o->dtype != ST_BF16) FAIL("export dtype must be F32 or BF16");
+    if (o->dtype != ST_F32 && o->dtype != ST_BF16) FAIL_GOTO("export dtype must be F32 or BF16");
     clean_path(out, sizeof out, out_arg);
     if (resolve_ckpt(ckpt_arg, ckpt, sizeof ckpt, err, errlen)) goto fail;
     if (read_ckpt_config(ckpt, &c, &step, err, errlen)) goto fail;
@@ -637,9 +636,9 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
         const ParamEntry *e = &t.entries[i];
         if (st_expect(&src, src_path, e->name, ST_F32, e->ndim, e->shape, err, errlen) < 0) goto fail;
     }
-    if (exists(out) && !o->force) FAIL("%s exists (add --force to replace it)", out);
+    if (exists(out) && !o->force) FAIL_GOTO("%s exists (add --force to replace it)", out);
     snprintf(path, sizeof path, "%s/train_state.json", out);
-    if (exists(path)) FAIL("%s holds a moecore checkpoint; not replacing it with an export", out);
+    if (exists(path)) FAIL_GOTO("%s holds a moecore checkpoint; not replacing it with an export", out);
     if (replaceable(out, err, errlen)) goto fail;
 
     // shards: greedy in map order, a new one when the next tensor would pass the limit
@@ -679,7 +678,7 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
             last++;
         }
         fd = open(spath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) FAIL("cannot create %s: %s", spath, strerror(errno));
+        if (fd < 0) FAIL_GOTO("cannot create %s: %s", spath, strerror(errno));
         if (st_write_header(fd, spath, &dst, err, errlen)) goto fail;
         StRef dref = {fd, spath, &dst};
         for (int i = first; i < last; i++) {
@@ -788,14 +787,14 @@ static int source_open(HfSource *s, const char *dir, char *err, size_t errlen) {
     if (!o) return -1;
     int rc = -1;
     if (!json_object_object_get_ex(o, "weight_map", &wm) || !json_object_is_type(wm, json_type_object))
-        FAIL("%s: no weight_map object", s->index_path);
-    if (json_object_object_length(wm) == 0) FAIL("%s: weight_map is empty", s->index_path);
+        FAIL_GOTO("%s: no weight_map object", s->index_path);
+    if (json_object_object_length(wm) == 0) FAIL_GOTO("%s: weight_map is empty", s->index_path);
     json_object_object_foreach(wm, key, val) {
         if (!json_object_is_type(val, json_type_string))
-            FAIL("%s: weight_map[%s]: expected a file name, got %s", s->index_path, key, json_object_to_json_string(val));
+            FAIL_GOTO("%s: weight_map[%s]: expected a file name, got %s", s->index_path, key, json_object_to_json_string(val));
         const char *file = json_object_get_string(val);
         if (!*file || strchr(file, '/') || !strcmp(file, ".") || !strcmp(file, ".."))
-            FAIL("%s: weight_map[%s] = \"%s\": expected a file name in the same directory", s->index_path, key, file);
+            FAIL_GOTO("%s: weight_map[%s] = \"%s\": expected a file name in the same directory", s->index_path, key, file);
         int known = 0;
         for (int i = 0; i < s->n && !known; i++) known = !strcmp(s->names[i], file);
         if (!known && source_add(s, dir, file, err, errlen)) goto fail;
@@ -906,11 +905,11 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
 
     clean_path(ckpt, sizeof ckpt, ckpt_arg);
     if (!is_step_dir(ckpt))
-        FAIL("%s: a checkpoint directory is named step-NNNNNNNN (train --resume looks for those); "
+        FAIL_GOTO("%s: a checkpoint directory is named step-NNNNNNNN (train --resume looks for those); "
              "use e.g. %s/step-00000000", ckpt, ckpt);
-    if (exists(ckpt) && !o->force) FAIL("%s exists (add --force to replace it)", ckpt);
+    if (exists(ckpt) && !o->force) FAIL_GOTO("%s exists (add --force to replace it)", ckpt);
     snprintf(path, sizeof path, "%s/config.json", ckpt);
-    if (exists(path)) FAIL("%s holds a Hugging Face model (config.json); not replacing it with a checkpoint", ckpt);
+    if (exists(path)) FAIL_GOTO("%s holds a Hugging Face model (config.json); not replacing it with a checkpoint", ckpt);
     if (replaceable(ckpt, err, errlen)) goto fail;
     snprintf(path, sizeof path, "%s/config.json", hf_dir);
     if (!(text = read_text(path, 64u << 20, err, errlen))) goto fail;
