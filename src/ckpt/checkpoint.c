@@ -45,22 +45,22 @@ static void fsync_dir(const char *path) {
     if (fd >= 0) { fsync(fd); close(fd); }
 }
 
-void ckpt_layout_single(CkptLayout *l, const Model *m) {
+void ckpt_layout_single(CkptLayout *l, const ParamStore *ps) {
     l->world = comm_world();
     for (int c = 0; c < N_CLASSES; c++) {
         l->own_begin[c] = 0;
-        l->own_end[c] = m->table.class_numel[c];
+        l->own_end[c] = ps->table.class_numel[c];
     }
 }
 
 // One file's tensor list: for each prefix, every table entry under its
 // global name and shape; then an optional extra [r, c] tensor.
-static int build_layout(StFile *st, const Model *m, int nbufs, const char *const *prefixes,
+static int build_layout(StFile *st, const ParamTable *t, int nbufs, const char *const *prefixes,
                         const char *extra_name, const int64_t *extra_shape, char *err, size_t errlen) {
     char name[PARAM_NAME_MAX + 32];
     for (int b = 0; b < nbufs; b++)
-        for (int i = 0; i < m->table.n; i++) {
-            const ParamEntry *e = &m->table.entries[i];
+        for (int i = 0; i < t->n; i++) {
+            const ParamEntry *e = &t->entries[i];
             snprintf(name, sizeof name, "%s%s", prefixes[b], e->name);
             if (st_add(st, name, ST_F32, e->ndim, e->global_shape, err, errlen) < 0) return -1;
         }
@@ -70,15 +70,15 @@ static int build_layout(StFile *st, const Model *m, int nbufs, const char *const
 
 // Writes this rank's bytes: for prefix b and entry i, the elements of
 // [own_begin, own_end) held in bufs[b][class] starting at element base[b][class].
-static int write_own(const char *path, const StFile *st, const Model *m, int nbufs,
+static int write_own(const char *path, const StFile *st, const ParamTable *t, int nbufs,
                      float *const *const *bufs, const size_t (*base)[N_CLASSES], const size_t (*lim)[N_CLASSES],
                      const CkptLayout *l, char *err, size_t errlen) {
     int fd = open(path, O_WRONLY);
     if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno)); return -1; }
     int idx = 0;
     for (int b = 0; b < nbufs; b++)
-        for (int i = 0; i < m->table.n; i++, idx++) {
-            const ParamEntry *e = &m->table.entries[i];
+        for (int i = 0; i < t->n; i++, idx++) {
+            const ParamEntry *e = &t->entries[i];
             int c = e->cls;
             size_t lo = e->offset, hi = e->offset + e->numel;
             if (l->own_begin[c] > lo) lo = l->own_begin[c];
@@ -105,7 +105,7 @@ static int create_file(const char *path, StFile *st, char *err, size_t errlen) {
     return rc;
 }
 
-static char *state_json(const Model *m, const AdamW *opt, const TrainState *s) {
+static char *state_json(const ModelConfig *cfg, const AdamW *opt, const TrainState *s) {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "format", json_object_new_string("moecore-checkpoint-1"));
     json_object_object_add(o, "step", json_object_new_int64(s->step));
@@ -127,7 +127,7 @@ static char *state_json(const Model *m, const AdamW *opt, const TrainState *s) {
     }
     json_object_object_add(o, "skip_hist_loss", hl);
     json_object_object_add(o, "skip_hist_gnorm", hg);
-    char *mc = model_config_to_json(&m->cfg);
+    char *mc = model_config_to_json(cfg);
     json_object_object_add(o, "model", json_tokener_parse(mc));
     free(mc);
     char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY));
@@ -183,8 +183,9 @@ static int agree(const CkptLayout *l, int rc) {
     return v ? -1 : 0;
 }
 
-int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainState *s,
-              const char *config_yaml, int keep, const CkptLayout *l, char *err, size_t errlen) {
+int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, const AdamW *opt,
+              const TrainState *s, const char *config_yaml, int keep, const CkptLayout *l, char *err,
+              size_t errlen) {
     char final[4096], tmp[4200], path[4400], mpath[4400], opath[4400];
     char *js = NULL;
     int rank0 = comm_rank(l->world) == 0, rc = 0;
@@ -207,9 +208,10 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
     if (exists) return 0; // this step is already saved
 
     const char *mpre[1] = {""}, *opre[2] = {"exp_avg.", "exp_avg_sq."};
-    int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
-    rc = build_layout(&sm, m, 1, mpre, NULL, NULL, err, errlen);
-    if (!rc) rc = build_layout(&so, m, 2, opre, m->n_moe ? "router_bias" : NULL, bshape, err, errlen);
+    int n_moe = model_moe_layers(cfg);
+    int64_t bshape[2] = {n_moe, cfg->n_experts};
+    rc = build_layout(&sm, &ps->table, 1, mpre, NULL, NULL, err, errlen);
+    if (!rc) rc = build_layout(&so, &ps->table, 2, opre, n_moe ? "router_bias" : NULL, bshape, err, errlen);
     if (rank0 && !rc) {
         if (fs_remove_dir(tmp) && errno != ENOENT) { snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno)); rc = -1; }
         else if (mkdir(tmp, 0755)) { snprintf(err, errlen, "mkdir %s: %s", tmp, strerror(errno)); rc = -1; }
@@ -219,31 +221,31 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
     if (agree(l, rc)) goto fail;
     {
         // device buffers are written from host copies
-        const Ops *ops = m->ops;
-        float *hp[N_CLASSES], *hm[N_CLASSES], *hv[N_CLASSES], *hbias = m->router_bias;
+        const Ops *ops = ps->ops;
+        float *hp[N_CLASSES], *hm[N_CLASSES], *hv[N_CLASSES], *hbias = ps->router_bias;
         for (int c = 0; c < N_CLASSES; c++) {
-            hp[c] = m->params[c]; hm[c] = opt->m[c]; hv[c] = opt->v[c];
+            hp[c] = ps->params[c]; hm[c] = opt->m[c]; hv[c] = opt->v[c];
             if (ops->host_memory) continue;
-            size_t n = m->table.class_numel[c], no = opt->end[c] - opt->begin[c];
+            size_t n = ps->table.class_numel[c], no = opt->end[c] - opt->begin[c];
             hp[c] = mallocCheck(n * 4 + 4); hm[c] = mallocCheck(no * 4 + 4); hv[c] = mallocCheck(no * 4 + 4);
-            ops->to_host(hp[c], m->params[c], n * 4);
+            ops->to_host(hp[c], ps->params[c], n * 4);
             ops->to_host(hm[c], opt->m[c], no * 4);
             ops->to_host(hv[c], opt->v[c], no * 4);
         }
-        if (!ops->host_memory && m->n_moe) {
+        if (!ops->host_memory && n_moe) {
             hbias = mallocCheck((size_t)bshape[0] * bshape[1] * 4);
-            ops->to_host(hbias, m->router_bias, (size_t)bshape[0] * bshape[1] * 4);
+            ops->to_host(hbias, ps->router_bias, (size_t)bshape[0] * bshape[1] * 4);
         }
         float *const *pb[1] = {hp};
         size_t zero[1][N_CLASSES] = {{0}}, full[1][N_CLASSES];
-        for (int c = 0; c < N_CLASSES; c++) full[0][c] = m->table.class_numel[c];
-        rc = write_own(mpath, &sm, m, 1, pb, zero, full, l, err, errlen);
+        for (int c = 0; c < N_CLASSES; c++) full[0][c] = ps->table.class_numel[c];
+        rc = write_own(mpath, &sm, &ps->table, 1, pb, zero, full, l, err, errlen);
         float *const *ob[2] = {hm, hv};
         size_t obase[2][N_CLASSES], olim[2][N_CLASSES];
         for (int b = 0; b < 2; b++)
             for (int c = 0; c < N_CLASSES; c++) { obase[b][c] = opt->begin[c]; olim[b][c] = opt->end[c]; }
-        if (!rc) rc = write_own(opath, &so, m, 2, ob, obase, olim, l, err, errlen);
-        if (!rc && rank0 && m->n_moe) {
+        if (!rc) rc = write_own(opath, &so, &ps->table, 2, ob, obase, olim, l, err, errlen);
+        if (!rc && rank0 && n_moe) {
             int fd = open(opath, O_WRONLY);
             if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", opath, strerror(errno)); rc = -1; }
             else {
@@ -253,12 +255,12 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
         }
         if (!ops->host_memory) {
             for (int c = 0; c < N_CLASSES; c++) { free(hp[c]); free(hm[c]); free(hv[c]); }
-            if (m->n_moe) free(hbias);
+            if (n_moe) free(hbias);
         }
     }
     if (agree(l, rc)) goto fail;
     if (rank0) {
-        js = state_json(m, opt, s);
+        js = state_json(cfg, opt, s);
         snprintf(path, sizeof path, "%s/train_state.json", tmp);
         rc = write_file(path, js, err, errlen);
         if (!rc && config_yaml) {
@@ -311,11 +313,11 @@ int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, siz
 
 // Reads, for every table entry under prefix, the elements of [lo, hi) of
 // its class buffer that this rank holds into dst[class] + (i - base[class]).
-static int load_tensors(const char *path, const StFile *st, int fd, const Model *m, const char *prefix,
+static int load_tensors(const char *path, const StFile *st, int fd, const ParamTable *t, const char *prefix,
                         float *const *dst, const size_t *base, const size_t *lim, char *err, size_t errlen) {
     char name[PARAM_NAME_MAX + 32];
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamEntry *e = &m->table.entries[i];
+    for (int i = 0; i < t->n; i++) {
+        const ParamEntry *e = &t->entries[i];
         snprintf(name, sizeof name, "%s%s", prefix, e->name);
         int idx = st_expect(st, path, name, ST_F32, e->ndim, e->global_shape, err, errlen);
         if (idx < 0) return -1;
@@ -358,21 +360,23 @@ static int check_model_config(const char *path, json_object *saved, const ModelC
     return rc;
 }
 
-int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, size_t errlen) {
+int ckpt_load(const char *dir, const ModelConfig *cfg, ParamStore *ps, AdamW *opt, TrainState *s, char *err,
+              size_t errlen) {
     char path[4400];
     json_object *js = NULL;
     StFile sm, so;
     st_init(&sm);
     st_init(&so);
     int fdm = -1, fdo = -1, rc = -1;
-    size_t dn = m->table.class_numel[CLASS_DENSE], en = m->table.class_numel[CLASS_EXPERT];
+    size_t dn = ps->table.class_numel[CLASS_DENSE], en = ps->table.class_numel[CLASS_EXPERT];
+    int n_moe = model_moe_layers(cfg);
     // stage into fresh buffers so that a failure leaves the model untouched
     size_t od = opt->end[CLASS_DENSE] - opt->begin[CLASS_DENSE], oe = opt->end[CLASS_EXPERT] - opt->begin[CLASS_EXPERT];
     float *p[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
     float *mm[N_CLASSES] = {mallocCheck(od * 4), mallocCheck(oe * 4)};
     float *vv[N_CLASSES] = {mallocCheck(od * 4), mallocCheck(oe * 4)};
     size_t zero[N_CLASSES] = {0, 0}, full[N_CLASSES] = {dn, en};
-    float *bias = mallocCheck((size_t)m->n_moe * m->cfg.n_experts * 4 + 4);
+    float *bias = mallocCheck((size_t)n_moe * cfg->n_experts * 4 + 4);
     TrainState ns;
     memset(&ns, 0, sizeof ns);
 
@@ -384,7 +388,7 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, s
     if (!GET("format", json_type_string) || strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
         FAIL_GOTO("%s: not a moecore checkpoint (format)", path);
     if (!GET("model", json_type_object)) FAIL_GOTO("%s: no model config", path);
-    if (check_model_config(path, v, &m->cfg, err, errlen)) goto fail;
+    if (check_model_config(path, v, cfg, err, errlen)) goto fail;
     if (!GET("step", json_type_int)) FAIL_GOTO("%s: missing step", path);
     ns.step = json_object_get_int64(v);
     if (!GET("tokens_seen", json_type_int)) FAIL_GOTO("%s: missing tokens_seen", path);
@@ -411,25 +415,25 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, s
 
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (st_open(path, &fdm, &sm, err, errlen)) goto fail;
-    if (load_tensors(path, &sm, fdm, m, "", p, zero, full, err, errlen)) goto fail;
+    if (load_tensors(path, &sm, fdm, &ps->table, "", p, zero, full, err, errlen)) goto fail;
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     if (st_open(path, &fdo, &so, err, errlen)) goto fail;
-    if (load_tensors(path, &so, fdo, m, "exp_avg.", mm, opt->begin, opt->end, err, errlen)) goto fail;
-    if (load_tensors(path, &so, fdo, m, "exp_avg_sq.", vv, opt->begin, opt->end, err, errlen)) goto fail;
-    if (m->n_moe) {
-        int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
+    if (load_tensors(path, &so, fdo, &ps->table, "exp_avg.", mm, opt->begin, opt->end, err, errlen)) goto fail;
+    if (load_tensors(path, &so, fdo, &ps->table, "exp_avg_sq.", vv, opt->begin, opt->end, err, errlen)) goto fail;
+    if (n_moe) {
+        int64_t bshape[2] = {n_moe, cfg->n_experts};
         int idx = st_expect(&so, path, "router_bias", ST_F32, 2, bshape, err, errlen);
         if (idx < 0 || st_read_range(fdo, path, &so, idx, 0, bias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen))
             goto fail;
     }
     // commit
     for (int c = 0; c < N_CLASSES; c++) {
-        m->ops->to_device(m->params[c], p[c], m->table.class_numel[c] * 4);
-        m->ops->to_device(opt->m[c], mm[c], (opt->end[c] - opt->begin[c]) * 4);
-        m->ops->to_device(opt->v[c], vv[c], (opt->end[c] - opt->begin[c]) * 4);
+        ps->ops->to_device(ps->params[c], p[c], ps->table.class_numel[c] * 4);
+        ps->ops->to_device(opt->m[c], mm[c], (opt->end[c] - opt->begin[c]) * 4);
+        ps->ops->to_device(opt->v[c], vv[c], (opt->end[c] - opt->begin[c]) * 4);
     }
-    if (m->n_moe) m->ops->to_device(m->router_bias, bias, (size_t)m->n_moe * m->cfg.n_experts * 4);
-    model_sync_weights(m);
+    if (n_moe) ps->ops->to_device(ps->router_bias, bias, (size_t)n_moe * cfg->n_experts * 4);
+    param_store_sync_weights(ps);
     opt->t = adam_t;
     *s = ns;
     rc = 0;

@@ -16,9 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config/model_config.h"
 #include "dist/comm.h"
-#include "model/model.h"
 #include "optim/adamw.h"
+#include "params/store.h"
 
 #define SKIP_WINDOW_MAX 1024
 
@@ -43,19 +44,23 @@ typedef struct {
 } CkptLayout;
 
 // A one-rank layout that owns everything.
-void ckpt_layout_single(CkptLayout *l, const Model *m);
+void ckpt_layout_single(CkptLayout *l, const ParamStore *ps);
 
-// Saves step state.step into dir/step-%08lld. keep > 0 deletes all but the
-// newest keep committed checkpoints afterwards. config_yaml is stored beside
-// the state for reference (may be NULL).
-int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainState *st,
-              const char *config_yaml, int keep, const CkptLayout *layout, char *err, size_t errlen);
+// Saves step state.step of a model of config cfg (its store ps and optimizer
+// opt) into dir/step-%08lld. keep > 0 deletes all but the newest keep
+// committed checkpoints afterwards. config_yaml is stored beside the state
+// for reference (may be NULL).
+int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, const AdamW *opt,
+              const TrainState *st, const char *config_yaml, int keep, const CkptLayout *layout, char *err,
+              size_t errlen);
 // Finds the committed checkpoint with the highest step. Returns 1 and fills
 // path when found, 0 when there is none, -1 on error.
 int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
-// Loads a checkpoint into an initialised model and optimizer with the same
-// architecture; a mismatch (config, names, shapes, dtypes) is an error naming
-// the field or tensor, and nothing is modified in that case. Each rank reads
-// the global-tensor ranges of what it holds (its experts, its optimizer
-// range), so the checkpoint may come from any layout.
-int ckpt_load(const char *path, Model *m, AdamW *opt, TrainState *st, char *err, size_t errlen);
+// Loads a checkpoint into the store ps and optimizer of an initialised model
+// of config cfg with the same architecture; a mismatch (config, names,
+// shapes, dtypes) is an error naming the field or tensor, and nothing is
+// modified in that case. Each rank reads the global-tensor ranges of what it
+// holds (its experts, its optimizer range), so the checkpoint may come from
+// any layout.
+int ckpt_load(const char *path, const ModelConfig *cfg, ParamStore *ps, AdamW *opt, TrainState *st, char *err,
+              size_t errlen);

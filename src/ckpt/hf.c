@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
-#include "model/model.h"
+#include "params/layout.h"
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -509,10 +509,6 @@ int hf_tensor_map(const ParamTable *t, HfFormat f, int hf_vocab, int tied,
     return 0;
 }
 
-int hf_param_table(const ModelConfig *c, ParamTable *t, char *err, size_t errlen) {
-    return model_param_table(c, t, err, errlen);
-}
-
 // ---- export ----------------------------------------------------------------------------------
 
 void hf_export_defaults(HfExportOptions *o) {
@@ -628,7 +624,7 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
     if (resolve_ckpt(ckpt_arg, ckpt, sizeof ckpt, err, errlen)) goto fail;
     if (read_ckpt_config(ckpt, &c, &step, err, errlen)) goto fail;
     if (hf_check_config(&c, &f, err, errlen)) goto fail;
-    if (hf_param_table(&c, &t, err, errlen)) goto fail;
+    if (param_table_for_config(&c, &t, err, errlen)) goto fail;
     if (hf_tensor_map(&t, f, c.padded_vocab, 0, &map, &nmap, err, errlen)) goto fail;
     snprintf(src_path, sizeof src_path, "%s/model.safetensors", ckpt);
     if (st_open(src_path, &fd_src, &src, err, errlen)) goto fail;
@@ -914,7 +910,7 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
     snprintf(path, sizeof path, "%s/config.json", hf_dir);
     if (!(text = read_text(path, 64u << 20, err, errlen))) goto fail;
     if (hf_config_parse(text, path, &c, &f, &hf_vocab, &tied, err, errlen)) goto fail;
-    if (hf_param_table(&c, &t, err, errlen)) goto fail;
+    if (param_table_for_config(&c, &t, err, errlen)) goto fail;
     if (hf_tensor_map(&t, f, hf_vocab, tied, &map, &nmap, err, errlen)) goto fail;
     if (source_open(&src, hf_dir, err, errlen)) goto fail;
 

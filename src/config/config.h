@@ -8,8 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "model/model_config.h"
-#include "optim/adamw.h"
+#include "config/model_config.h"
+#include "config/optim_config.h"
 
 #define CFG_MAX_LIST 64
 #define CFG_PATH_MAX 1024

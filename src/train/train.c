@@ -313,21 +313,22 @@ int cmd_train(int argc, char **argv) {
         Model full;
         if (model_init(&full, &cfg.model, &ops_cpu, err, sizeof err)) return fatal("%s", err);
         model_init_weights(&full, t->seed);
-        for (int i = 0; i < m.table.n; i++) {
-            const ParamEntry *e = &m.table.entries[i];
-            ops->to_device(model_param(&m, i), model_param(&full, i) + param_global_offset(e), e->numel * sizeof(float));
+        for (int i = 0; i < m.store.table.n; i++) {
+            const ParamEntry *e = &m.store.table.entries[i];
+            ops->to_device(param_store_main(&m.store, i), param_store_main(&full.store, i) + param_global_offset(e),
+                           e->numel * sizeof(float));
         }
         model_free(&full);
-        model_sync_weights(&m);
+        param_store_sync_weights(&m.store);
     }
     m.recompute = cfg.train.recompute;
     model_alloc_acts(&m, MB, T);
     Ddp ddp;
-    ddp_init(&ddp, &m, mesh.dp_comm, mesh.ep_dp_comm, world, cfg.optim_sharded,
+    ddp_init(&ddp, &m.store, mesh.dp_comm, mesh.ep_dp_comm, world, cfg.optim_sharded,
              (size_t)(cfg.parallel.bucket_mb * 1024 * 1024 / 4));
     AdamW opt;
-    if (cfg.optim_sharded) adamw_init_range(&opt, &cfg.optim, &m, ddp.shard_begin, ddp.shard_end);
-    else adamw_init(&opt, &cfg.optim, &m);
+    if (cfg.optim_sharded) adamw_init_range(&opt, &cfg.optim, &m.store, ddp.shard_begin, ddp.shard_end);
+    else adamw_init(&opt, &cfg.optim, &m.store);
     CkptLayout layout = {.world = world};
     for (int c = 0; c < N_CLASSES; c++) {
         layout.own_begin[c] = ddp.shard_begin[c];
@@ -344,7 +345,7 @@ int cmd_train(int argc, char **argv) {
         if (found == 0) {
             SAY("resume: no committed checkpoint in %s, starting from step 0\n", cfg.checkpoint.dir);
         } else {
-            if (ckpt_load(path, &m, &opt, &st, err, sizeof err)) return fatal("cannot resume: %s", err);
+            if (ckpt_load(path, &m.cfg, &m.store, &opt, &st, err, sizeof err)) return fatal("cannot resume: %s", err);
             if (st.seed != t->seed)
                 SAY("resume: note: the checkpoint's seed %llu differs from train.seed %llu; using the checkpoint's\n",
                     (unsigned long long)st.seed, (unsigned long long)t->seed);
@@ -398,8 +399,8 @@ int cmd_train(int argc, char **argv) {
     else snprintf(desc, sizeof desc, "synthetic: uniformly random tokens from seed %llu", (unsigned long long)t->seed);
     SAY("moecore train: %s\n", config_path);
     SAY("model: %zu parameters (%zu dense, %zu expert), %d layers (%d MoE, E=%d top-%d), vocab %d (padded %d)\n",
-        m.table.class_numel[CLASS_DENSE] + m.table.class_numel[CLASS_EXPERT] * mesh.ep,
-        m.table.class_numel[CLASS_DENSE], m.table.class_numel[CLASS_EXPERT] * mesh.ep,
+        m.store.table.class_numel[CLASS_DENSE] + m.store.table.class_numel[CLASS_EXPERT] * mesh.ep,
+        m.store.table.class_numel[CLASS_DENSE], m.store.table.class_numel[CLASS_EXPERT] * mesh.ep,
         m.cfg.n_layers, m.n_moe, m.cfg.n_experts, m.cfg.top_k, m.cfg.vocab_size, m.cfg.padded_vocab);
     SAY("data: %s\n", desc);
     SAY("batch: %d x %d tokens per step (%d ranks x %d micro-batches of %d), %lld steps; %.3g FLOP/token; "
@@ -411,7 +412,7 @@ int cmd_train(int argc, char **argv) {
         // memory accounting of this rank; on CPU the FP32 compute weights are
         // the main weights, so a parameter costs 4 (weight) + 4 (grad) + 8/D
         // (Adam moments of this rank's 1/D shard); the BF16 GPU layout is 6 + 12/D
-        size_t pd = m.table.class_numel[CLASS_DENSE], pe = m.table.class_numel[CLASS_EXPERT], nopt = 0;
+        size_t pd = m.store.table.class_numel[CLASS_DENSE], pe = m.store.table.class_numel[CLASS_EXPERT], nopt = 0;
         for (int c = 0; c < N_CLASSES; c++) nopt += opt.end[c] - opt.begin[c];
         int dd = cfg.optim_sharded ? mesh.dp : 1, de = cfg.optim_sharded ? mesh.ep_dp : 1;
         printf("rank %d: holds %zu dense + %zu expert parameters: weights %zu B + grads %zu B + optimizer state "
@@ -556,7 +557,7 @@ int cmd_train(int argc, char **argv) {
         if (!skipped) {
             if (t->clip_grad > 0 && gnorm > t->clip_grad) clip_scale = t->clip_grad / (gnorm + 1e-6);
             ddp_optimizer_grads(&ddp, opt_grads);
-            adamw_step_grads(&opt, &m, opt_grads, (float)lr, (float)clip_scale);
+            adamw_step_grads(&opt, &m.store, opt_grads, (float)lr, (float)clip_scale);
             ddp_gather_params(&ddp);
             train_push_history(&st, t->skip_window, loss, gnorm);
         } else {
@@ -664,7 +665,7 @@ int cmd_train(int argc, char **argv) {
         int last = st.step == t->steps || (stop_after > 0 && st.step - first_step >= stop_after);
         if ((cfg.checkpoint.interval > 0 && st.step % cfg.checkpoint.interval == 0) ||
             ((last || stop) && cfg.checkpoint.save_final)) {
-            if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err)) {
+            if (ckpt_save(cfg.checkpoint.dir, &m.cfg, &m.store, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err)) {
                 rc = fatal("checkpoint: %s", err);
                 break;
             }
@@ -674,7 +675,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (rc == 0 && (stop_signal || stop) && st.step == first_step && cfg.checkpoint.save_final) {
         // a signal before the first step of this process: save what we have
-        if (ckpt_save(cfg.checkpoint.dir, &m, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err))
+        if (ckpt_save(cfg.checkpoint.dir, &m.cfg, &m.store, &opt, &st, config_yaml, cfg.checkpoint.keep, &layout, err, sizeof err))
             rc = fatal("checkpoint: %s", err);
     }
     if (rc == 0 && stop) {

@@ -1,5 +1,5 @@
 // Model config: defaults, one key table, parsing, validation, JSON.
-#include "model/model_config.h"
+#include "config/model_config.h"
 
 #include <errno.h>
 #include <json-c/json.h>
