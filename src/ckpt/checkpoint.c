@@ -22,28 +22,7 @@ static const char *const mutable_keys[] = {"lb_coef", "z_coef", "lb_global", "au
                                            "routing", "seq_len", "init_std",
                                            "capacity_factor", NULL};
 
-static int write_file(const char *path, const char *text, char *err, size_t errlen) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            snprintf(err, errlen, "write %s: %s", path, strerror(errno));
-            close(fd);
-            return -1;
-        }
-        off += (size_t)w;
-    }
-    if (fsync(fd) || close(fd)) { snprintf(err, errlen, "fsync/close %s: %s", path, strerror(errno)); return -1; }
-    return 0;
-}
-
-static void fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) { fsync(fd); close(fd); }
-}
+#define CKPT_FORMAT "moecore-checkpoint-1"
 
 void ckpt_layout_single(CkptLayout *l, const ParamStore *ps) {
     l->world = comm_world();
@@ -96,23 +75,41 @@ static int write_own(const char *path, const StFile *st, const ParamTable *t, in
     return 0;
 }
 
-// Rank 0 creates the file and writes the header (sizing the file).
-static int create_file(const char *path, StFile *st, char *err, size_t errlen) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
-    int rc = st_write_header(fd, path, st, err, errlen);
-    if (close(fd) && !rc) { snprintf(err, errlen, "close %s: %s", path, strerror(errno)); rc = -1; }
-    return rc;
+int ckpt_tensor_lists(StFile *model, StFile *optim, const ModelConfig *cfg, const ParamTable *t, char *err,
+                      size_t errlen) {
+    const char *mpre[1] = {""}, *opre[2] = {"exp_avg.", "exp_avg_sq."};
+    int n_moe = model_moe_layers(cfg);
+    int64_t bshape[2] = {n_moe, cfg->n_experts};
+    if (build_layout(model, t, 1, mpre, NULL, NULL, err, errlen)) return -1;
+    return build_layout(optim, t, 2, opre, n_moe ? "router_bias" : NULL, bshape, err, errlen);
 }
 
-static char *state_json(const ModelConfig *cfg, const AdamW *opt, const TrainState *s) {
+// Creates the file and writes the header (sizing the file).
+static int create_file(const char *path, StFile *st, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) FAIL("cannot create %s: %s", path, strerror(errno));
+    if (st_write_header(fd, path, st, err, errlen)) { close(fd); return -1; }
+    if (fsync(fd)) { errorf(err, errlen, "fsync %s: %s", path, strerror(errno)); close(fd); return -1; }
+    if (close(fd)) FAIL("close %s: %s", path, strerror(errno));
+    return 0;
+}
+
+int ckpt_create_files(const char *dir, StFile *model, StFile *optim, char *err, size_t errlen) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/" CKPT_MODEL_FILE, dir);
+    if (create_file(path, model, err, errlen)) return -1;
+    snprintf(path, sizeof path, "%s/" CKPT_OPTIM_FILE, dir);
+    return create_file(path, optim, err, errlen);
+}
+
+static char *state_json(const ModelConfig *cfg, const TrainState *s, int optimizer_step) {
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "format", json_object_new_string("moecore-checkpoint-1"));
+    json_object_object_add(o, "format", json_object_new_string(CKPT_FORMAT));
     json_object_object_add(o, "step", json_object_new_int64(s->step));
     json_object_object_add(o, "tokens_seen", json_object_new_int64(s->tokens_seen));
     json_object_object_add(o, "data_position", json_object_new_int64(s->data_position));
     json_object_object_add(o, "skipped_steps", json_object_new_int64(s->skipped_steps));
-    json_object_object_add(o, "optimizer_step", json_object_new_int(opt->t));
+    json_object_object_add(o, "optimizer_step", json_object_new_int(optimizer_step));
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
     json_object_object_add(o, "seed", json_object_new_string(seed));
@@ -135,6 +132,38 @@ static char *state_json(const ModelConfig *cfg, const AdamW *opt, const TrainSta
     return out;
 }
 
+int ckpt_write_state(const char *dir, const ModelConfig *cfg, const TrainState *s, int optimizer_step,
+                     const char *config_yaml, char *err, size_t errlen) {
+    char path[4400];
+    char *js = state_json(cfg, s, optimizer_step);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, dir);
+    int rc = fs_write_text(path, js, err, errlen);
+    free(js);
+    if (!rc && config_yaml) {
+        snprintf(path, sizeof path, "%s/config.yaml", dir);
+        rc = fs_write_text(path, config_yaml, err, errlen);
+    }
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/" CKPT_COMMITTED, dir);
+        rc = fs_write_text(path, "ok\n", err, errlen);
+    }
+    return rc;
+}
+
+json_object *ckpt_state_model(json_object *state, const char *path, char *err, size_t errlen) {
+    json_object *v;
+    if (!json_object_object_get_ex(state, "format", &v) || !json_object_is_type(v, json_type_string) ||
+        strcmp(json_object_get_string(v), CKPT_FORMAT)) {
+        errorf(err, errlen, "%s: not a moecore checkpoint (format)", path);
+        return NULL;
+    }
+    if (!json_object_object_get_ex(state, "model", &v) || !json_object_is_type(v, json_type_object)) {
+        errorf(err, errlen, "%s: no model config", path);
+        return NULL;
+    }
+    return v;
+}
+
 static int step_of(const char *name, int64_t *step) {
     long long v;
     char tail;
@@ -145,7 +174,7 @@ static int step_of(const char *name, int64_t *step) {
 
 static int is_committed(const char *dir, const char *name) {
     char p[4096];
-    snprintf(p, sizeof p, "%s/%s/COMMITTED", dir, name);
+    snprintf(p, sizeof p, "%s/%s/" CKPT_COMMITTED, dir, name);
     return access(p, F_OK) == 0;
 }
 
@@ -169,7 +198,7 @@ static void prune(const char *dir, int keep) {
             snprintf(p, sizeof p, "%s/step-%08lld", dir, (long long)steps[i]);
             // COMMITTED goes first so a half-deleted directory is never taken for a checkpoint
             char c[4200];
-            snprintf(c, sizeof c, "%s/COMMITTED", p);
+            snprintf(c, sizeof c, "%s/" CKPT_COMMITTED, p);
             unlink(c);
             fs_remove_dir(p);
         }
@@ -187,36 +216,31 @@ int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, con
               const TrainState *s, const char *config_yaml, int keep, const CkptLayout *l, char *err,
               size_t errlen) {
     char final[4096], tmp[4200], path[4400], mpath[4400], opath[4400];
-    char *js = NULL;
     int rank0 = comm_rank(l->world) == 0, rc = 0;
     StFile sm, so;
     st_init(&sm);
     st_init(&so);
     snprintf(final, sizeof final, "%s/step-%08lld", dir, (long long)s->step);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    snprintf(mpath, sizeof mpath, "%s/model.safetensors", tmp);
-    snprintf(opath, sizeof opath, "%s/optim.safetensors", tmp);
+    snprintf(mpath, sizeof mpath, "%s/" CKPT_MODEL_FILE, tmp);
+    snprintf(opath, sizeof opath, "%s/" CKPT_OPTIM_FILE, tmp);
     snprintf(err, errlen, "another rank failed to save the checkpoint");
     int32_t exists = 0;
     if (rank0) {
         rc = fs_mkdirs(dir, 1, err, errlen);
-        snprintf(path, sizeof path, "%s/COMMITTED", final);
+        snprintf(path, sizeof path, "%s/" CKPT_COMMITTED, final);
         exists = access(path, F_OK) == 0;
     }
     if (agree(l, rc)) return -1;
     comm_broadcast(l->world, &exists, 1, COMM_I32, 0);
     if (exists) return 0; // this step is already saved
 
-    const char *mpre[1] = {""}, *opre[2] = {"exp_avg.", "exp_avg_sq."};
     int n_moe = model_moe_layers(cfg);
     int64_t bshape[2] = {n_moe, cfg->n_experts};
-    rc = build_layout(&sm, &ps->table, 1, mpre, NULL, NULL, err, errlen);
-    if (!rc) rc = build_layout(&so, &ps->table, 2, opre, n_moe ? "router_bias" : NULL, bshape, err, errlen);
+    rc = ckpt_tensor_lists(&sm, &so, cfg, &ps->table, err, errlen);
     if (rank0 && !rc) {
-        if (fs_remove_dir(tmp) && errno != ENOENT) { snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno)); rc = -1; }
-        else if (mkdir(tmp, 0755)) { snprintf(err, errlen, "mkdir %s: %s", tmp, strerror(errno)); rc = -1; }
-        if (!rc) rc = create_file(mpath, &sm, err, errlen);
-        if (!rc) rc = create_file(opath, &so, err, errlen);
+        rc = fs_fresh_dir(tmp, err, errlen);
+        if (!rc) rc = ckpt_create_files(tmp, &sm, &so, err, errlen);
     }
     if (agree(l, rc)) goto fail;
     {
@@ -260,33 +284,21 @@ int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, con
     }
     if (agree(l, rc)) goto fail;
     if (rank0) {
-        js = state_json(cfg, opt, s);
-        snprintf(path, sizeof path, "%s/train_state.json", tmp);
-        rc = write_file(path, js, err, errlen);
-        if (!rc && config_yaml) {
-            snprintf(path, sizeof path, "%s/config.yaml", tmp);
-            rc = write_file(path, config_yaml, err, errlen);
-        }
+        rc = ckpt_write_state(tmp, cfg, s, opt->t, config_yaml, err, errlen);
         if (!rc) {
-            snprintf(path, sizeof path, "%s/COMMITTED", tmp);
-            rc = write_file(path, "ok\n", err, errlen);
-        }
-        if (!rc) {
-            fsync_dir(tmp);
+            fs_sync_dir(tmp);
             fs_remove_dir(final); // an uncommitted leftover of the same step
             if (rename(tmp, final)) { snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno)); rc = -1; }
-            else fsync_dir(dir);
+            else fs_sync_dir(dir);
         }
         if (!rc && keep > 0) prune(dir, keep);
     }
     if (agree(l, rc)) goto fail;
-    free(js);
     st_free(&sm);
     st_free(&so);
     return 0;
 fail:
     if (rank0) fs_remove_dir(tmp);
-    free(js);
     st_free(&sm);
     st_free(&so);
     return -1;
@@ -380,15 +392,12 @@ int ckpt_load(const char *dir, const ModelConfig *cfg, ParamStore *ps, AdamW *op
     TrainState ns;
     memset(&ns, 0, sizeof ns);
 
-    snprintf(path, sizeof path, "%s/train_state.json", dir);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, dir);
     js = json_object_from_file(path);
     if (!js || !json_object_is_type(js, json_type_object)) FAIL_GOTO("%s: missing or not a JSON object", path);
-    json_object *v;
+    json_object *v = ckpt_state_model(js, path, err, errlen);
+    if (!v || check_model_config(path, v, cfg, err, errlen)) goto fail;
 #define GET(key, type) (json_object_object_get_ex(js, key, &v) && json_object_is_type(v, type))
-    if (!GET("format", json_type_string) || strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
-        FAIL_GOTO("%s: not a moecore checkpoint (format)", path);
-    if (!GET("model", json_type_object)) FAIL_GOTO("%s: no model config", path);
-    if (check_model_config(path, v, cfg, err, errlen)) goto fail;
     if (!GET("step", json_type_int)) FAIL_GOTO("%s: missing step", path);
     ns.step = json_object_get_int64(v);
     if (!GET("tokens_seen", json_type_int)) FAIL_GOTO("%s: missing tokens_seen", path);
@@ -413,10 +422,10 @@ int ckpt_load(const char *dir, const ModelConfig *cfg, ParamStore *ps, AdamW *op
     }
     if (ns.step < 0 || ns.data_position < 0 || adam_t < 0) FAIL_GOTO("%s: negative counters", path);
 
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(path, sizeof path, "%s/" CKPT_MODEL_FILE, dir);
     if (st_open(path, &fdm, &sm, err, errlen)) goto fail;
     if (load_tensors(path, &sm, fdm, &ps->table, "", p, zero, full, err, errlen)) goto fail;
-    snprintf(path, sizeof path, "%s/optim.safetensors", dir);
+    snprintf(path, sizeof path, "%s/" CKPT_OPTIM_FILE, dir);
     if (st_open(path, &fdo, &so, err, errlen)) goto fail;
     if (load_tensors(path, &so, fdo, &ps->table, "exp_avg.", mm, opt->begin, opt->end, err, errlen)) goto fail;
     if (load_tensors(path, &so, fdo, &ps->table, "exp_avg_sq.", vv, opt->begin, opt->end, err, errlen)) goto fail;

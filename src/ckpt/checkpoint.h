@@ -16,12 +16,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt/safetensors.h"
 #include "config/model_config.h"
 #include "dist/comm.h"
 #include "optim/adamw.h"
 #include "params/store.h"
 
 #define SKIP_WINDOW_MAX 1024
+
+// The files of a checkpoint directory.
+#define CKPT_MODEL_FILE "model.safetensors"
+#define CKPT_OPTIM_FILE "optim.safetensors"
+#define CKPT_STATE_FILE "train_state.json"
+#define CKPT_COMMITTED "COMMITTED"
 
 typedef struct {
     int64_t step;           // optimizer steps completed
@@ -64,3 +71,22 @@ int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, siz
 // any layout.
 int ckpt_load(const char *path, const ModelConfig *cfg, ParamStore *ps, AdamW *opt, TrainState *st, char *err,
               size_t errlen);
+
+// The format's parts that ckpt_save is made of, for import-hf, which streams
+// tensors into a new checkpoint rather than saving a model in memory.
+//
+// The tensor lists (finalized) of model.safetensors and optim.safetensors for
+// a model of config cfg whose table is t, in global shapes.
+int ckpt_tensor_lists(StFile *model, StFile *optim, const ModelConfig *cfg, const ParamTable *t, char *err,
+                      size_t errlen);
+// Creates dir/model.safetensors and dir/optim.safetensors with those headers,
+// durably; every tensor reads as zeros until written.
+int ckpt_create_files(const char *dir, StFile *model, StFile *optim, char *err, size_t errlen);
+// Completes the checkpoint in dir: train_state.json (the counters of s, the
+// optimizer step, the model config), config.yaml when config_yaml is not NULL,
+// and last COMMITTED.
+int ckpt_write_state(const char *dir, const ModelConfig *cfg, const TrainState *s, int optimizer_step,
+                     const char *config_yaml, char *err, size_t errlen);
+// The model config object of state, a parsed train_state.json read from
+// path, after checking that it is in this format; NULL with a message if not.
+struct json_object *ckpt_state_model(struct json_object *state, const char *path, char *err, size_t errlen);

@@ -107,25 +107,6 @@ static json_object *parse_json(const char *text, const char *path, char *err, si
     return o;
 }
 
-static int write_text(const char *path, const char *text, char *err, size_t errlen) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { snprintf(err, errlen, "write %s: %s", path, strerror(errno)); close(fd); return -1; }
-        off += (size_t)w;
-    }
-    if (fsync(fd) || close(fd)) { snprintf(err, errlen, "fsync/close %s: %s", path, strerror(errno)); return -1; }
-    return 0;
-}
-
-static void fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) { fsync(fd); close(fd); }
-}
-
 static int exists(const char *path) {
     struct stat st;
     return lstat(path, &st) == 0;
@@ -159,18 +140,13 @@ static int begin_dir(const char *final, char *tmp, size_t tmplen, char *err, siz
     snprintf(tmp, tmplen, "%s.tmp", final);
     if (fs_mkdirs(tmp, 0, err, errlen)) return -1;
     if (replaceable(tmp, err, errlen)) return -1;
-    if (fs_remove_dir(tmp) && errno != ENOENT) {
-        snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno));
-        return -1;
-    }
-    if (mkdir(tmp, 0755)) { snprintf(err, errlen, "mkdir %s: %s", tmp, strerror(errno)); return -1; }
-    return 0;
+    return fs_fresh_dir(tmp, err, errlen);
 }
 
 // Renames the completed tmp over final; an existing final (checked replaceable) is removed.
 static int commit_dir(const char *tmp, const char *final, char *err, size_t errlen) {
     char old[PATH_LEN + 8], parent[PATH_LEN];
-    fsync_dir(tmp);
+    fs_sync_dir(tmp);
     if (exists(final)) {
         snprintf(old, sizeof old, "%s.old", final);
         fs_remove_dir(old);
@@ -187,7 +163,7 @@ static int commit_dir(const char *tmp, const char *final, char *err, size_t errl
     }
     snprintf(parent, sizeof parent, "%s", final);
     char *slash = strrchr(parent, '/');
-    if (slash) { *slash = 0; fsync_dir(slash == parent ? "/" : parent); } else fsync_dir(".");
+    if (slash) { *slash = 0; fs_sync_dir(slash == parent ? "/" : parent); } else fs_sync_dir(".");
     return 0;
 }
 
@@ -526,21 +502,18 @@ void hf_import_defaults(HfImportOptions *o) {
 // Reads a checkpoint's model config and step from its train_state.json.
 static int read_ckpt_config(const char *dir, ModelConfig *c, long long *step, char *err, size_t errlen) {
     char path[PATH_LEN + 32];
-    snprintf(path, sizeof path, "%s/train_state.json", dir);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, dir);
     char *text = read_text(path, 64u << 20, err, errlen);
     if (!text) return -1;
     json_object *o = parse_json(text, path, err, errlen), *v;
     free(text);
     if (!o) return -1;
     int rc = -1;
-    if (!json_object_object_get_ex(o, "format", &v) || !json_object_is_type(v, json_type_string) ||
-        strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
-        FAIL_GOTO("%s: not a moecore checkpoint (format)", path);
+    json_object *mj = ckpt_state_model(o, path, err, errlen);
+    if (!mj) goto fail;
     *step = json_object_object_get_ex(o, "step", &v) ? json_object_get_int64(v) : 0;
-    if (!json_object_object_get_ex(o, "model", &v) || !json_object_is_type(v, json_type_object))
-        FAIL_GOTO("%s: no model config", path);
     char e2[512];
-    if (model_config_from_json(c, json_object_to_json_string(v), e2, sizeof e2)) FAIL_GOTO("%s: model: %s", path, e2);
+    if (model_config_from_json(c, json_object_to_json_string(mj), e2, sizeof e2)) FAIL_GOTO("%s: model: %s", path, e2);
     rc = 0;
 fail:
     json_object_put(o);
@@ -550,7 +523,7 @@ fail:
 // A committed checkpoint directory: dir itself, or the newest step-N in it.
 static int resolve_ckpt(const char *dir, char *out, size_t outlen, char *err, size_t errlen) {
     char p[PATH_LEN + 32];
-    snprintf(p, sizeof p, "%s/train_state.json", dir);
+    snprintf(p, sizeof p, "%s/" CKPT_STATE_FILE, dir);
     if (!exists(p)) {
         int found = ckpt_find_latest(dir, out, outlen, err, errlen);
         if (found < 0) return -1;
@@ -560,7 +533,7 @@ static int resolve_ckpt(const char *dir, char *out, size_t outlen, char *err, si
         }
         return 0;
     }
-    snprintf(p, sizeof p, "%s/COMMITTED", dir);
+    snprintf(p, sizeof p, "%s/" CKPT_COMMITTED, dir);
     if (!exists(p)) {
         snprintf(err, errlen, "%s: no COMMITTED marker (a checkpoint that was not completely written)", dir);
         return -1;
@@ -626,14 +599,14 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
     if (hf_check_config(&c, &f, err, errlen)) goto fail;
     if (param_table_for_config(&c, &t, err, errlen)) goto fail;
     if (hf_tensor_map(&t, f, c.padded_vocab, 0, &map, &nmap, err, errlen)) goto fail;
-    snprintf(src_path, sizeof src_path, "%s/model.safetensors", ckpt);
+    snprintf(src_path, sizeof src_path, "%s/" CKPT_MODEL_FILE, ckpt);
     if (st_open(src_path, &fd_src, &src, err, errlen)) goto fail;
     for (int i = 0; i < t.n; i++) {
         const ParamEntry *e = &t.entries[i];
         if (st_expect(&src, src_path, e->name, ST_F32, e->ndim, e->shape, err, errlen) < 0) goto fail;
     }
     if (exists(out) && !o->force) FAIL_GOTO("%s exists (add --force to replace it)", out);
-    snprintf(path, sizeof path, "%s/train_state.json", out);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, out);
     if (exists(path)) FAIL_GOTO("%s holds a moecore checkpoint; not replacing it with an export", out);
     if (replaceable(out, err, errlen)) goto fail;
 
@@ -689,13 +662,13 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
     if (nshards > 1) {
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
         char *js = strdup(json_object_to_json_string_ext(index, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED));
-        int wrc = write_text(path, js, err, errlen);
+        int wrc = fs_write_text(path, js, err, errlen);
         free(js);
         if (wrc) goto fail;
     }
     cfg_text = hf_config_json(&c, f, o->dtype);
     snprintf(path, sizeof path, "%s/config.json", tmp);
-    if (write_text(path, cfg_text, err, errlen)) goto fail;
+    if (fs_write_text(path, cfg_text, err, errlen)) goto fail;
     if (commit_dir(tmp, out, err, errlen)) goto fail;
     tmp_made = 0;
     if (!o->quiet)
@@ -834,45 +807,6 @@ static const char *shape_text(char *buf, size_t n, int ndim, const int64_t *shap
     return buf;
 }
 
-static char *state_json(const ModelConfig *c, uint64_t seed) {
-    json_object *o = json_object_new_object();
-    json_object_object_add(o, "format", json_object_new_string("moecore-checkpoint-1"));
-    json_object_object_add(o, "step", json_object_new_int64(0));
-    json_object_object_add(o, "tokens_seen", json_object_new_int64(0));
-    json_object_object_add(o, "data_position", json_object_new_int64(0));
-    json_object_object_add(o, "skipped_steps", json_object_new_int64(0));
-    json_object_object_add(o, "optimizer_step", json_object_new_int(0));
-    char s[32];
-    snprintf(s, sizeof s, "%llu", (unsigned long long)seed);
-    json_object_object_add(o, "seed", json_object_new_string(s));
-    json_object_object_add(o, "skip_hist_loss", json_object_new_array());
-    json_object_object_add(o, "skip_hist_gnorm", json_object_new_array());
-    char *mc = model_config_to_json(c);
-    json_object_object_add(o, "model", json_tokener_parse(mc));
-    free(mc);
-    char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY));
-    json_object_put(o);
-    return out;
-}
-
-// Writes a safetensors file of the table's tensors under each prefix (+ an
-// optional [rows, cols] extra tensor), header only: ftruncate leaves the
-// data zero. Returns the open fd (caller closes) or -1.
-static int create_table_file(const char *path, const ParamTable *t, int nprefix, const char *const *prefixes,
-                             const char *extra, const int64_t *extra_shape, StFile *st, char *err, size_t errlen) {
-    char name[PARAM_NAME_MAX + 32];
-    for (int p = 0; p < nprefix; p++)
-        for (int i = 0; i < t->n; i++) {
-            snprintf(name, sizeof name, "%s%s", prefixes[p], t->entries[i].name);
-            if (st_add(st, name, ST_F32, t->entries[i].ndim, t->entries[i].shape, err, errlen) < 0) return -1;
-        }
-    if (extra && st_add(st, extra, ST_F32, 2, extra_shape, err, errlen) < 0) return -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
-    if (st_write_header(fd, path, st, err, errlen)) { close(fd); return -1; }
-    return fd;
-}
-
 static int is_step_dir(const char *path) {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
@@ -950,10 +884,12 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
 
     if (begin_dir(ckpt, tmp, sizeof tmp, err, errlen)) goto fail;
     tmp_made = 1;
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    const char *none[1] = {""};
-    fd = create_table_file(path, &t, 1, none, NULL, NULL, &dst, err, errlen);
-    if (fd < 0) goto fail;
+    // the optimizer moments and the router bias stay zero, as a fresh run starts
+    if (ckpt_tensor_lists(&dst, &opt, &c, &t, err, errlen) || ckpt_create_files(tmp, &dst, &opt, err, errlen))
+        goto fail;
+    snprintf(path, sizeof path, "%s/" CKPT_MODEL_FILE, tmp);
+    fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) FAIL_GOTO("cannot open %s: %s", path, strerror(errno));
     StRef dref = {fd, path, &dst};
     for (int i = 0; i < nmap; i++) {
         int k = file_of[i];
@@ -965,38 +901,20 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
     fd = -1;
     if (close_synced(cfd, path, err, errlen)) goto fail;
 
-    // zero optimizer moments and router bias, as a fresh run starts
-    snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
-    const char *moments[2] = {"exp_avg.", "exp_avg_sq."};
-    int n_moe = c.n_layers - c.dense_layers;
-    int64_t bshape[2] = {n_moe, c.n_experts};
-    fd = create_table_file(path, &t, 2, moments, n_moe ? "router_bias" : NULL, bshape, &opt, err, errlen);
-    if (fd < 0) goto fail;
-    cfd = fd;
-    fd = -1;
-    if (close_synced(cfd, path, err, errlen)) goto fail;
-
-    char *js = state_json(&c, o->seed);
-    snprintf(path, sizeof path, "%s/train_state.json", tmp);
-    int wrc = write_text(path, js, err, errlen);
-    free(js);
+    char *yaml = NULL;
+    size_t ylen = 0;
+    FILE *mf = open_memstream(&yaml, &ylen);
+    fprintf(mf, "# written by moecore import-hf from %s: the model section a training config resuming\n"
+                "# from this checkpoint must have (lb_coef, z_coef, lb_global, aux_free_rate, routing,\n"
+                "# seq_len and init_std may differ)\n", hf_dir);
+    model_config_write_yaml(&c, mf);
+    fclose(mf);
+    TrainState st0;
+    memset(&st0, 0, sizeof st0);
+    st0.seed = o->seed;
+    int wrc = ckpt_write_state(tmp, &c, &st0, 0, yaml, err, errlen);
+    free(yaml);
     if (wrc) goto fail;
-    snprintf(path, sizeof path, "%s/config.yaml", tmp);
-    {
-        char *yaml = NULL;
-        size_t ylen = 0;
-        FILE *mf = open_memstream(&yaml, &ylen);
-        fprintf(mf, "# written by moecore import-hf from %s: the model section a training config resuming\n"
-                    "# from this checkpoint must have (lb_coef, z_coef, lb_global, aux_free_rate, routing,\n"
-                    "# seq_len and init_std may differ)\n", hf_dir);
-        model_config_write_yaml(&c, mf);
-        fclose(mf);
-        wrc = write_text(path, yaml, err, errlen);
-        free(yaml);
-        if (wrc) goto fail;
-    }
-    snprintf(path, sizeof path, "%s/COMMITTED", tmp);
-    if (write_text(path, "ok\n", err, errlen)) goto fail;
     if (commit_dir(tmp, ckpt, err, errlen)) goto fail;
     tmp_made = 0;
     if (cfg_out) *cfg_out = c;
