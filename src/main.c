@@ -101,7 +101,7 @@ static int cmd_params(int argc, char **argv) {
     parse_model_args(&cfg, argc, argv);
     // the table alone (no buffers: OLMoE-1B-7B's would need 55 GB)
     ParamTable table;
-    if (model_param_table(&cfg, &table, err, sizeof err)) {
+    if (param_table_for_config(&cfg, &table, err, sizeof err)) {
         fprintf(stderr, "moecore: error: invalid model config: %s\n", err);
         return 2;
     }

@@ -37,8 +37,8 @@ build() { # name, sources..., -- libs...
   clang $CFLAGS "$@" -o "$work/$name" || { echo "FAIL: cannot build $name"; exit 1; }
 }
 build fuzz_safetensors tests/fuzz/fuzz_safetensors.c src/ckpt/safetensors.c $(pkg-config --libs json-c)
-build fuzz_config tests/fuzz/fuzz_config.c src/config/config.c src/model/model_config.c \
-      src/util/text.c src/optim/adamw.c $(pkg-config --libs yaml-0.1 json-c) -lm
+build fuzz_config tests/fuzz/fuzz_config.c src/config/config.c src/config/model_config.c \
+      src/util/text.c $(pkg-config --libs yaml-0.1 json-c) -lm
 
 fails=0
 export ASAN_OPTIONS=detect_leaks=1

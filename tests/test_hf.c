@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ckpt/hf.h"
+#include "params/layout.h"
 
 static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -204,7 +205,7 @@ START_TEST(test_tensor_map)
                                                       "expert_hidden", "24", "vocab_size", "300", NULL});
     ParamTable t;
     char err[512];
-    ck_assert_msg(!hf_param_table(&c, &t, err, sizeof err), "%s", err);
+    ck_assert_msg(!param_table_for_config(&c, &t, err, sizeof err), "%s", err);
     HfTensor *map;
     int n;
     HfFormat f = _i ? HF_FLEX_OLMO : HF_OLMOE;

@@ -51,7 +51,7 @@ START_TEST(test_grad_accumulation) {
         model_backward(&b, 1.0f / valid, 0.5f);
     }
     for (int cl = 0; cl < N_CLASSES; cl++) {
-        double d = rel_diff(b.grads[cl], a.grads[cl], a.table.class_numel[cl]);
+        double d = rel_diff(b.store.grads[cl], a.store.grads[cl], a.store.table.class_numel[cl]);
         ck_assert_msg(d < 1e-5, "class %d: accumulated grads differ by %g", cl, d);
     }
     model_free(&a); model_free(&b);
@@ -95,7 +95,7 @@ START_TEST(test_recompute_experts) {
             model_backward(&b, 1.0f / 28, 0.5f);
         }
         for (int cl = 0; cl < N_CLASSES; cl++)
-            ck_assert_msg(!memcmp(a.grads[cl], b.grads[cl], a.table.class_numel[cl] * sizeof(float)),
+            ck_assert_msg(!memcmp(a.store.grads[cl], b.store.grads[cl], a.store.table.class_numel[cl] * sizeof(float)),
                           "recompute %d, capacity %d, class %d: grads differ with recompute", mode, cap, cl);
         model_free(&a); model_free(&b);
     }
@@ -123,7 +123,7 @@ START_TEST(test_expert_grads_written) {
         model_alloc_acts(&b, 1, 8);
         int tok[16], tgt[16];
         make_batch(tok, tgt, 16, c.vocab_size, 5);
-        for (size_t i = 0; i < b.table.class_numel[CLASS_EXPERT]; i++) b.grads[CLASS_EXPERT][i] = NAN;
+        for (size_t i = 0; i < b.store.table.class_numel[CLASS_EXPERT]; i++) b.store.grads[CLASS_EXPERT][i] = NAN;
         model_zero_grads(&a); model_begin_step(&a);
         model_zero_dense_grads(&b); model_begin_step(&b);
         for (int mb = 0; mb < 2; mb++) {
@@ -133,7 +133,7 @@ START_TEST(test_expert_grads_written) {
             model_backward(&b, 1.0f / 14, 0.5f);
         }
         for (int cl = 0; cl < N_CLASSES; cl++)
-            ck_assert_msg(!memcmp(a.grads[cl], b.grads[cl], a.table.class_numel[cl] * sizeof(float)),
+            ck_assert_msg(!memcmp(a.store.grads[cl], b.store.grads[cl], a.store.table.class_numel[cl] * sizeof(float)),
                           "capacity %d, class %d: grads differ when the first backward writes them", cap, cl);
         model_free(&a); model_free(&b);
     }
@@ -160,8 +160,8 @@ static void check_router_grad(int routing) {
     model_forward(&m, tok, tgt, 77);
     model_backward(&m, 1.0f / m.n_valid, 1.0f);
     int r = m.layers[1].router;
-    size_t n = m.table.entries[r].numel;
-    float *w = model_param(&m, r), *g = model_grad(&m, r);
+    size_t n = m.store.table.entries[r].numel;
+    float *w = param_store_main(&m.store, r), *g = param_store_grad(&m.store, r);
     double gg = 0;
     for (size_t i = 0; i < n; i++) gg += (double)g[i] * g[i];
     ck_assert_msg(gg > 0, "router got no gradient");
@@ -249,13 +249,13 @@ START_TEST(test_aux_free_bias) {
     model_end_step(&m);
     float mean = 16;
     for (int e = 0; e < 4; e++) {
-        float b = m.router_bias[e];
+        float b = m.store.router_bias[e];
         if (counts[e] > mean) ck_assert_float_eq_tol(b, -0.05f, 1e-7);
         else if (counts[e] < mean) ck_assert_float_eq_tol(b, 0.05f, 1e-7);
         else ck_assert_float_eq(b, 0.0f);
     }
     // a large bias on one expert makes every token pick it
-    for (int e = 0; e < 4; e++) m.router_bias[e] = e == 3 ? 10.0f : 0.0f;
+    for (int e = 0; e < 4; e++) m.store.router_bias[e] = e == 3 ? 10.0f : 0.0f;
     model_begin_step(&m);
     model_forward(&m, tok, tgt, 1);
     ck_assert_float_eq(m.step_counts[3], 32.0f);

@@ -37,10 +37,10 @@ static int cmd_init(int argc, char **argv) {
     if (model_init(&m, &cfg, &ops_cpu, err, sizeof err)) die("%s", err);
     model_init_weights(&m, seed);
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int i = 0; i < m.table.n; i++) {
-        const ParamEntry *e = &m.table.entries[i];
+    for (int i = 0; i < m.store.table.n; i++) {
+        const ParamEntry *e = &m.store.table.entries[i];
         if (e->kind != PARAM_NORM) continue;
-        float *p = model_param(&m, i);
+        float *p = param_store_main(&m.store, i);
         for (size_t j = 0; j < e->numel; j++) {
             s ^= s << 13; s ^= s >> 7; s ^= s << 17;
             p[j] = (float)(0.5 + (s >> 11) * (1.0 / 9007199254740992.0));
@@ -49,14 +49,14 @@ static int cmd_init(int argc, char **argv) {
     OptimConfig oc;
     optim_config_defaults(&oc);
     AdamW opt;
-    adamw_init(&opt, &oc, &m);
+    adamw_init(&opt, &oc, &m.store);
     TrainState st;
     memset(&st, 0, sizeof st);
     st.seed = seed;
     CkptLayout layout;
-    ckpt_layout_single(&layout, &m);
-    if (ckpt_save(argv[0], &m, &opt, &st, NULL, 0, &layout, err, sizeof err)) die("%s", err);
-    printf("wrote %s/step-00000000: %zu parameters\n", argv[0], param_total(&m.table));
+    ckpt_layout_single(&layout, &m.store);
+    if (ckpt_save(argv[0], &m.cfg, &m.store, &opt, &st, NULL, 0, &layout, err, sizeof err)) die("%s", err);
+    printf("wrote %s/step-00000000: %zu parameters\n", argv[0], param_total(&m.store.table));
     return 0;
 }
 
@@ -77,9 +77,9 @@ static int cmd_logits(int argc, char **argv) {
     OptimConfig oc;
     optim_config_defaults(&oc);
     AdamW opt;
-    adamw_init(&opt, &oc, &m);
+    adamw_init(&opt, &oc, &m.store);
     TrainState st;
-    if (ckpt_load(dir, &m, &opt, &st, err, sizeof err)) die("%s", err);
+    if (ckpt_load(dir, &m.cfg, &m.store, &opt, &st, err, sizeof err)) die("%s", err);
     int N = B * T;
     int *tokens = mallocCheck(N * sizeof(int)), *targets = mallocCheck(N * sizeof(int));
     FILE *f = fopen(tok_path, "rb");

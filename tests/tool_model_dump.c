@@ -38,8 +38,8 @@ static void dump_add(Dump *d, const char *name, StDtype dt, int ndim, const int6
 
 // A copy of every parameter (or grad) under prefix.NAME.
 static void dump_tensors(Dump *d, const Model *m, const char *prefix, float *const *bufs) {
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamEntry *e = &m->table.entries[i];
+    for (int i = 0; i < m->store.table.n; i++) {
+        const ParamEntry *e = &m->store.table.entries[i];
         char name[160];
         snprintf(name, sizeof name, "%s.%s", prefix, e->name);
         float *copy = mallocCheck(e->numel * sizeof(float));
@@ -86,10 +86,10 @@ int main(int argc, char **argv) {
     model_init_weights(&m, seed);
     rng_state = 0x1234567 + seed;
     // norms away from 1 so that their gradients are exercised
-    for (int i = 0; i < m.table.n; i++) {
-        const ParamEntry *e = &m.table.entries[i];
+    for (int i = 0; i < m.store.table.n; i++) {
+        const ParamEntry *e = &m.store.table.entries[i];
         if (e->kind != PARAM_NORM) continue;
-        float *p = model_param(&m, i);
+        float *p = param_store_main(&m.store, i);
         for (size_t j = 0; j < e->numel; j++) p[j] = (float)(0.8 + 0.4 * urand());
     }
     model_alloc_acts(&m, B, T);
@@ -115,10 +115,10 @@ int main(int argc, char **argv) {
     int64_t bt[2] = {B, T};
     dump_add(&d, "tokens", ST_I32, 2, bt, tokens);
     dump_add(&d, "targets", ST_I32, 2, bt, targets);
-    dump_tensors(&d, &m, "param", m.params);
+    dump_tensors(&d, &m, "param", m.store.params);
 
     AdamW opt;
-    adamw_init(&opt, &oc, &m);
+    adamw_init(&opt, &oc, &m.store);
     float *step_loss = mallocCheck(steps * sizeof(float) + 1);
     for (int s = 0; s < steps; s++) {
         model_zero_grads(&m);
@@ -135,13 +135,13 @@ int main(int argc, char **argv) {
             }
         }
         model_backward(&m, 1.0f / m.n_valid, 1.0f);
-        if (s == 0) dump_tensors(&d, &m, "grad", m.grads);
-        adamw_step(&opt, &m, oc.lr, 1.0f);
+        if (s == 0) dump_tensors(&d, &m, "grad", m.store.grads);
+        adamw_step(&opt, &m.store, oc.lr, 1.0f);
         model_end_step(&m);
     }
     int64_t sh[1] = {steps};
     dump_add(&d, "step_loss", ST_F32, 1, sh, step_loss);
-    dump_tensors(&d, &m, "final", m.params);
+    dump_tensors(&d, &m, "final", m.store.params);
     if (st_save(out, &d.st, d.datas, err, sizeof err)) die("%s", err);
     printf("wrote %s: %d tensors, loss %.6f -> %.6f over %d steps\n", out, d.st.n, step_loss[0],
            step_loss[steps - 1], steps);

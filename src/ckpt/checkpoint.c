@@ -15,7 +15,6 @@
 #include "util/check.h"
 #include "util/fs.h"
 
-#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
 
 // Model-config keys that may change between a checkpoint and a resumed run:
 // training-time options, not the architecture.
@@ -23,45 +22,24 @@ static const char *const mutable_keys[] = {"lb_coef", "z_coef", "lb_global", "au
                                            "routing", "seq_len", "init_std",
                                            "capacity_factor", NULL};
 
-static int write_file(const char *path, const char *text, char *err, size_t errlen) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            snprintf(err, errlen, "write %s: %s", path, strerror(errno));
-            close(fd);
-            return -1;
-        }
-        off += (size_t)w;
-    }
-    if (fsync(fd) || close(fd)) { snprintf(err, errlen, "fsync/close %s: %s", path, strerror(errno)); return -1; }
-    return 0;
-}
+#define CKPT_FORMAT "moecore-checkpoint-1"
 
-static void fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) { fsync(fd); close(fd); }
-}
-
-void ckpt_layout_single(CkptLayout *l, const Model *m) {
+void ckpt_layout_single(CkptLayout *l, const ParamStore *ps) {
     l->world = comm_world();
     for (int c = 0; c < N_CLASSES; c++) {
         l->own_begin[c] = 0;
-        l->own_end[c] = m->table.class_numel[c];
+        l->own_end[c] = ps->table.class_numel[c];
     }
 }
 
 // One file's tensor list: for each prefix, every table entry under its
 // global name and shape; then an optional extra [r, c] tensor.
-static int build_layout(StFile *st, const Model *m, int nbufs, const char *const *prefixes,
+static int build_layout(StFile *st, const ParamTable *t, int nbufs, const char *const *prefixes,
                         const char *extra_name, const int64_t *extra_shape, char *err, size_t errlen) {
     char name[PARAM_NAME_MAX + 32];
     for (int b = 0; b < nbufs; b++)
-        for (int i = 0; i < m->table.n; i++) {
-            const ParamEntry *e = &m->table.entries[i];
+        for (int i = 0; i < t->n; i++) {
+            const ParamEntry *e = &t->entries[i];
             snprintf(name, sizeof name, "%s%s", prefixes[b], e->name);
             if (st_add(st, name, ST_F32, e->ndim, e->global_shape, err, errlen) < 0) return -1;
         }
@@ -71,15 +49,15 @@ static int build_layout(StFile *st, const Model *m, int nbufs, const char *const
 
 // Writes this rank's bytes: for prefix b and entry i, the elements of
 // [own_begin, own_end) held in bufs[b][class] starting at element base[b][class].
-static int write_own(const char *path, const StFile *st, const Model *m, int nbufs,
+static int write_own(const char *path, const StFile *st, const ParamTable *t, int nbufs,
                      float *const *const *bufs, const size_t (*base)[N_CLASSES], const size_t (*lim)[N_CLASSES],
                      const CkptLayout *l, char *err, size_t errlen) {
     int fd = open(path, O_WRONLY);
     if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno)); return -1; }
     int idx = 0;
     for (int b = 0; b < nbufs; b++)
-        for (int i = 0; i < m->table.n; i++, idx++) {
-            const ParamEntry *e = &m->table.entries[i];
+        for (int i = 0; i < t->n; i++, idx++) {
+            const ParamEntry *e = &t->entries[i];
             int c = e->cls;
             size_t lo = e->offset, hi = e->offset + e->numel;
             if (l->own_begin[c] > lo) lo = l->own_begin[c];
@@ -97,23 +75,41 @@ static int write_own(const char *path, const StFile *st, const Model *m, int nbu
     return 0;
 }
 
-// Rank 0 creates the file and writes the header (sizing the file).
-static int create_file(const char *path, StFile *st, char *err, size_t errlen) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
-    int rc = st_write_header(fd, path, st, err, errlen);
-    if (close(fd) && !rc) { snprintf(err, errlen, "close %s: %s", path, strerror(errno)); rc = -1; }
-    return rc;
+int ckpt_tensor_lists(StFile *model, StFile *optim, const ModelConfig *cfg, const ParamTable *t, char *err,
+                      size_t errlen) {
+    const char *mpre[1] = {""}, *opre[2] = {"exp_avg.", "exp_avg_sq."};
+    int n_moe = model_moe_layers(cfg);
+    int64_t bshape[2] = {n_moe, cfg->n_experts};
+    if (build_layout(model, t, 1, mpre, NULL, NULL, err, errlen)) return -1;
+    return build_layout(optim, t, 2, opre, n_moe ? "router_bias" : NULL, bshape, err, errlen);
 }
 
-static char *state_json(const Model *m, const AdamW *opt, const TrainState *s) {
+// Creates the file and writes the header (sizing the file).
+static int create_file(const char *path, StFile *st, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) FAIL("cannot create %s: %s", path, strerror(errno));
+    if (st_write_header(fd, path, st, err, errlen)) { close(fd); return -1; }
+    if (fsync(fd)) { errorf(err, errlen, "fsync %s: %s", path, strerror(errno)); close(fd); return -1; }
+    if (close(fd)) FAIL("close %s: %s", path, strerror(errno));
+    return 0;
+}
+
+int ckpt_create_files(const char *dir, StFile *model, StFile *optim, char *err, size_t errlen) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/" CKPT_MODEL_FILE, dir);
+    if (create_file(path, model, err, errlen)) return -1;
+    snprintf(path, sizeof path, "%s/" CKPT_OPTIM_FILE, dir);
+    return create_file(path, optim, err, errlen);
+}
+
+static char *state_json(const ModelConfig *cfg, const TrainState *s, int optimizer_step) {
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "format", json_object_new_string("moecore-checkpoint-1"));
+    json_object_object_add(o, "format", json_object_new_string(CKPT_FORMAT));
     json_object_object_add(o, "step", json_object_new_int64(s->step));
     json_object_object_add(o, "tokens_seen", json_object_new_int64(s->tokens_seen));
     json_object_object_add(o, "data_position", json_object_new_int64(s->data_position));
     json_object_object_add(o, "skipped_steps", json_object_new_int64(s->skipped_steps));
-    json_object_object_add(o, "optimizer_step", json_object_new_int(opt->t));
+    json_object_object_add(o, "optimizer_step", json_object_new_int(optimizer_step));
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
     json_object_object_add(o, "seed", json_object_new_string(seed));
@@ -128,12 +124,44 @@ static char *state_json(const Model *m, const AdamW *opt, const TrainState *s) {
     }
     json_object_object_add(o, "skip_hist_loss", hl);
     json_object_object_add(o, "skip_hist_gnorm", hg);
-    char *mc = model_config_to_json(&m->cfg);
+    char *mc = model_config_to_json(cfg);
     json_object_object_add(o, "model", json_tokener_parse(mc));
     free(mc);
     char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY));
     json_object_put(o);
     return out;
+}
+
+int ckpt_write_state(const char *dir, const ModelConfig *cfg, const TrainState *s, int optimizer_step,
+                     const char *config_yaml, char *err, size_t errlen) {
+    char path[4400];
+    char *js = state_json(cfg, s, optimizer_step);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, dir);
+    int rc = fs_write_text(path, js, err, errlen);
+    free(js);
+    if (!rc && config_yaml) {
+        snprintf(path, sizeof path, "%s/config.yaml", dir);
+        rc = fs_write_text(path, config_yaml, err, errlen);
+    }
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/" CKPT_COMMITTED, dir);
+        rc = fs_write_text(path, "ok\n", err, errlen);
+    }
+    return rc;
+}
+
+json_object *ckpt_state_model(json_object *state, const char *path, char *err, size_t errlen) {
+    json_object *v;
+    if (!json_object_object_get_ex(state, "format", &v) || !json_object_is_type(v, json_type_string) ||
+        strcmp(json_object_get_string(v), CKPT_FORMAT)) {
+        errorf(err, errlen, "%s: not a moecore checkpoint (format)", path);
+        return NULL;
+    }
+    if (!json_object_object_get_ex(state, "model", &v) || !json_object_is_type(v, json_type_object)) {
+        errorf(err, errlen, "%s: no model config", path);
+        return NULL;
+    }
+    return v;
 }
 
 static int step_of(const char *name, int64_t *step) {
@@ -146,7 +174,7 @@ static int step_of(const char *name, int64_t *step) {
 
 static int is_committed(const char *dir, const char *name) {
     char p[4096];
-    snprintf(p, sizeof p, "%s/%s/COMMITTED", dir, name);
+    snprintf(p, sizeof p, "%s/%s/" CKPT_COMMITTED, dir, name);
     return access(p, F_OK) == 0;
 }
 
@@ -170,7 +198,7 @@ static void prune(const char *dir, int keep) {
             snprintf(p, sizeof p, "%s/step-%08lld", dir, (long long)steps[i]);
             // COMMITTED goes first so a half-deleted directory is never taken for a checkpoint
             char c[4200];
-            snprintf(c, sizeof c, "%s/COMMITTED", p);
+            snprintf(c, sizeof c, "%s/" CKPT_COMMITTED, p);
             unlink(c);
             fs_remove_dir(p);
         }
@@ -184,67 +212,64 @@ static int agree(const CkptLayout *l, int rc) {
     return v ? -1 : 0;
 }
 
-int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainState *s,
-              const char *config_yaml, int keep, const CkptLayout *l, char *err, size_t errlen) {
+int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, const AdamW *opt,
+              const TrainState *s, const char *config_yaml, int keep, const CkptLayout *l, char *err,
+              size_t errlen) {
     char final[4096], tmp[4200], path[4400], mpath[4400], opath[4400];
-    char *js = NULL;
     int rank0 = comm_rank(l->world) == 0, rc = 0;
     StFile sm, so;
     st_init(&sm);
     st_init(&so);
     snprintf(final, sizeof final, "%s/step-%08lld", dir, (long long)s->step);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    snprintf(mpath, sizeof mpath, "%s/model.safetensors", tmp);
-    snprintf(opath, sizeof opath, "%s/optim.safetensors", tmp);
+    snprintf(mpath, sizeof mpath, "%s/" CKPT_MODEL_FILE, tmp);
+    snprintf(opath, sizeof opath, "%s/" CKPT_OPTIM_FILE, tmp);
     snprintf(err, errlen, "another rank failed to save the checkpoint");
     int32_t exists = 0;
     if (rank0) {
         rc = fs_mkdirs(dir, 1, err, errlen);
-        snprintf(path, sizeof path, "%s/COMMITTED", final);
+        snprintf(path, sizeof path, "%s/" CKPT_COMMITTED, final);
         exists = access(path, F_OK) == 0;
     }
     if (agree(l, rc)) return -1;
     comm_broadcast(l->world, &exists, 1, COMM_I32, 0);
     if (exists) return 0; // this step is already saved
 
-    const char *mpre[1] = {""}, *opre[2] = {"exp_avg.", "exp_avg_sq."};
-    int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
-    rc = build_layout(&sm, m, 1, mpre, NULL, NULL, err, errlen);
-    if (!rc) rc = build_layout(&so, m, 2, opre, m->n_moe ? "router_bias" : NULL, bshape, err, errlen);
+    int n_moe = model_moe_layers(cfg);
+    int64_t bshape[2] = {n_moe, cfg->n_experts};
+    rc = ckpt_tensor_lists(&sm, &so, cfg, &ps->table, err, errlen);
     if (rank0 && !rc) {
-        if (fs_remove_dir(tmp) && errno != ENOENT) { snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno)); rc = -1; }
-        else if (mkdir(tmp, 0755)) { snprintf(err, errlen, "mkdir %s: %s", tmp, strerror(errno)); rc = -1; }
-        if (!rc) rc = create_file(mpath, &sm, err, errlen);
-        if (!rc) rc = create_file(opath, &so, err, errlen);
+        rc = fs_fresh_dir(tmp, err, errlen);
+        if (!rc) rc = ckpt_create_files(tmp, &sm, &so, err, errlen);
     }
     if (agree(l, rc)) goto fail;
     {
         // device buffers are written from host copies
-        const Ops *ops = m->ops;
-        float *hp[N_CLASSES], *hm[N_CLASSES], *hv[N_CLASSES], *hbias = m->router_bias;
+        const Ops *ops = ps->ops;
+        float *hp[N_CLASSES], *hm[N_CLASSES], *hv[N_CLASSES], *hbias = ps->router_bias;
         for (int c = 0; c < N_CLASSES; c++) {
-            hp[c] = m->params[c]; hm[c] = opt->m[c]; hv[c] = opt->v[c];
+            hp[c] = ps->params[c]; hm[c] = opt->m[c]; hv[c] = opt->v[c];
             if (ops->host_memory) continue;
-            size_t n = m->table.class_numel[c], no = opt->end[c] - opt->begin[c];
+            size_t n = ps->table.class_numel[c], no = opt->end[c] - opt->begin[c];
             hp[c] = mallocCheck(n * 4 + 4); hm[c] = mallocCheck(no * 4 + 4); hv[c] = mallocCheck(no * 4 + 4);
-            ops->to_host(hp[c], m->params[c], n * 4);
+            ops->to_host(hp[c], ps->params[c], n * 4);
             ops->to_host(hm[c], opt->m[c], no * 4);
             ops->to_host(hv[c], opt->v[c], no * 4);
         }
-        if (!ops->host_memory && m->n_moe) {
+        if (!ops->host_memory && n_moe) {
             hbias = mallocCheck((size_t)bshape[0] * bshape[1] * 4);
-            ops->to_host(hbias, m->router_bias, (size_t)bshape[0] * bshape[1] * 4);
+            ops->to_host(hbias, ps->router_bias, (size_t)bshape[0] * bshape[1] * 4);
         }
         float *const *pb[1] = {hp};
         size_t zero[1][N_CLASSES] = {{0}}, full[1][N_CLASSES];
-        for (int c = 0; c < N_CLASSES; c++) full[0][c] = m->table.class_numel[c];
-        rc = write_own(mpath, &sm, m, 1, pb, zero, full, l, err, errlen);
+        for (int c = 0; c < N_CLASSES; c++) full[0][c] = ps->table.class_numel[c];
+        rc = write_own(mpath, &sm, &ps->table, 1, pb, zero, full, l, err, errlen);
         float *const *ob[2] = {hm, hv};
         size_t obase[2][N_CLASSES], olim[2][N_CLASSES];
         for (int b = 0; b < 2; b++)
             for (int c = 0; c < N_CLASSES; c++) { obase[b][c] = opt->begin[c]; olim[b][c] = opt->end[c]; }
-        if (!rc) rc = write_own(opath, &so, m, 2, ob, obase, olim, l, err, errlen);
-        if (!rc && rank0 && m->n_moe) {
+        if (!rc) rc = write_own(opath, &so, &ps->table, 2, ob, obase, olim, l, err, errlen);
+        if (!rc && rank0 && n_moe) {
             int fd = open(opath, O_WRONLY);
             if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", opath, strerror(errno)); rc = -1; }
             else {
@@ -254,38 +279,26 @@ int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainStat
         }
         if (!ops->host_memory) {
             for (int c = 0; c < N_CLASSES; c++) { free(hp[c]); free(hm[c]); free(hv[c]); }
-            if (m->n_moe) free(hbias);
+            if (n_moe) free(hbias);
         }
     }
     if (agree(l, rc)) goto fail;
     if (rank0) {
-        js = state_json(m, opt, s);
-        snprintf(path, sizeof path, "%s/train_state.json", tmp);
-        rc = write_file(path, js, err, errlen);
-        if (!rc && config_yaml) {
-            snprintf(path, sizeof path, "%s/config.yaml", tmp);
-            rc = write_file(path, config_yaml, err, errlen);
-        }
+        rc = ckpt_write_state(tmp, cfg, s, opt->t, config_yaml, err, errlen);
         if (!rc) {
-            snprintf(path, sizeof path, "%s/COMMITTED", tmp);
-            rc = write_file(path, "ok\n", err, errlen);
-        }
-        if (!rc) {
-            fsync_dir(tmp);
+            fs_sync_dir(tmp);
             fs_remove_dir(final); // an uncommitted leftover of the same step
             if (rename(tmp, final)) { snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno)); rc = -1; }
-            else fsync_dir(dir);
+            else fs_sync_dir(dir);
         }
         if (!rc && keep > 0) prune(dir, keep);
     }
     if (agree(l, rc)) goto fail;
-    free(js);
     st_free(&sm);
     st_free(&so);
     return 0;
 fail:
     if (rank0) fs_remove_dir(tmp);
-    free(js);
     st_free(&sm);
     st_free(&so);
     return -1;
@@ -312,11 +325,11 @@ int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, siz
 
 // Reads, for every table entry under prefix, the elements of [lo, hi) of
 // its class buffer that this rank holds into dst[class] + (i - base[class]).
-static int load_tensors(const char *path, const StFile *st, int fd, const Model *m, const char *prefix,
+static int load_tensors(const char *path, const StFile *st, int fd, const ParamTable *t, const char *prefix,
                         float *const *dst, const size_t *base, const size_t *lim, char *err, size_t errlen) {
     char name[PARAM_NAME_MAX + 32];
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamEntry *e = &m->table.entries[i];
+    for (int i = 0; i < t->n; i++) {
+        const ParamEntry *e = &t->entries[i];
         snprintf(name, sizeof name, "%s%s", prefix, e->name);
         int idx = st_expect(st, path, name, ST_F32, e->ndim, e->global_shape, err, errlen);
         if (idx < 0) return -1;
@@ -359,78 +372,77 @@ static int check_model_config(const char *path, json_object *saved, const ModelC
     return rc;
 }
 
-int ckpt_load(const char *dir, Model *m, AdamW *opt, TrainState *s, char *err, size_t errlen) {
+int ckpt_load(const char *dir, const ModelConfig *cfg, ParamStore *ps, AdamW *opt, TrainState *s, char *err,
+              size_t errlen) {
     char path[4400];
     json_object *js = NULL;
     StFile sm, so;
     st_init(&sm);
     st_init(&so);
     int fdm = -1, fdo = -1, rc = -1;
-    size_t dn = m->table.class_numel[CLASS_DENSE], en = m->table.class_numel[CLASS_EXPERT];
+    size_t dn = ps->table.class_numel[CLASS_DENSE], en = ps->table.class_numel[CLASS_EXPERT];
+    int n_moe = model_moe_layers(cfg);
     // stage into fresh buffers so that a failure leaves the model untouched
     size_t od = opt->end[CLASS_DENSE] - opt->begin[CLASS_DENSE], oe = opt->end[CLASS_EXPERT] - opt->begin[CLASS_EXPERT];
     float *p[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
     float *mm[N_CLASSES] = {mallocCheck(od * 4), mallocCheck(oe * 4)};
     float *vv[N_CLASSES] = {mallocCheck(od * 4), mallocCheck(oe * 4)};
     size_t zero[N_CLASSES] = {0, 0}, full[N_CLASSES] = {dn, en};
-    float *bias = mallocCheck((size_t)m->n_moe * m->cfg.n_experts * 4 + 4);
+    float *bias = mallocCheck((size_t)n_moe * cfg->n_experts * 4 + 4);
     TrainState ns;
     memset(&ns, 0, sizeof ns);
 
-    snprintf(path, sizeof path, "%s/train_state.json", dir);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, dir);
     js = json_object_from_file(path);
-    if (!js || !json_object_is_type(js, json_type_object)) FAIL("%s: missing or not a JSON object", path);
-    json_object *v;
+    if (!js || !json_object_is_type(js, json_type_object)) FAIL_GOTO("%s: missing or not a JSON object", path);
+    json_object *v = ckpt_state_model(js, path, err, errlen);
+    if (!v || check_model_config(path, v, cfg, err, errlen)) goto fail;
 #define GET(key, type) (json_object_object_get_ex(js, key, &v) && json_object_is_type(v, type))
-    if (!GET("format", json_type_string) || strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
-        FAIL("%s: not a moecore checkpoint (format)", path);
-    if (!GET("model", json_type_object)) FAIL("%s: no model config", path);
-    if (check_model_config(path, v, &m->cfg, err, errlen)) goto fail;
-    if (!GET("step", json_type_int)) FAIL("%s: missing step", path);
+    if (!GET("step", json_type_int)) FAIL_GOTO("%s: missing step", path);
     ns.step = json_object_get_int64(v);
-    if (!GET("tokens_seen", json_type_int)) FAIL("%s: missing tokens_seen", path);
+    if (!GET("tokens_seen", json_type_int)) FAIL_GOTO("%s: missing tokens_seen", path);
     ns.tokens_seen = json_object_get_int64(v);
-    if (!GET("data_position", json_type_int)) FAIL("%s: missing data_position", path);
+    if (!GET("data_position", json_type_int)) FAIL_GOTO("%s: missing data_position", path);
     ns.data_position = json_object_get_int64(v);
-    if (!GET("skipped_steps", json_type_int)) FAIL("%s: missing skipped_steps", path);
+    if (!GET("skipped_steps", json_type_int)) FAIL_GOTO("%s: missing skipped_steps", path);
     ns.skipped_steps = json_object_get_int64(v);
-    if (!GET("optimizer_step", json_type_int)) FAIL("%s: missing optimizer_step", path);
+    if (!GET("optimizer_step", json_type_int)) FAIL_GOTO("%s: missing optimizer_step", path);
     int adam_t = json_object_get_int(v);
-    if (!GET("seed", json_type_string)) FAIL("%s: missing seed", path);
+    if (!GET("seed", json_type_string)) FAIL_GOTO("%s: missing seed", path);
     ns.seed = strtoull(json_object_get_string(v), NULL, 10);
     json_object *hg;
     if (!GET("skip_hist_loss", json_type_array) ||
         !json_object_object_get_ex(js, "skip_hist_gnorm", &hg) || !json_object_is_type(hg, json_type_array) ||
         json_object_array_length(v) != json_object_array_length(hg) || json_object_array_length(v) > SKIP_WINDOW_MAX)
-        FAIL("%s: bad skip-step history", path);
+        FAIL_GOTO("%s: bad skip-step history", path);
     ns.hist_n = (int)json_object_array_length(v);
     for (int i = 0; i < ns.hist_n; i++) {
         ns.hist_loss[i] = strtod(json_object_get_string(json_object_array_get_idx(v, i)), NULL);
         ns.hist_gnorm[i] = strtod(json_object_get_string(json_object_array_get_idx(hg, i)), NULL);
     }
-    if (ns.step < 0 || ns.data_position < 0 || adam_t < 0) FAIL("%s: negative counters", path);
+    if (ns.step < 0 || ns.data_position < 0 || adam_t < 0) FAIL_GOTO("%s: negative counters", path);
 
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(path, sizeof path, "%s/" CKPT_MODEL_FILE, dir);
     if (st_open(path, &fdm, &sm, err, errlen)) goto fail;
-    if (load_tensors(path, &sm, fdm, m, "", p, zero, full, err, errlen)) goto fail;
-    snprintf(path, sizeof path, "%s/optim.safetensors", dir);
+    if (load_tensors(path, &sm, fdm, &ps->table, "", p, zero, full, err, errlen)) goto fail;
+    snprintf(path, sizeof path, "%s/" CKPT_OPTIM_FILE, dir);
     if (st_open(path, &fdo, &so, err, errlen)) goto fail;
-    if (load_tensors(path, &so, fdo, m, "exp_avg.", mm, opt->begin, opt->end, err, errlen)) goto fail;
-    if (load_tensors(path, &so, fdo, m, "exp_avg_sq.", vv, opt->begin, opt->end, err, errlen)) goto fail;
-    if (m->n_moe) {
-        int64_t bshape[2] = {m->n_moe, m->cfg.n_experts};
+    if (load_tensors(path, &so, fdo, &ps->table, "exp_avg.", mm, opt->begin, opt->end, err, errlen)) goto fail;
+    if (load_tensors(path, &so, fdo, &ps->table, "exp_avg_sq.", vv, opt->begin, opt->end, err, errlen)) goto fail;
+    if (n_moe) {
+        int64_t bshape[2] = {n_moe, cfg->n_experts};
         int idx = st_expect(&so, path, "router_bias", ST_F32, 2, bshape, err, errlen);
         if (idx < 0 || st_read_range(fdo, path, &so, idx, 0, bias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen))
             goto fail;
     }
     // commit
     for (int c = 0; c < N_CLASSES; c++) {
-        m->ops->to_device(m->params[c], p[c], m->table.class_numel[c] * 4);
-        m->ops->to_device(opt->m[c], mm[c], (opt->end[c] - opt->begin[c]) * 4);
-        m->ops->to_device(opt->v[c], vv[c], (opt->end[c] - opt->begin[c]) * 4);
+        ps->ops->to_device(ps->params[c], p[c], ps->table.class_numel[c] * 4);
+        ps->ops->to_device(opt->m[c], mm[c], (opt->end[c] - opt->begin[c]) * 4);
+        ps->ops->to_device(opt->v[c], vv[c], (opt->end[c] - opt->begin[c]) * 4);
     }
-    if (m->n_moe) m->ops->to_device(m->router_bias, bias, (size_t)m->n_moe * m->cfg.n_experts * 4);
-    model_sync_weights(m);
+    if (n_moe) ps->ops->to_device(ps->router_bias, bias, (size_t)n_moe * cfg->n_experts * 4);
+    param_store_sync_weights(ps);
     opt->t = adam_t;
     *s = ns;
     rc = 0;

@@ -16,11 +16,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt/safetensors.h"
+#include "config/model_config.h"
 #include "dist/comm.h"
-#include "model/model.h"
 #include "optim/adamw.h"
+#include "params/store.h"
 
 #define SKIP_WINDOW_MAX 1024
+
+// The files of a checkpoint directory.
+#define CKPT_MODEL_FILE "model.safetensors"
+#define CKPT_OPTIM_FILE "optim.safetensors"
+#define CKPT_STATE_FILE "train_state.json"
+#define CKPT_COMMITTED "COMMITTED"
 
 typedef struct {
     int64_t step;           // optimizer steps completed
@@ -43,19 +51,42 @@ typedef struct {
 } CkptLayout;
 
 // A one-rank layout that owns everything.
-void ckpt_layout_single(CkptLayout *l, const Model *m);
+void ckpt_layout_single(CkptLayout *l, const ParamStore *ps);
 
-// Saves step state.step into dir/step-%08lld. keep > 0 deletes all but the
-// newest keep committed checkpoints afterwards. config_yaml is stored beside
-// the state for reference (may be NULL).
-int ckpt_save(const char *dir, const Model *m, const AdamW *opt, const TrainState *st,
-              const char *config_yaml, int keep, const CkptLayout *layout, char *err, size_t errlen);
+// Saves step state.step of a model of config cfg (its store ps and optimizer
+// opt) into dir/step-%08lld. keep > 0 deletes all but the newest keep
+// committed checkpoints afterwards. config_yaml is stored beside the state
+// for reference (may be NULL).
+int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, const AdamW *opt,
+              const TrainState *st, const char *config_yaml, int keep, const CkptLayout *layout, char *err,
+              size_t errlen);
 // Finds the committed checkpoint with the highest step. Returns 1 and fills
 // path when found, 0 when there is none, -1 on error.
 int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
-// Loads a checkpoint into an initialised model and optimizer with the same
-// architecture; a mismatch (config, names, shapes, dtypes) is an error naming
-// the field or tensor, and nothing is modified in that case. Each rank reads
-// the global-tensor ranges of what it holds (its experts, its optimizer
-// range), so the checkpoint may come from any layout.
-int ckpt_load(const char *path, Model *m, AdamW *opt, TrainState *st, char *err, size_t errlen);
+// Loads a checkpoint into the store ps and optimizer of an initialised model
+// of config cfg with the same architecture; a mismatch (config, names,
+// shapes, dtypes) is an error naming the field or tensor, and nothing is
+// modified in that case. Each rank reads the global-tensor ranges of what it
+// holds (its experts, its optimizer range), so the checkpoint may come from
+// any layout.
+int ckpt_load(const char *path, const ModelConfig *cfg, ParamStore *ps, AdamW *opt, TrainState *st, char *err,
+              size_t errlen);
+
+// The format's parts that ckpt_save is made of, for import-hf, which streams
+// tensors into a new checkpoint rather than saving a model in memory.
+//
+// The tensor lists (finalized) of model.safetensors and optim.safetensors for
+// a model of config cfg whose table is t, in global shapes.
+int ckpt_tensor_lists(StFile *model, StFile *optim, const ModelConfig *cfg, const ParamTable *t, char *err,
+                      size_t errlen);
+// Creates dir/model.safetensors and dir/optim.safetensors with those headers,
+// durably; every tensor reads as zeros until written.
+int ckpt_create_files(const char *dir, StFile *model, StFile *optim, char *err, size_t errlen);
+// Completes the checkpoint in dir: train_state.json (the counters of s, the
+// optimizer step, the model config), config.yaml when config_yaml is not NULL,
+// and last COMMITTED.
+int ckpt_write_state(const char *dir, const ModelConfig *cfg, const TrainState *s, int optimizer_step,
+                     const char *config_yaml, char *err, size_t errlen);
+// The model config object of state, a parsed train_state.json read from
+// path, after checking that it is in this format; NULL with a message if not.
+struct json_object *ckpt_state_model(struct json_object *state, const char *path, char *err, size_t errlen);

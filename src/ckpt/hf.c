@@ -15,11 +15,10 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
-#include "model/model.h"
+#include "params/layout.h"
 #include "util/check.h"
 #include "util/fs.h"
 
-#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
 #define PATH_LEN 4096
 
 // ---- number formats -------------------------------------------------------------
@@ -108,25 +107,6 @@ static json_object *parse_json(const char *text, const char *path, char *err, si
     return o;
 }
 
-static int write_text(const char *path, const char *text, char *err, size_t errlen) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { snprintf(err, errlen, "write %s: %s", path, strerror(errno)); close(fd); return -1; }
-        off += (size_t)w;
-    }
-    if (fsync(fd) || close(fd)) { snprintf(err, errlen, "fsync/close %s: %s", path, strerror(errno)); return -1; }
-    return 0;
-}
-
-static void fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) { fsync(fd); close(fd); }
-}
-
 static int exists(const char *path) {
     struct stat st;
     return lstat(path, &st) == 0;
@@ -160,18 +140,13 @@ static int begin_dir(const char *final, char *tmp, size_t tmplen, char *err, siz
     snprintf(tmp, tmplen, "%s.tmp", final);
     if (fs_mkdirs(tmp, 0, err, errlen)) return -1;
     if (replaceable(tmp, err, errlen)) return -1;
-    if (fs_remove_dir(tmp) && errno != ENOENT) {
-        snprintf(err, errlen, "cannot remove stale %s: %s", tmp, strerror(errno));
-        return -1;
-    }
-    if (mkdir(tmp, 0755)) { snprintf(err, errlen, "mkdir %s: %s", tmp, strerror(errno)); return -1; }
-    return 0;
+    return fs_fresh_dir(tmp, err, errlen);
 }
 
 // Renames the completed tmp over final; an existing final (checked replaceable) is removed.
 static int commit_dir(const char *tmp, const char *final, char *err, size_t errlen) {
     char old[PATH_LEN + 8], parent[PATH_LEN];
-    fsync_dir(tmp);
+    fs_sync_dir(tmp);
     if (exists(final)) {
         snprintf(old, sizeof old, "%s.old", final);
         fs_remove_dir(old);
@@ -188,7 +163,7 @@ static int commit_dir(const char *tmp, const char *final, char *err, size_t errl
     }
     snprintf(parent, sizeof parent, "%s", final);
     char *slash = strrchr(parent, '/');
-    if (slash) { *slash = 0; fsync_dir(slash == parent ? "/" : parent); } else fsync_dir(".");
+    if (slash) { *slash = 0; fs_sync_dir(slash == parent ? "/" : parent); } else fs_sync_dir(".");
     return 0;
 }
 
@@ -210,33 +185,33 @@ static const char *qk_name(int q) { return q == QKNORM_NONE ? "none" : q == QKNO
 
 int hf_check_config(const ModelConfig *c, HfFormat *f, char *err, size_t errlen) {
     if (c->norm == NORM_PERI)
-        FAIL("model.norm = peri has no transformers equivalent (olmoe is model.norm = pre, flex_olmo is post)");
+        FAIL_GOTO("model.norm = peri has no transformers equivalent (olmoe is model.norm = pre, flex_olmo is post)");
     HfFormat want = c->norm == NORM_PRE ? HF_OLMOE : HF_FLEX_OLMO;
     if (*f == HF_AUTO) *f = want;
     if (*f != want)
-        FAIL("model.norm = %s cannot be written as %s, which is model.norm = %s", norm_name(c->norm),
+        FAIL_GOTO("model.norm = %s cannot be written as %s, which is model.norm = %s", norm_name(c->norm),
              hf_format_name(*f), *f == HF_OLMOE ? "pre" : "post");
     const char *fn = hf_format_name(*f);
     if (c->qk_norm != QKNORM_FULL)
-        FAIL("model.qk_norm = %s: %s normalises q and k over their full width (model.qk_norm = full)",
+        FAIL_GOTO("model.qk_norm = %s: %s normalises q and k over their full width (model.qk_norm = full)",
              qk_name(c->qk_norm), fn);
-    if (c->n_experts == 0) FAIL("model.n_experts = 0: %s has an MoE feed-forward in every layer", fn);
+    if (c->n_experts == 0) FAIL_GOTO("model.n_experts = 0: %s has an MoE feed-forward in every layer", fn);
     if (c->dense_layers > 0)
-        FAIL("model.dense_layers = %d: %s has an MoE feed-forward in every layer (model.dense_layers = 0)",
+        FAIL_GOTO("model.dense_layers = %d: %s has an MoE feed-forward in every layer (model.dense_layers = 0)",
              c->dense_layers, fn);
-    if (c->n_shared > 0) FAIL("model.n_shared = %d: %s has no shared experts", c->n_shared, fn);
-    if (c->gating != GATING_SOFTMAX) FAIL("model.gating = sigmoid: %s gates with a softmax", fn);
+    if (c->n_shared > 0) FAIL_GOTO("model.n_shared = %d: %s has no shared experts", c->n_shared, fn);
+    if (c->gating != GATING_SOFTMAX) FAIL_GOTO("model.gating = sigmoid: %s gates with a softmax", fn);
     if (c->routing != ROUTING_LEARNED)
-        FAIL("model.routing = %s: %s routes with the learned router (model.routing = learned)",
+        FAIL_GOTO("model.routing = %s: %s routes with the learned router (model.routing = learned)",
              c->routing == ROUTING_RANDOM ? "random" : "uniform", fn);
     if (c->capacity_factor > 0)
-        FAIL("model.capacity_factor = %g: %s computes every routed token (model.capacity_factor = 0, dropless)",
+        FAIL_GOTO("model.capacity_factor = %g: %s computes every routed token (model.capacity_factor = 0, dropless)",
              c->capacity_factor, fn);
     if (c->aux_free_rate > 0)
-        FAIL("model.aux_free_rate = %g: the aux-loss-free router bias changes which experts are chosen, "
+        FAIL_GOTO("model.aux_free_rate = %g: the aux-loss-free router bias changes which experts are chosen, "
              "and %s has no router bias", c->aux_free_rate, fn);
     if (*f == HF_OLMOE && c->head_dim * c->n_heads != c->d_model)
-        FAIL("model.head_dim = %d: olmoe derives head_dim = hidden_size / num_attention_heads = %d "
+        FAIL_GOTO("model.head_dim = %d: olmoe derives head_dim = hidden_size / num_attention_heads = %d "
              "(flex_olmo, model.norm = post, takes any head_dim)", c->head_dim, c->d_model / c->n_heads);
     return 0;
 fail:
@@ -358,17 +333,17 @@ int hf_config_parse(const char *json, const char *path, ModelConfig *c, HfFormat
     json_object *o = parse_json(json, path, err, errlen), *v;
     if (!o) return -1;
     if (!json_object_object_get_ex(o, "model_type", &v) || !json_object_is_type(v, json_type_string))
-        FAIL("%s: missing model_type", path);
+        FAIL_GOTO("%s: missing model_type", path);
     const char *mt = json_object_get_string(v);
     if (!strcmp(mt, "olmoe")) *f = HF_OLMOE;
     else if (!strcmp(mt, "flex_olmo")) *f = HF_FLEX_OLMO;
-    else FAIL("%s: model_type %s is not supported (olmoe, flex_olmo)", path, mt);
+    else FAIL_GOTO("%s: model_type %s is not supported (olmoe, flex_olmo)", path, mt);
     int nested = json_object_object_get_ex(o, "moecore_model_config", &v) && v;
     if (nested) {
-        if (!json_object_is_type(v, json_type_object)) FAIL("%s: moecore_model_config: not a JSON object", path);
+        if (!json_object_is_type(v, json_type_object)) FAIL_GOTO("%s: moecore_model_config: not a JSON object", path);
         char e2[512];
         if (model_config_from_json(c, json_object_to_json_string(v), e2, sizeof e2))
-            FAIL("%s: moecore_model_config: %s", path, e2);
+            FAIL_GOTO("%s: moecore_model_config: %s", path, e2);
     } else {
         model_config_defaults(c);
     }
@@ -386,7 +361,7 @@ int hf_config_parse(const char *json, const char *path, ModelConfig *c, HfFormat
         get_int(o, "max_position_embeddings", 0, 4096, &maxpos, path, err, errlen))
         goto fail;
     if (*f == HF_OLMOE && (D % H || hd != D / H))
-        FAIL("%s: head_dim = %d: olmoe uses hidden_size / num_attention_heads (%d / %d)", path, hd, D, H);
+        FAIL_GOTO("%s: head_dim = %d: olmoe uses hidden_size / num_attention_heads (%d / %d)", path, hd, D, H);
     float theta, eps, std = c->init_std, aux = c->lb_coef;
     if (get_float(o, "rope_theta", *f == HF_OLMOE ? 10000.0f : 500000.0f, &theta, path, err, errlen)) goto fail;
     json_object *rp;
@@ -433,7 +408,7 @@ int hf_config_parse(const char *json, const char *path, ModelConfig *c, HfFormat
                         ? nested_vocab : *hf_vocab;
     if (!nested) c->seq_len = maxpos < 4096 ? maxpos : 4096;
     char e2[512];
-    if (model_config_validate(c, e2, sizeof e2)) FAIL("%s: %s", path, e2);
+    if (model_config_validate(c, e2, sizeof e2)) FAIL_GOTO("%s: %s", path, e2);
     json_object_put(o);
     return 0;
 fail:
@@ -510,10 +485,6 @@ int hf_tensor_map(const ParamTable *t, HfFormat f, int hf_vocab, int tied,
     return 0;
 }
 
-int hf_param_table(const ModelConfig *c, ParamTable *t, char *err, size_t errlen) {
-    return model_param_table(c, t, err, errlen);
-}
-
 // ---- export ----------------------------------------------------------------------------------
 
 void hf_export_defaults(HfExportOptions *o) {
@@ -531,21 +502,18 @@ void hf_import_defaults(HfImportOptions *o) {
 // Reads a checkpoint's model config and step from its train_state.json.
 static int read_ckpt_config(const char *dir, ModelConfig *c, long long *step, char *err, size_t errlen) {
     char path[PATH_LEN + 32];
-    snprintf(path, sizeof path, "%s/train_state.json", dir);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, dir);
     char *text = read_text(path, 64u << 20, err, errlen);
     if (!text) return -1;
     json_object *o = parse_json(text, path, err, errlen), *v;
     free(text);
     if (!o) return -1;
     int rc = -1;
-    if (!json_object_object_get_ex(o, "format", &v) || !json_object_is_type(v, json_type_string) ||
-        strcmp(json_object_get_string(v), "moecore-checkpoint-1"))
-        FAIL("%s: not a moecore checkpoint (format)", path);
+    json_object *mj = ckpt_state_model(o, path, err, errlen);
+    if (!mj) goto fail;
     *step = json_object_object_get_ex(o, "step", &v) ? json_object_get_int64(v) : 0;
-    if (!json_object_object_get_ex(o, "model", &v) || !json_object_is_type(v, json_type_object))
-        FAIL("%s: no model config", path);
     char e2[512];
-    if (model_config_from_json(c, json_object_to_json_string(v), e2, sizeof e2)) FAIL("%s: model: %s", path, e2);
+    if (model_config_from_json(c, json_object_to_json_string(mj), e2, sizeof e2)) FAIL_GOTO("%s: model: %s", path, e2);
     rc = 0;
 fail:
     json_object_put(o);
@@ -555,7 +523,7 @@ fail:
 // A committed checkpoint directory: dir itself, or the newest step-N in it.
 static int resolve_ckpt(const char *dir, char *out, size_t outlen, char *err, size_t errlen) {
     char p[PATH_LEN + 32];
-    snprintf(p, sizeof p, "%s/train_state.json", dir);
+    snprintf(p, sizeof p, "%s/" CKPT_STATE_FILE, dir);
     if (!exists(p)) {
         int found = ckpt_find_latest(dir, out, outlen, err, errlen);
         if (found < 0) return -1;
@@ -565,7 +533,7 @@ static int resolve_ckpt(const char *dir, char *out, size_t outlen, char *err, si
         }
         return 0;
     }
-    snprintf(p, sizeof p, "%s/COMMITTED", dir);
+    snprintf(p, sizeof p, "%s/" CKPT_COMMITTED, dir);
     if (!exists(p)) {
         snprintf(err, errlen, "%s: no COMMITTED marker (a checkpoint that was not completely written)", dir);
         return -1;
@@ -624,22 +592,22 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
     long long step = 0;
     HfFormat f = o->format;
 
-    if (o->dtype != ST_F32 && o->dtype != ST_BF16) FAIL("export dtype must be F32 or BF16");
+    if (o->dtype != ST_F32 && o->dtype != ST_BF16) FAIL_GOTO("export dtype must be F32 or BF16");
     clean_path(out, sizeof out, out_arg);
     if (resolve_ckpt(ckpt_arg, ckpt, sizeof ckpt, err, errlen)) goto fail;
     if (read_ckpt_config(ckpt, &c, &step, err, errlen)) goto fail;
     if (hf_check_config(&c, &f, err, errlen)) goto fail;
-    if (hf_param_table(&c, &t, err, errlen)) goto fail;
+    if (param_table_for_config(&c, &t, err, errlen)) goto fail;
     if (hf_tensor_map(&t, f, c.padded_vocab, 0, &map, &nmap, err, errlen)) goto fail;
-    snprintf(src_path, sizeof src_path, "%s/model.safetensors", ckpt);
+    snprintf(src_path, sizeof src_path, "%s/" CKPT_MODEL_FILE, ckpt);
     if (st_open(src_path, &fd_src, &src, err, errlen)) goto fail;
     for (int i = 0; i < t.n; i++) {
         const ParamEntry *e = &t.entries[i];
         if (st_expect(&src, src_path, e->name, ST_F32, e->ndim, e->shape, err, errlen) < 0) goto fail;
     }
-    if (exists(out) && !o->force) FAIL("%s exists (add --force to replace it)", out);
-    snprintf(path, sizeof path, "%s/train_state.json", out);
-    if (exists(path)) FAIL("%s holds a moecore checkpoint; not replacing it with an export", out);
+    if (exists(out) && !o->force) FAIL_GOTO("%s exists (add --force to replace it)", out);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, out);
+    if (exists(path)) FAIL_GOTO("%s holds a moecore checkpoint; not replacing it with an export", out);
     if (replaceable(out, err, errlen)) goto fail;
 
     // shards: greedy in map order, a new one when the next tensor would pass the limit
@@ -679,7 +647,7 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
             last++;
         }
         fd = open(spath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) FAIL("cannot create %s: %s", spath, strerror(errno));
+        if (fd < 0) FAIL_GOTO("cannot create %s: %s", spath, strerror(errno));
         if (st_write_header(fd, spath, &dst, err, errlen)) goto fail;
         StRef dref = {fd, spath, &dst};
         for (int i = first; i < last; i++) {
@@ -694,13 +662,13 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
     if (nshards > 1) {
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
         char *js = strdup(json_object_to_json_string_ext(index, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED));
-        int wrc = write_text(path, js, err, errlen);
+        int wrc = fs_write_text(path, js, err, errlen);
         free(js);
         if (wrc) goto fail;
     }
     cfg_text = hf_config_json(&c, f, o->dtype);
     snprintf(path, sizeof path, "%s/config.json", tmp);
-    if (write_text(path, cfg_text, err, errlen)) goto fail;
+    if (fs_write_text(path, cfg_text, err, errlen)) goto fail;
     if (commit_dir(tmp, out, err, errlen)) goto fail;
     tmp_made = 0;
     if (!o->quiet)
@@ -788,14 +756,14 @@ static int source_open(HfSource *s, const char *dir, char *err, size_t errlen) {
     if (!o) return -1;
     int rc = -1;
     if (!json_object_object_get_ex(o, "weight_map", &wm) || !json_object_is_type(wm, json_type_object))
-        FAIL("%s: no weight_map object", s->index_path);
-    if (json_object_object_length(wm) == 0) FAIL("%s: weight_map is empty", s->index_path);
+        FAIL_GOTO("%s: no weight_map object", s->index_path);
+    if (json_object_object_length(wm) == 0) FAIL_GOTO("%s: weight_map is empty", s->index_path);
     json_object_object_foreach(wm, key, val) {
         if (!json_object_is_type(val, json_type_string))
-            FAIL("%s: weight_map[%s]: expected a file name, got %s", s->index_path, key, json_object_to_json_string(val));
+            FAIL_GOTO("%s: weight_map[%s]: expected a file name, got %s", s->index_path, key, json_object_to_json_string(val));
         const char *file = json_object_get_string(val);
         if (!*file || strchr(file, '/') || !strcmp(file, ".") || !strcmp(file, ".."))
-            FAIL("%s: weight_map[%s] = \"%s\": expected a file name in the same directory", s->index_path, key, file);
+            FAIL_GOTO("%s: weight_map[%s] = \"%s\": expected a file name in the same directory", s->index_path, key, file);
         int known = 0;
         for (int i = 0; i < s->n && !known; i++) known = !strcmp(s->names[i], file);
         if (!known && source_add(s, dir, file, err, errlen)) goto fail;
@@ -839,45 +807,6 @@ static const char *shape_text(char *buf, size_t n, int ndim, const int64_t *shap
     return buf;
 }
 
-static char *state_json(const ModelConfig *c, uint64_t seed) {
-    json_object *o = json_object_new_object();
-    json_object_object_add(o, "format", json_object_new_string("moecore-checkpoint-1"));
-    json_object_object_add(o, "step", json_object_new_int64(0));
-    json_object_object_add(o, "tokens_seen", json_object_new_int64(0));
-    json_object_object_add(o, "data_position", json_object_new_int64(0));
-    json_object_object_add(o, "skipped_steps", json_object_new_int64(0));
-    json_object_object_add(o, "optimizer_step", json_object_new_int(0));
-    char s[32];
-    snprintf(s, sizeof s, "%llu", (unsigned long long)seed);
-    json_object_object_add(o, "seed", json_object_new_string(s));
-    json_object_object_add(o, "skip_hist_loss", json_object_new_array());
-    json_object_object_add(o, "skip_hist_gnorm", json_object_new_array());
-    char *mc = model_config_to_json(c);
-    json_object_object_add(o, "model", json_tokener_parse(mc));
-    free(mc);
-    char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY));
-    json_object_put(o);
-    return out;
-}
-
-// Writes a safetensors file of the table's tensors under each prefix (+ an
-// optional [rows, cols] extra tensor), header only: ftruncate leaves the
-// data zero. Returns the open fd (caller closes) or -1.
-static int create_table_file(const char *path, const ParamTable *t, int nprefix, const char *const *prefixes,
-                             const char *extra, const int64_t *extra_shape, StFile *st, char *err, size_t errlen) {
-    char name[PARAM_NAME_MAX + 32];
-    for (int p = 0; p < nprefix; p++)
-        for (int i = 0; i < t->n; i++) {
-            snprintf(name, sizeof name, "%s%s", prefixes[p], t->entries[i].name);
-            if (st_add(st, name, ST_F32, t->entries[i].ndim, t->entries[i].shape, err, errlen) < 0) return -1;
-        }
-    if (extra && st_add(st, extra, ST_F32, 2, extra_shape, err, errlen) < 0) return -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); return -1; }
-    if (st_write_header(fd, path, st, err, errlen)) { close(fd); return -1; }
-    return fd;
-}
-
 static int is_step_dir(const char *path) {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
@@ -906,16 +835,16 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
 
     clean_path(ckpt, sizeof ckpt, ckpt_arg);
     if (!is_step_dir(ckpt))
-        FAIL("%s: a checkpoint directory is named step-NNNNNNNN (train --resume looks for those); "
+        FAIL_GOTO("%s: a checkpoint directory is named step-NNNNNNNN (train --resume looks for those); "
              "use e.g. %s/step-00000000", ckpt, ckpt);
-    if (exists(ckpt) && !o->force) FAIL("%s exists (add --force to replace it)", ckpt);
+    if (exists(ckpt) && !o->force) FAIL_GOTO("%s exists (add --force to replace it)", ckpt);
     snprintf(path, sizeof path, "%s/config.json", ckpt);
-    if (exists(path)) FAIL("%s holds a Hugging Face model (config.json); not replacing it with a checkpoint", ckpt);
+    if (exists(path)) FAIL_GOTO("%s holds a Hugging Face model (config.json); not replacing it with a checkpoint", ckpt);
     if (replaceable(ckpt, err, errlen)) goto fail;
     snprintf(path, sizeof path, "%s/config.json", hf_dir);
     if (!(text = read_text(path, 64u << 20, err, errlen))) goto fail;
     if (hf_config_parse(text, path, &c, &f, &hf_vocab, &tied, err, errlen)) goto fail;
-    if (hf_param_table(&c, &t, err, errlen)) goto fail;
+    if (param_table_for_config(&c, &t, err, errlen)) goto fail;
     if (hf_tensor_map(&t, f, hf_vocab, tied, &map, &nmap, err, errlen)) goto fail;
     if (source_open(&src, hf_dir, err, errlen)) goto fail;
 
@@ -955,10 +884,12 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
 
     if (begin_dir(ckpt, tmp, sizeof tmp, err, errlen)) goto fail;
     tmp_made = 1;
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    const char *none[1] = {""};
-    fd = create_table_file(path, &t, 1, none, NULL, NULL, &dst, err, errlen);
-    if (fd < 0) goto fail;
+    // the optimizer moments and the router bias stay zero, as a fresh run starts
+    if (ckpt_tensor_lists(&dst, &opt, &c, &t, err, errlen) || ckpt_create_files(tmp, &dst, &opt, err, errlen))
+        goto fail;
+    snprintf(path, sizeof path, "%s/" CKPT_MODEL_FILE, tmp);
+    fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) FAIL_GOTO("cannot open %s: %s", path, strerror(errno));
     StRef dref = {fd, path, &dst};
     for (int i = 0; i < nmap; i++) {
         int k = file_of[i];
@@ -970,38 +901,20 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
     fd = -1;
     if (close_synced(cfd, path, err, errlen)) goto fail;
 
-    // zero optimizer moments and router bias, as a fresh run starts
-    snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
-    const char *moments[2] = {"exp_avg.", "exp_avg_sq."};
-    int n_moe = c.n_layers - c.dense_layers;
-    int64_t bshape[2] = {n_moe, c.n_experts};
-    fd = create_table_file(path, &t, 2, moments, n_moe ? "router_bias" : NULL, bshape, &opt, err, errlen);
-    if (fd < 0) goto fail;
-    cfd = fd;
-    fd = -1;
-    if (close_synced(cfd, path, err, errlen)) goto fail;
-
-    char *js = state_json(&c, o->seed);
-    snprintf(path, sizeof path, "%s/train_state.json", tmp);
-    int wrc = write_text(path, js, err, errlen);
-    free(js);
+    char *yaml = NULL;
+    size_t ylen = 0;
+    FILE *mf = open_memstream(&yaml, &ylen);
+    fprintf(mf, "# written by moecore import-hf from %s: the model section a training config resuming\n"
+                "# from this checkpoint must have (lb_coef, z_coef, lb_global, aux_free_rate, routing,\n"
+                "# seq_len and init_std may differ)\n", hf_dir);
+    model_config_write_yaml(&c, mf);
+    fclose(mf);
+    TrainState st0;
+    memset(&st0, 0, sizeof st0);
+    st0.seed = o->seed;
+    int wrc = ckpt_write_state(tmp, &c, &st0, 0, yaml, err, errlen);
+    free(yaml);
     if (wrc) goto fail;
-    snprintf(path, sizeof path, "%s/config.yaml", tmp);
-    {
-        char *yaml = NULL;
-        size_t ylen = 0;
-        FILE *mf = open_memstream(&yaml, &ylen);
-        fprintf(mf, "# written by moecore import-hf from %s: the model section a training config resuming\n"
-                    "# from this checkpoint must have (lb_coef, z_coef, lb_global, aux_free_rate, routing,\n"
-                    "# seq_len and init_std may differ)\n", hf_dir);
-        model_config_write_yaml(&c, mf);
-        fclose(mf);
-        wrc = write_text(path, yaml, err, errlen);
-        free(yaml);
-        if (wrc) goto fail;
-    }
-    snprintf(path, sizeof path, "%s/COMMITTED", tmp);
-    if (write_text(path, "ok\n", err, errlen)) goto fail;
     if (commit_dir(tmp, ckpt, err, errlen)) goto fail;
     tmp_made = 0;
     if (cfg_out) *cfg_out = c;

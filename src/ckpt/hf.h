@@ -26,8 +26,8 @@
 #include <stdint.h>
 
 #include "ckpt/safetensors.h"
-#include "model/model_config.h"
-#include "model/params.h"
+#include "config/model_config.h"
+#include "params/params.h"
 
 typedef enum { HF_AUTO = 0, HF_OLMOE = 1, HF_FLEX_OLMO = 2 } HfFormat;
 
@@ -78,9 +78,6 @@ typedef struct {
 // malloc'd. -1 with a message for a table entry with no HF name.
 int hf_tensor_map(const ParamTable *t, HfFormat f, int hf_vocab, int tied,
                   HfTensor **out, int *n, char *err, size_t errlen);
-
-// The parameter table of a config, without keeping any parameter memory.
-int hf_param_table(const ModelConfig *c, ParamTable *t, char *err, size_t errlen);
 
 // ckpt_dir: a checkpoint (step-N with train_state.json), or a checkpoint
 // directory, whose newest committed step is taken.

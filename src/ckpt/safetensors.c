@@ -8,12 +8,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <json-c/json.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "util/check.h"
 
 static const struct { const char *name; size_t size; } dtypes[ST_NDTYPES] = {
     [ST_F64] = {"F64", 8},   [ST_F32] = {"F32", 4},   [ST_F16] = {"F16", 2},
@@ -33,17 +34,6 @@ static int dtype_from_name(const char *s, size_t len, StDtype *out)
             *out = (StDtype)i;
             return 0;
         }
-    return -1;
-}
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
     return -1;
 }
 
@@ -182,23 +172,23 @@ static int push_tensor(StFile *f, char *name, StDtype dt, int ndim, const int64_
 int st_add(StFile *f, const char *name, StDtype dt, int ndim, const int64_t *shape,
            char *err, size_t errlen)
 {
-    if (!name || !*name) return fail(err, errlen, "st_add: empty tensor name");
-    if (!utf8_valid(name)) return fail(err, errlen, "st_add: tensor name is not valid UTF-8");
+    if (!name || !*name) return errorf(err, errlen, "st_add: empty tensor name");
+    if (!utf8_valid(name)) return errorf(err, errlen, "st_add: tensor name is not valid UTF-8");
     if (strcmp(name, "__metadata__") == 0)
-        return fail(err, errlen, "st_add: tensor name __metadata__ is reserved");
-    if ((unsigned)dt >= ST_NDTYPES) return fail(err, errlen, "st_add: tensor %s: invalid dtype %d", name, (int)dt);
+        return errorf(err, errlen, "st_add: tensor name __metadata__ is reserved");
+    if ((unsigned)dt >= ST_NDTYPES) return errorf(err, errlen, "st_add: tensor %s: invalid dtype %d", name, (int)dt);
     if (ndim < 0 || ndim > ST_MAX_DIMS)
-        return fail(err, errlen, "st_add: tensor %s: %d dims, expected 0..%d", name, ndim, ST_MAX_DIMS);
+        return errorf(err, errlen, "st_add: tensor %s: %d dims, expected 0..%d", name, ndim, ST_MAX_DIMS);
     for (int i = 0; i < ndim; i++)
-        if (shape[i] < 0) return fail(err, errlen, "st_add: tensor %s: shape[%d] = %lld is negative",
+        if (shape[i] < 0) return errorf(err, errlen, "st_add: tensor %s: shape[%d] = %lld is negative",
                                       name, i, (long long)shape[i]);
-    if (st_find(f, name) >= 0) return fail(err, errlen, "st_add: duplicate tensor name %s", name);
+    if (st_find(f, name) >= 0) return errorf(err, errlen, "st_add: duplicate tensor name %s", name);
     uint64_t nbytes;
     if (tensor_bytes(dt, ndim, shape, &nbytes) || nbytes > UINT64_MAX - f->data_size)
-        return fail(err, errlen, "st_add: tensor %s: size overflows", name);
+        return errorf(err, errlen, "st_add: tensor %s: size overflows", name);
     char *copy = strdup(name);
     int idx = copy ? push_tensor(f, copy, dt, ndim, shape, f->data_size, f->data_size + nbytes) : -1;
-    if (idx < 0) { free(copy); return fail(err, errlen, "st_add: out of memory"); }
+    if (idx < 0) { free(copy); return errorf(err, errlen, "st_add: out of memory"); }
     f->data_size += nbytes;
     f->header_len = 0;
     return idx;
@@ -207,9 +197,9 @@ int st_add(StFile *f, const char *name, StDtype dt, int ndim, const int64_t *sha
 int st_set_meta(StFile *f, const char *key, const char *val, char *err, size_t errlen)
 {
     if (!utf8_valid(key) || !utf8_valid(val))
-        return fail(err, errlen, "st_set_meta: key or value of %s is not valid UTF-8", key);
+        return errorf(err, errlen, "st_set_meta: key or value of %s is not valid UTF-8", key);
     char *v = strdup(val);
-    if (!v) return fail(err, errlen, "st_set_meta: out of memory");
+    if (!v) return errorf(err, errlen, "st_set_meta: out of memory");
     f->header_len = 0;
     for (int i = 0; i < f->n_meta; i++)
         if (strcmp(f->meta_keys[i], key) == 0) {
@@ -222,7 +212,7 @@ int st_set_meta(StFile *f, const char *key, const char *val, char *err, size_t e
     if (ks) f->meta_keys = ks;
     char **vs = ks ? realloc(f->meta_vals, (size_t)(f->n_meta + 1) * sizeof *vs) : NULL;
     if (vs) f->meta_vals = vs;
-    if (!k || !vs) { free(k); free(v); return fail(err, errlen, "st_set_meta: out of memory"); }
+    if (!k || !vs) { free(k); free(v); return errorf(err, errlen, "st_set_meta: out of memory"); }
     f->meta_keys[f->n_meta] = k;
     f->meta_vals[f->n_meta++] = v;
     return 0;
@@ -274,7 +264,7 @@ int st_finalize(StFile *f, char *err, size_t errlen)
     json_object *root = header_object(f);
     size_t len;
     const char *s = root ? header_json(root, &len) : NULL;
-    if (!s) { json_object_put(root); return fail(err, errlen, "st_finalize: out of memory"); }
+    if (!s) { json_object_put(root); return errorf(err, errlen, "st_finalize: out of memory"); }
     f->header_len = (len + 7) / 8 * 8;
     json_object_put(root);
     return 0;
@@ -291,7 +281,7 @@ static int pwrite_all(int fd, const char *path, const void *buf, uint64_t n, uin
         size_t chunk = n > (1u << 30) ? (1u << 30) : (size_t)n;
         ssize_t w = pwrite(fd, p, chunk, (off_t)off);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return fail(err, errlen, "%s: pwrite of %zu bytes at offset %llu: %s", path, chunk,
+        if (w <= 0) return errorf(err, errlen, "%s: pwrite of %zu bytes at offset %llu: %s", path, chunk,
                                 (unsigned long long)off, w < 0 ? strerror(errno) : "wrote nothing");
         p += w; n -= (uint64_t)w; off += (uint64_t)w;
     }
@@ -306,9 +296,9 @@ static int pread_all(int fd, const char *path, void *buf, uint64_t n, uint64_t o
         size_t chunk = n > (1u << 30) ? (1u << 30) : (size_t)n;
         ssize_t r = pread(fd, p, chunk, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return fail(err, errlen, "%s: pread of %zu bytes at offset %llu: %s", path, chunk,
+        if (r < 0) return errorf(err, errlen, "%s: pread of %zu bytes at offset %llu: %s", path, chunk,
                                (unsigned long long)off, strerror(errno));
-        if (r == 0) return fail(err, errlen, "%s: unexpected end of file at offset %llu (file truncated?)",
+        if (r == 0) return errorf(err, errlen, "%s: unexpected end of file at offset %llu (file truncated?)",
                                 path, (unsigned long long)off);
         p += r; n -= (uint64_t)r; off += (uint64_t)r;
     }
@@ -322,7 +312,7 @@ int st_write_header(int fd, const char *path, StFile *f, char *err, size_t errle
     const char *s = root ? header_json(root, &len) : NULL;
     uint64_t n = (len + 7) / 8 * 8;
     unsigned char *buf = s ? malloc(8 + n) : NULL;
-    if (!buf) { json_object_put(root); return fail(err, errlen, "%s: st_write_header: out of memory", path); }
+    if (!buf) { json_object_put(root); return errorf(err, errlen, "%s: st_write_header: out of memory", path); }
     for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(n >> (8 * i));
     memcpy(buf + 8, s, len);
     memset(buf + 8 + len, ' ', n - len);
@@ -332,7 +322,7 @@ int st_write_header(int fd, const char *path, StFile *f, char *err, size_t errle
     free(buf);
     if (rc) return -1;
     if (ftruncate(fd, (off_t)(8 + n + f->data_size)))
-        return fail(err, errlen, "%s: ftruncate to %llu bytes: %s", path,
+        return errorf(err, errlen, "%s: ftruncate to %llu bytes: %s", path,
                     (unsigned long long)(8 + n + f->data_size), strerror(errno));
     return 0;
 }
@@ -342,12 +332,12 @@ static int check_range(const char *path, const StFile *f, int idx, uint64_t byte
                        const char *what, char *err, size_t errlen)
 {
     if (!f->header_len)
-        return fail(err, errlen, "%s: %s: layout not finalized (call st_finalize)", path, what);
+        return errorf(err, errlen, "%s: %s: layout not finalized (call st_finalize)", path, what);
     if (idx < 0 || idx >= f->n)
-        return fail(err, errlen, "%s: %s: tensor index %d out of range [0, %d)", path, what, idx, f->n);
+        return errorf(err, errlen, "%s: %s: tensor index %d out of range [0, %d)", path, what, idx, f->n);
     const StTensor *t = &f->tensors[idx];
     if (byte_off > st_nbytes(t) || nbytes > st_nbytes(t) - byte_off)
-        return fail(err, errlen, "%s: %s: range [%llu, +%llu) outside tensor %s of %llu bytes", path, what,
+        return errorf(err, errlen, "%s: %s: range [%llu, +%llu) outside tensor %s of %llu bytes", path, what,
                     (unsigned long long)byte_off, (unsigned long long)nbytes, t->name,
                     (unsigned long long)st_nbytes(t));
     return 0;
@@ -372,15 +362,15 @@ int st_read_range(int fd, const char *path, const StFile *f, int idx, uint64_t b
 int st_save(const char *path, StFile *f, const void *const *datas, char *err, size_t errlen)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return fail(err, errlen, "%s: open for writing: %s", path, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "%s: open for writing: %s", path, strerror(errno));
     int rc = st_write_header(fd, path, f, err, errlen);
     for (int i = 0; !rc && i < f->n; i++) {
         uint64_t n = st_nbytes(&f->tensors[i]);
-        if (n && (!datas || !datas[i])) rc = fail(err, errlen, "%s: st_save: no data for tensor %s", path, f->tensors[i].name);
+        if (n && (!datas || !datas[i])) rc = errorf(err, errlen, "%s: st_save: no data for tensor %s", path, f->tensors[i].name);
         else if (n) rc = st_write_range(fd, path, f, i, 0, datas[i], n, err, errlen);
     }
-    if (!rc && fsync(fd)) rc = fail(err, errlen, "%s: fsync: %s", path, strerror(errno));
-    if (close(fd) && !rc) rc = fail(err, errlen, "%s: close: %s", path, strerror(errno));
+    if (!rc && fsync(fd)) rc = errorf(err, errlen, "%s: fsync: %s", path, strerror(errno));
+    if (close(fd) && !rc) rc = errorf(err, errlen, "%s: close: %s", path, strerror(errno));
     return rc;
 }
 
@@ -390,14 +380,14 @@ int st_save(const char *path, StFile *f, const void *const *datas, char *err, si
 static int check_header_len(const char *path, uint64_t n, uint64_t file_size, char *err, size_t errlen)
 {
     if (file_size < 8)
-        return fail(err, errlen, "%s: file is %llu bytes, shorter than the 8-byte header length",
+        return errorf(err, errlen, "%s: file is %llu bytes, shorter than the 8-byte header length",
                     path, (unsigned long long)file_size);
-    if (n == 0) return fail(err, errlen, "%s: header length is 0", path);
+    if (n == 0) return errorf(err, errlen, "%s: header length is 0", path);
     if (n > ST_MAX_HEADER)
-        return fail(err, errlen, "%s: header length %llu bytes exceeds the %u-byte limit (not a safetensors file?)",
+        return errorf(err, errlen, "%s: header length %llu bytes exceeds the %u-byte limit (not a safetensors file?)",
                     path, (unsigned long long)n, ST_MAX_HEADER);
     if (n > file_size - 8)
-        return fail(err, errlen, "%s: header length %llu bytes exceeds the file (%llu bytes after the length)",
+        return errorf(err, errlen, "%s: header length %llu bytes exceeds the file (%llu bytes after the length)",
                     path, (unsigned long long)n, (unsigned long long)(file_size - 8));
     return 0;
 }
@@ -419,7 +409,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 static int scan_bad(Scan *sc, const char *what)
 {
-    return fail(sc->err, sc->errlen, "%s: header is not valid JSON: %s at offset %zu", sc->path, what, sc->p);
+    return errorf(sc->err, sc->errlen, "%s: header is not valid JSON: %s at offset %zu", sc->path, what, sc->p);
 }
 
 // Skips the string at p; with out, returns its decoded text (malloc'd).
@@ -443,12 +433,12 @@ static int scan_string(Scan *sc, char **out)
         if (!json_object_is_type(o, json_type_string)) { json_object_put(o); return scan_bad(sc, "bad string"); }
         if ((size_t)json_object_get_string_len(o) != strlen(json_object_get_string(o))) {
             json_object_put(o);
-            return fail(sc->err, sc->errlen, "%s: key at offset %zu contains a NUL character", sc->path, b);
+            return errorf(sc->err, sc->errlen, "%s: key at offset %zu contains a NUL character", sc->path, b);
         }
         *out = strdup(json_object_get_string(o));
         json_object_put(o);
     }
-    return *out ? 0 : fail(sc->err, sc->errlen, "%s: out of memory", sc->path);
+    return *out ? 0 : errorf(sc->err, sc->errlen, "%s: out of memory", sc->path);
 }
 
 static int scan_value(Scan *sc, int depth, const char *parent);
@@ -467,7 +457,7 @@ static int scan_object(Scan *sc, int depth, const char *parent)
         if (k.n == k.cap) {
             int cap = k.cap ? 2 * k.cap : 8;
             char **v = realloc(k.v, (size_t)cap * sizeof *v);
-            if (!v) { rc = fail(sc->err, sc->errlen, "%s: out of memory", sc->path); break; }
+            if (!v) { rc = errorf(sc->err, sc->errlen, "%s: out of memory", sc->path); break; }
             k.v = v;
             k.cap = cap;
         }
@@ -482,13 +472,13 @@ static int scan_object(Scan *sc, int depth, const char *parent)
         qsort(k.v, (size_t)k.n, sizeof *k.v, cmp_str);
         for (int i = 1; i < k.n && !rc; i++) {
             if (strcmp(k.v[i - 1], k.v[i])) continue;
-            if (depth == 0) rc = fail(sc->err, sc->errlen, "%s: duplicate tensor name %s", sc->path, k.v[i]);
+            if (depth == 0) rc = errorf(sc->err, sc->errlen, "%s: duplicate tensor name %s", sc->path, k.v[i]);
             else if (depth == 1 && strcmp(parent, "__metadata__") == 0)
-                rc = fail(sc->err, sc->errlen, "%s: __metadata__ has duplicate key %s", sc->path, k.v[i]);
+                rc = errorf(sc->err, sc->errlen, "%s: __metadata__ has duplicate key %s", sc->path, k.v[i]);
             else if (depth == 1)
-                rc = fail(sc->err, sc->errlen, "%s: tensor %s: duplicate field \"%s\"", sc->path, parent, k.v[i]);
+                rc = errorf(sc->err, sc->errlen, "%s: tensor %s: duplicate field \"%s\"", sc->path, parent, k.v[i]);
             else
-                rc = fail(sc->err, sc->errlen, "%s: duplicate key %s in %s", sc->path, k.v[i], parent);
+                rc = errorf(sc->err, sc->errlen, "%s: duplicate key %s in %s", sc->path, k.v[i], parent);
         }
     }
     for (int i = 0; i < k.n; i++) free(k.v[i]);
@@ -534,14 +524,14 @@ static int get_count(json_object *o, int64_t *out)
 static int parse_metadata(const char *path, json_object *m, StFile *f, char *err, size_t errlen)
 {
     if (!json_object_is_type(m, json_type_object))
-        return fail(err, errlen, "%s: __metadata__ is not an object", path);
+        return errorf(err, errlen, "%s: __metadata__ is not an object", path);
     json_object_object_foreach(m, key, val) {
         if (!json_object_is_type(val, json_type_string))
-            return fail(err, errlen, "%s: __metadata__ value for key %s is not a string", path, key);
+            return errorf(err, errlen, "%s: __metadata__ value for key %s is not a string", path, key);
         if ((size_t)json_object_get_string_len(val) != strlen(json_object_get_string(val)))
-            return fail(err, errlen, "%s: __metadata__ value for key %s contains a NUL character", path, key);
+            return errorf(err, errlen, "%s: __metadata__ value for key %s contains a NUL character", path, key);
         if (st_set_meta(f, key, json_object_get_string(val), err, errlen))
-            return fail(err, errlen, "%s: __metadata__ key %s: out of memory", path, key);
+            return errorf(err, errlen, "%s: __metadata__ key %s: out of memory", path, key);
     }
     return 0;
 }
@@ -549,64 +539,64 @@ static int parse_metadata(const char *path, json_object *m, StFile *f, char *err
 static int parse_tensor(const char *path, const char *name, json_object *e, StFile *f, char *err, size_t errlen)
 {
     static const char *fields[] = {"dtype", "shape", "data_offsets"};
-    if (!*name) return fail(err, errlen, "%s: empty tensor name", path);
+    if (!*name) return errorf(err, errlen, "%s: empty tensor name", path);
     if (!json_object_is_type(e, json_type_object))
-        return fail(err, errlen, "%s: tensor %s: entry is not an object", path, name);
+        return errorf(err, errlen, "%s: tensor %s: entry is not an object", path, name);
     json_object_object_foreach(e, key, val) {
         (void)val;
         if (strcmp(key, fields[0]) && strcmp(key, fields[1]) && strcmp(key, fields[2]))
-            return fail(err, errlen, "%s: tensor %s: unexpected field \"%s\"", path, name, key);
+            return errorf(err, errlen, "%s: tensor %s: unexpected field \"%s\"", path, name, key);
     }
     json_object *v[3];
     for (int i = 0; i < 3; i++)
         if (!json_object_object_get_ex(e, fields[i], &v[i]))
-            return fail(err, errlen, "%s: tensor %s: missing field \"%s\"", path, name, fields[i]);
+            return errorf(err, errlen, "%s: tensor %s: missing field \"%s\"", path, name, fields[i]);
 
     StDtype dt;
     if (!json_object_is_type(v[0], json_type_string))
-        return fail(err, errlen, "%s: tensor %s: dtype is not a string", path, name);
+        return errorf(err, errlen, "%s: tensor %s: dtype is not a string", path, name);
     if (dtype_from_name(json_object_get_string(v[0]), (size_t)json_object_get_string_len(v[0]), &dt))
-        return fail(err, errlen, "%s: tensor %s: unknown dtype \"%s\"", path, name, json_object_get_string(v[0]));
+        return errorf(err, errlen, "%s: tensor %s: unknown dtype \"%s\"", path, name, json_object_get_string(v[0]));
 
     if (!json_object_is_type(v[1], json_type_array))
-        return fail(err, errlen, "%s: tensor %s: shape is not an array", path, name);
+        return errorf(err, errlen, "%s: tensor %s: shape is not an array", path, name);
     size_t ndim = json_object_array_length(v[1]);
     if (ndim > ST_MAX_DIMS)
-        return fail(err, errlen, "%s: tensor %s: shape has %zu dims, at most %d supported", path, name, ndim, ST_MAX_DIMS);
+        return errorf(err, errlen, "%s: tensor %s: shape has %zu dims, at most %d supported", path, name, ndim, ST_MAX_DIMS);
     int64_t shape[ST_MAX_DIMS];
     for (size_t i = 0; i < ndim; i++)
         if (get_count(json_object_array_get_idx(v[1], i), &shape[i]))
-            return fail(err, errlen, "%s: tensor %s: shape[%zu] = %s is not a non-negative integer", path, name, i,
+            return errorf(err, errlen, "%s: tensor %s: shape[%zu] = %s is not a non-negative integer", path, name, i,
                         json_object_to_json_string_ext(json_object_array_get_idx(v[1], i), JSON_C_TO_STRING_PLAIN));
     char sb[256];
     uint64_t nbytes;
     if (tensor_bytes(dt, (int)ndim, shape, &nbytes))
-        return fail(err, errlen, "%s: tensor %s: size of %s %s overflows", path, name, st_dtype_name(dt),
+        return errorf(err, errlen, "%s: tensor %s: size of %s %s overflows", path, name, st_dtype_name(dt),
                     shape_str(sb, sizeof sb, (int)ndim, shape));
 
     int64_t off[2];
     if (!json_object_is_type(v[2], json_type_array) || json_object_array_length(v[2]) != 2 ||
         get_count(json_object_array_get_idx(v[2], 0), &off[0]) ||
         get_count(json_object_array_get_idx(v[2], 1), &off[1]))
-        return fail(err, errlen, "%s: tensor %s: data_offsets %s is not two non-negative integers", path, name,
+        return errorf(err, errlen, "%s: tensor %s: data_offsets %s is not two non-negative integers", path, name,
                     json_object_to_json_string_ext(v[2], JSON_C_TO_STRING_PLAIN));
     uint64_t begin = (uint64_t)off[0], end = (uint64_t)off[1];
     if (begin > end)
-        return fail(err, errlen, "%s: tensor %s: data_offsets begin %llu > end %llu", path, name,
+        return errorf(err, errlen, "%s: tensor %s: data_offsets begin %llu > end %llu", path, name,
                     (unsigned long long)begin, (unsigned long long)end);
     if (end - begin != nbytes)
-        return fail(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu) hold %llu bytes, but %s %s needs %llu",
+        return errorf(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu) hold %llu bytes, but %s %s needs %llu",
                     path, name, (unsigned long long)begin, (unsigned long long)end,
                     (unsigned long long)(end - begin), st_dtype_name(dt),
                     shape_str(sb, sizeof sb, (int)ndim, shape), (unsigned long long)nbytes);
     if (end > f->data_size)
-        return fail(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu) extend past the data area (%llu bytes)",
+        return errorf(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu) extend past the data area (%llu bytes)",
                     path, name, (unsigned long long)begin, (unsigned long long)end,
                     (unsigned long long)f->data_size);
     char *copy = strdup(name);
     if (!copy || push_tensor(f, copy, dt, (int)ndim, shape, begin, end) < 0) {
         free(copy);
-        return fail(err, errlen, "%s: out of memory", path);
+        return errorf(err, errlen, "%s: out of memory", path);
     }
     return 0;
 }
@@ -625,7 +615,7 @@ static int cmp_span(const void *a, const void *b)
 static int check_tiling(const char *path, const StFile *f, char *err, size_t errlen)
 {
     Span *s = malloc((size_t)(f->n ? f->n : 1) * sizeof *s);
-    if (!s) return fail(err, errlen, "%s: out of memory", path);
+    if (!s) return errorf(err, errlen, "%s: out of memory", path);
     for (int i = 0; i < f->n; i++) s[i] = (Span){f->tensors[i].begin, f->tensors[i].end, i};
     qsort(s, (size_t)f->n, sizeof *s, cmp_span);
     int rc = 0;
@@ -633,22 +623,22 @@ static int check_tiling(const char *path, const StFile *f, char *err, size_t err
     for (int i = 0; i < f->n && !rc; i++) {
         const StTensor *t = &f->tensors[s[i].idx], *prev = i ? &f->tensors[s[i - 1].idx] : NULL;
         if (s[i].begin < at)
-            rc = fail(err, errlen, "%s: tensors %s [%llu, %llu) and %s [%llu, %llu) overlap", path,
+            rc = errorf(err, errlen, "%s: tensors %s [%llu, %llu) and %s [%llu, %llu) overlap", path,
                       prev->name, (unsigned long long)prev->begin, (unsigned long long)prev->end, t->name,
                       (unsigned long long)t->begin, (unsigned long long)t->end);
         else if (s[i].begin > at && prev)
-            rc = fail(err, errlen, "%s: %llu-byte hole in the data area between %s [%llu, %llu) and %s [%llu, %llu)",
+            rc = errorf(err, errlen, "%s: %llu-byte hole in the data area between %s [%llu, %llu) and %s [%llu, %llu)",
                       path, (unsigned long long)(s[i].begin - at), prev->name, (unsigned long long)prev->begin,
                       (unsigned long long)prev->end, t->name, (unsigned long long)t->begin,
                       (unsigned long long)t->end);
         else if (s[i].begin > at)
-            rc = fail(err, errlen, "%s: %llu-byte hole at the start of the data area, before %s [%llu, %llu)",
+            rc = errorf(err, errlen, "%s: %llu-byte hole at the start of the data area, before %s [%llu, %llu)",
                       path, (unsigned long long)s[i].begin, t->name, (unsigned long long)t->begin,
                       (unsigned long long)t->end);
         at = s[i].end;
     }
     if (!rc && at != f->data_size)
-        rc = fail(err, errlen, "%s: %llu trailing bytes in the data area after the last tensor "
+        rc = errorf(err, errlen, "%s: %llu trailing bytes in the data area after the last tensor "
                   "(data area is %llu bytes, tensors end at %llu)", path, (unsigned long long)(f->data_size - at),
                   (unsigned long long)f->data_size, (unsigned long long)at);
     free(s);
@@ -662,29 +652,29 @@ int st_parse_header(const char *json, size_t len, uint64_t file_size, const char
     st_init(f);
     if (check_header_len(path, len, file_size, err, errlen)) return -1;
     const char *nul = memchr(json, '\0', len);
-    if (nul) return fail(err, errlen, "%s: header contains a NUL byte at offset %zu", path, (size_t)(nul - json));
+    if (nul) return errorf(err, errlen, "%s: header contains a NUL byte at offset %zu", path, (size_t)(nul - json));
     if (json[0] != '{')
-        return fail(err, errlen, "%s: header is not a JSON object (first byte 0x%02x)", path, (unsigned char)json[0]);
+        return errorf(err, errlen, "%s: header is not a JSON object (first byte 0x%02x)", path, (unsigned char)json[0]);
 
     json_tokener *tok = json_tokener_new();
-    if (!tok) return fail(err, errlen, "%s: out of memory", path);
+    if (!tok) return errorf(err, errlen, "%s: out of memory", path);
     json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
     json_object *root = json_tokener_parse_ex(tok, json, (int)len);
     enum json_tokener_error jerr = json_tokener_get_error(tok);
     int rc = 0;
     if (!root && jerr == json_tokener_continue)
-        rc = fail(err, errlen, "%s: header is not valid JSON: it ends early", path);
+        rc = errorf(err, errlen, "%s: header is not valid JSON: it ends early", path);
     else if (!root)
-        rc = fail(err, errlen, "%s: header is not valid JSON: %s at offset %zu", path,
+        rc = errorf(err, errlen, "%s: header is not valid JSON: %s at offset %zu", path,
                   json_tokener_error_desc(jerr), json_tokener_get_parse_end(tok));
     else if (!json_object_is_type(root, json_type_object))
-        rc = fail(err, errlen, "%s: header is not a JSON object", path);
+        rc = errorf(err, errlen, "%s: header is not a JSON object", path);
 
     Scan sc = {json, len, 0, tok, path, err, errlen};
     if (!rc) rc = scan_value(&sc, 0, NULL);
     skip_ws(&sc);
     if (!rc && sc.p != len)
-        rc = fail(err, errlen, "%s: unexpected bytes after the header JSON at offset %zu", path, sc.p);
+        rc = errorf(err, errlen, "%s: unexpected bytes after the header JSON at offset %zu", path, sc.p);
 
     if (!rc) {
         f->data_size = file_size - 8 - len;
@@ -707,19 +697,19 @@ int st_open(const char *path, int *fd_out, StFile *f, char *err, size_t errlen)
     st_init(f);
     *fd_out = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, errlen, "%s: open: %s", path, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "%s: open: %s", path, strerror(errno));
     struct stat st;
     unsigned char len8[8] = {0};
     char *json = NULL;
     int rc = 0;
-    if (fstat(fd, &st)) rc = fail(err, errlen, "%s: fstat: %s", path, strerror(errno));
+    if (fstat(fd, &st)) rc = errorf(err, errlen, "%s: fstat: %s", path, strerror(errno));
     uint64_t size = rc ? 0 : (uint64_t)st.st_size, n = 0;
     if (!rc && size < 8) rc = check_header_len(path, 0, size, err, errlen);
     if (!rc) rc = pread_all(fd, path, len8, 8, 0, err, errlen);
     for (int i = 0; i < 8; i++) n |= (uint64_t)len8[i] << (8 * i);
     if (!rc) rc = check_header_len(path, n, size, err, errlen);
     if (!rc && !(json = malloc(n)))
-        rc = fail(err, errlen, "%s: out of memory for a %llu-byte header", path, (unsigned long long)n);
+        rc = errorf(err, errlen, "%s: out of memory for a %llu-byte header", path, (unsigned long long)n);
     if (!rc) rc = pread_all(fd, path, json, n, 8, err, errlen);
     if (!rc) rc = st_parse_header(json, n, size, path, f, err, errlen);
     free(json);
@@ -732,13 +722,13 @@ int st_expect(const StFile *f, const char *path, const char *name, StDtype dt, i
               const int64_t *shape, char *err, size_t errlen)
 {
     int i = st_find(f, name);
-    if (i < 0) return fail(err, errlen, "%s: missing tensor %s", path, name);
+    if (i < 0) return errorf(err, errlen, "%s: missing tensor %s", path, name);
     const StTensor *t = &f->tensors[i];
     int same = t->dtype == dt && t->ndim == ndim;
     for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
     if (same) return i;
     char have[256], want[256];
-    return fail(err, errlen, "%s: tensor %s has dtype %s shape %s, expected %s %s", path, name,
+    return errorf(err, errlen, "%s: tensor %s has dtype %s shape %s, expected %s %s", path, name,
                 st_dtype_name(t->dtype), shape_str(have, sizeof have, t->ndim, t->shape), st_dtype_name(dt),
                 shape_str(want, sizeof want, ndim, shape));
 }

@@ -367,7 +367,6 @@ int run_config_load_yaml(RunConfig *c, const char *path, char *err, size_t errle
 
 // ---- validation ----------------------------------------------------------------------------
 
-#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 
 int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
     char msg[400];

@@ -8,9 +8,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "model/model_config.h"
+#include "config/model_config.h"
+#include "config/optim_config.h"
 #include "ops/cuda/cuda_settings.h"
-#include "optim/adamw.h"
 
 #define CFG_MAX_LIST 64
 #define CFG_PATH_MAX 1024

@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,17 +39,6 @@ struct DataLoader {
     unsigned char *scratch;  // seq_len tokens as stored
     DataSummary summary;
 };
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static char *dup_str(const char *s)
 {
@@ -152,10 +140,10 @@ void data_locate(const DataLoader *d, int64_t g, int *file, int64_t *token)
 static int add_file(DataLoader *d, const char *path, int source, char *err, size_t errlen)
 {
     struct stat st;
-    if (stat(path, &st) != 0) return fail(err, errlen, "data file %s: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return fail(err, errlen, "data file %s: not a regular file", path);
+    if (stat(path, &st) != 0) return errorf(err, errlen, "data file %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return errorf(err, errlen, "data file %s: not a regular file", path);
     if ((uint64_t)st.st_size % d->tsize != 0)
-        return fail(err, errlen, "data file %s: size %lld bytes is not a multiple of %zu (%s tokens)",
+        return errorf(err, errlen, "data file %s: size %lld bytes is not a multiple of %zu (%s tokens)",
                     path, (long long)st.st_size, d->tsize, tokens_dtype_name(d->dtype));
     if (d->n_files == d->cap_files) {
         d->cap_files = d->cap_files ? 2 * d->cap_files : 16;
@@ -185,11 +173,11 @@ static int add_pattern(DataLoader *d, const char *pattern, int source, char *err
     int rc = glob(pattern, GLOB_NOSORT | GLOB_ERR, NULL, &g);
     if (rc == GLOB_NOMATCH) {
         globfree(&g);
-        return fail(err, errlen, "data pattern '%s' matches no files", pattern);
+        return errorf(err, errlen, "data pattern '%s' matches no files", pattern);
     }
     if (rc != 0) {
         globfree(&g);
-        return fail(err, errlen, "data pattern '%s': %s", pattern,
+        return errorf(err, errlen, "data pattern '%s': %s", pattern,
                     rc == GLOB_NOSPACE ? "out of memory" : "read error while matching");
     }
     qsort(g.gl_pathv, g.gl_pathc, sizeof *g.gl_pathv, cmp_str);
@@ -214,10 +202,10 @@ static uint64_t fingerprint(const DataLoader *d)
 DataLoader *data_open(const DataSource *sources, int n_sources, TokenDtype dt, int seq_len,
                       int vocab_size, uint64_t seed, int shuffle, char *err, size_t errlen)
 {
-    if (n_sources < 1) { fail(err, errlen, "data: no sources given"); return NULL; }
-    if (seq_len < 1) { fail(err, errlen, "data: seq_len %d must be >= 1", seq_len); return NULL; }
-    if (vocab_size < 1) { fail(err, errlen, "data: vocab_size %d must be >= 1", vocab_size); return NULL; }
-    if (tokens_dtype_size(dt) == 0) { fail(err, errlen, "data: invalid token dtype %d", (int)dt); return NULL; }
+    if (n_sources < 1) { errorf(err, errlen, "data: no sources given"); return NULL; }
+    if (seq_len < 1) { errorf(err, errlen, "data: seq_len %d must be >= 1", seq_len); return NULL; }
+    if (vocab_size < 1) { errorf(err, errlen, "data: vocab_size %d must be >= 1", vocab_size); return NULL; }
+    if (tokens_dtype_size(dt) == 0) { errorf(err, errlen, "data: invalid token dtype %d", (int)dt); return NULL; }
 
     DataLoader *d = mallocCheck(sizeof *d);
     d->n_sources = n_sources;
@@ -243,15 +231,15 @@ DataLoader *data_open(const DataSource *sources, int n_sources, TokenDtype dt, i
         d->src[s].name = d->src_names[s];
         d->src[s].weight = src->weight;
         if (isnan(src->weight) || isinf(src->weight)) {
-            fail(err, errlen, "data source %s: weight %g is not finite", d->src_names[s], src->weight);
+            errorf(err, errlen, "data source %s: weight %g is not finite", d->src_names[s], src->weight);
             goto bad;
         }
         if (src->weight > 0) { n_weighted++; wsum += src->weight; }
-        if (src->n_patterns < 1) { fail(err, errlen, "data source %s: no paths", d->src_names[s]); goto bad; }
+        if (src->n_patterns < 1) { errorf(err, errlen, "data source %s: no paths", d->src_names[s]); goto bad; }
 
         int f0 = d->n_files;
         for (int p = 0; p < src->n_patterns; p++) {
-            if (!src->patterns[p]) { fail(err, errlen, "data source %s: path %d is NULL", d->src_names[s], p); goto bad; }
+            if (!src->patterns[p]) { errorf(err, errlen, "data source %s: path %d is NULL", d->src_names[s], p); goto bad; }
             if (add_pattern(d, src->patterns[p], s, err, errlen) != 0) goto bad;
         }
         d->src[s].n_files = d->n_files - f0;
@@ -261,7 +249,7 @@ DataLoader *data_open(const DataSource *sources, int n_sources, TokenDtype dt, i
         }
     }
     if (n_weighted != 0 && n_weighted != n_sources) {
-        fail(err, errlen, "data: %d of %d sources have a weight > 0; give every source a weight or none",
+        errorf(err, errlen, "data: %d of %d sources have a weight > 0; give every source a weight or none",
              n_weighted, n_sources);
         goto bad;
     }
@@ -282,7 +270,7 @@ DataLoader *data_open(const DataSource *sources, int n_sources, TokenDtype dt, i
         first += src->n_instances;
         if (d->weighted) {
             if (src->n_instances == 0) {
-                fail(err, errlen, "data source %s (weight %g): no file holds a complete instance of %d tokens",
+                errorf(err, errlen, "data source %s (weight %g): no file holds a complete instance of %d tokens",
                      src->name, src->weight, seq_len);
                 goto bad;
             }
@@ -294,7 +282,7 @@ DataLoader *data_open(const DataSource *sources, int n_sources, TokenDtype dt, i
     }
     d->n_epoch = d->slot_first[n_sources];
     if (d->n_epoch == 0) {
-        fail(err, errlen, "data: %d files hold %lld tokens, not one complete instance of %d tokens",
+        errorf(err, errlen, "data: %d files hold %lld tokens, not one complete instance of %d tokens",
              d->n_files, (long long)n_tokens, seq_len);
         goto bad;
     }
@@ -348,16 +336,16 @@ static int file_fd(DataLoader *d, int i, char *err, size_t errlen)
             if (d->files[j].fd >= 0) { close(d->files[j].fd); d->files[j].fd = -1; }
         fd = open(f->path, O_RDONLY | O_CLOEXEC);
     }
-    if (fd < 0) return fail(err, errlen, "data file %s: open: %s", f->path, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "data file %s: open: %s", f->path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return fail(err, errlen, "data file %s: fstat: %s", f->path, strerror(e));
+        return errorf(err, errlen, "data file %s: fstat: %s", f->path, strerror(e));
     }
     if (st.st_size != f->bytes) {
         close(fd);
-        return fail(err, errlen, "data file %s: size changed from %lld to %lld bytes since the loader opened it",
+        return errorf(err, errlen, "data file %s: size changed from %lld to %lld bytes since the loader opened it",
                     f->path, (long long)f->bytes, (long long)st.st_size);
     }
     f->fd = fd;
@@ -372,10 +360,10 @@ static int pread_all(DataLoader *d, int i, void *buf, size_t n, int64_t off, cha
         ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + (int64_t)got));
         if (r < 0 && errno == EINTR) continue;
         if (r < 0)
-            return fail(err, errlen, "data file %s: pread at byte offset %lld: %s", d->files[i].path,
+            return errorf(err, errlen, "data file %s: pread at byte offset %lld: %s", d->files[i].path,
                         (long long)(off + (int64_t)got), strerror(errno));
         if (r == 0)
-            return fail(err, errlen, "data file %s: unexpected end of file at byte offset %lld", d->files[i].path,
+            return errorf(err, errlen, "data file %s: unexpected end of file at byte offset %lld", d->files[i].path,
                         (long long)(off + (int64_t)got));
         got += (size_t)r;
     }
@@ -397,7 +385,7 @@ static int decode(const DataLoader *d, int i, const unsigned char *buf, int64_t 
         if (out) out[t] = (int)v;
     }
     if (bad_at >= 0)
-        return fail(err, errlen, "data file %s: token %u at byte offset %lld is >= vocab_size %d",
+        return errorf(err, errlen, "data file %s: token %u at byte offset %lld is >= vocab_size %d",
                     d->files[i].path, bad, (long long)(off + bad_at * (int64_t)d->tsize), d->vocab_size);
     return 0;
 }
@@ -405,8 +393,8 @@ static int decode(const DataLoader *d, int i, const unsigned char *buf, int64_t 
 int data_read(DataLoader *d, int64_t g_start, int count, int *tokens, int *targets, char *err, size_t errlen)
 {
     if (g_start < 0 || count < 0 || g_start > INT64_MAX - count)
-        return fail(err, errlen, "data_read: bad range start %lld count %d", (long long)g_start, count);
-    if (count > 0 && !tokens) return fail(err, errlen, "data_read: tokens is NULL");
+        return errorf(err, errlen, "data_read: bad range start %lld count %d", (long long)g_start, count);
+    if (count > 0 && !tokens) return errorf(err, errlen, "data_read: tokens is NULL");
     int T = d->seq_len;
     size_t nbytes = (size_t)T * d->tsize;
     for (int b = 0; b < count; b++) {

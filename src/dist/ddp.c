@@ -7,26 +7,26 @@
 
 static void on_ready(void *ctx, int first, int end);
 
-void ddp_init(Ddp *d, Model *m, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
+void ddp_init(Ddp *d, ParamStore *s, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
               size_t bucket_elems) {
     memset(d, 0, sizeof(*d));
-    d->m = m;
+    d->store = s;
     d->group[CLASS_DENSE] = dense_group;
     d->group[CLASS_EXPERT] = expert_group;
     d->world = world;
     d->sharded = sharded;
-    d->norm_acc = m->ops->alloc(sizeof(double));
+    d->norm_acc = s->ops->alloc(sizeof(double));
     for (int c = 0; c < N_CLASSES; c++) {
         int n = comm_size(d->group[c]), r = comm_rank(d->group[c]);
-        size_t total = m->table.class_numel[c];
+        size_t total = s->table.class_numel[c];
         d->shard_counts[c] = mallocCheck(n * sizeof(size_t));
         for (int i = 0; i < n; i++) d->shard_counts[c][i] = total * (i + 1) / n - total * i / n;
         d->shard_begin[c] = total * r / n;
         d->shard_end[c] = total * (r + 1) / n;
-        if (sharded) d->grad_shard[c] = m->ops->alloc((d->shard_end[c] - d->shard_begin[c]) * sizeof(float) + 4);
+        if (sharded) d->grad_shard[c] = s->ops->alloc((d->shard_end[c] - d->shard_begin[c]) * sizeof(float) + 4);
     }
     // buckets: per class, whole tensors in reverse table order
-    const ParamTable *t = &m->table;
+    const ParamTable *t = &s->table;
     d->entry_bucket = mallocCheck(t->n * sizeof(int));
     d->buckets = mallocCheck((t->n + 1) * sizeof(Bucket));
     for (int c = 0; c < N_CLASSES; c++) {
@@ -62,18 +62,17 @@ void ddp_init(Ddp *d, Model *m, Comm *dense_group, Comm *expert_group, Comm *wor
 void ddp_free(Ddp *d) {
     for (int c = 0; c < N_CLASSES; c++) {
         free(d->shard_counts[c]);
-        if (d->grad_shard[c]) d->m->ops->free(d->grad_shard[c]);
+        if (d->grad_shard[c]) d->store->ops->free(d->grad_shard[c]);
     }
-    d->m->ops->free(d->norm_acc);
+    d->store->ops->free(d->norm_acc);
     free(d->buckets);
     free(d->entry_bucket);
     memset(d, 0, sizeof(*d));
 }
 
 static void launch(Ddp *d, Bucket *b) {
-    Model *m = d->m;
     Comm *g = d->group[b->cls];
-    float *grads = m->grads[b->cls];
+    float *grads = d->store->grads[b->cls];
     b->launched = 1;
     if (!d->sharded) {
         b->req = comm_iallreduce(g, grads + b->lo, b->hi - b->lo, COMM_F32);
@@ -114,10 +113,10 @@ void ddp_arm(Ddp *d) {
         b->launched = 0;
         b->req = NULL;
         b->pending = 0;
-        for (int e = b->first; e < b->end; e++) b->pending += d->m->table.entries[e].cls == b->cls;
+        for (int e = b->first; e < b->end; e++) b->pending += d->store->table.entries[e].cls == b->cls;
     }
-    d->m->grads_ready = on_ready;
-    d->m->grads_ready_ctx = d;
+    d->store->grads_ready = on_ready;
+    d->store->grads_ready_ctx = d;
 }
 
 void ddp_finish(Ddp *d) {
@@ -127,23 +126,23 @@ void ddp_finish(Ddp *d) {
         comm_wait(d->buckets[i].req);
         d->buckets[i].req = NULL;
     }
-    d->m->grads_ready = NULL;
+    d->store->grads_ready = NULL;
 }
 
 void ddp_optimizer_grads(Ddp *d, float **grads) {
     for (int c = 0; c < N_CLASSES; c++)
-        grads[c] = d->sharded ? d->grad_shard[c] : d->m->grads[c];
+        grads[c] = d->sharded ? d->grad_shard[c] : d->store->grads[c];
 }
 
 double ddp_grad_norm(Ddp *d) {
     double s = 0;
-    d->m->ops->zero(d->norm_acc, sizeof(double));
+    d->store->ops->zero(d->norm_acc, sizeof(double));
     for (int c = 0; c < N_CLASSES; c++) {
         size_t n = d->shard_end[c] - d->shard_begin[c];
-        const float *g = d->sharded ? d->grad_shard[c] : d->m->grads[c] + d->shard_begin[c];
-        d->m->ops->sum_squares(d->norm_acc, g, n);
+        const float *g = d->sharded ? d->grad_shard[c] : d->store->grads[c] + d->shard_begin[c];
+        d->store->ops->sum_squares(d->norm_acc, g, n);
     }
-    d->m->ops->to_host(&s, d->norm_acc, sizeof(double));
+    d->store->ops->to_host(&s, d->norm_acc, sizeof(double));
     // shards partition the parameters across the world: sum once over it
     comm_allreduce(d->world, &s, 1, COMM_F64);
     return sqrt(s);
@@ -151,5 +150,6 @@ double ddp_grad_norm(Ddp *d) {
 
 void ddp_gather_params(Ddp *d) {
     if (!d->sharded) return;
-    for (int c = 0; c < N_CLASSES; c++) comm_all_gather(d->group[c], d->m->params[c], d->shard_counts[c], COMM_F32);
+    for (int c = 0; c < N_CLASSES; c++)
+        comm_all_gather(d->group[c], d->store->params[c], d->shard_counts[c], COMM_F32);
 }

@@ -17,7 +17,7 @@
 #include <stddef.h>
 
 #include "dist/comm.h"
-#include "model/model.h"
+#include "params/store.h"
 
 typedef struct {
     int cls;
@@ -29,7 +29,7 @@ typedef struct {
 } Bucket;
 
 typedef struct {
-    Model *m;
+    ParamStore *store;
     Comm *group[N_CLASSES];   // dense: dp, expert: ep_dp
     Comm *world;
     int sharded;
@@ -43,10 +43,10 @@ typedef struct {
 } Ddp;
 
 // bucket_elems: target bucket size in elements (tensors are never split).
-void ddp_init(Ddp *d, Model *m, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
+void ddp_init(Ddp *d, ParamStore *s, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
               size_t bucket_elems);
 void ddp_free(Ddp *d);
-// Before the last micro-batch's backward: arms the hook on the model.
+// Before the last micro-batch's backward: arms the store's grads-ready hook.
 void ddp_arm(Ddp *d);
 // After it: starts what is left, waits for everything, disarms the hook.
 void ddp_finish(Ddp *d);

@@ -9,89 +9,9 @@
 
 #include "util/check.h"
 
-float *model_param(const Model *m, int idx) {
-    const ParamEntry *e = &m->table.entries[idx];
-    return m->params[e->cls] + e->offset;
-}
-void *model_weight(const Model *m, int idx) {
-    const ParamEntry *e = &m->table.entries[idx];
-    return (char *)m->wact[e->cls] + e->offset * m->ops->act_bytes;
-}
-float *model_grad(const Model *m, int idx) {
-    const ParamEntry *e = &m->table.entries[idx];
-    return m->grads[e->cls] + e->offset;
-}
 // the compute weights of entry i, and its FP32 grad
-#define P(i) model_weight(m, (i))
-#define G(i) model_grad(m, (i))
-
-// ---- parameter table ---------------------------------------------------------
-
-static int add(Model *m, int cls, int kind, const char *fmt, int layer, int ndim, int64_t d0,
-               int64_t d1, int64_t d2) {
-    char name[PARAM_NAME_MAX];
-    snprintf(name, sizeof name, fmt, layer);
-    int64_t shape[3] = {d0, d1, d2};
-    return param_add(&m->table, name, cls, kind, ndim, shape);
-}
-#define DENSE(fmt, l, ...) add(m, CLASS_DENSE, PARAM_MATRIX, fmt, l, __VA_ARGS__)
-#define NORM(fmt, l, d) add(m, CLASS_DENSE, PARAM_NORM, fmt, l, 1, d, 0, 0)
-
-static void build_table(Model *m) {
-    const ModelConfig *c = &m->cfg;
-    int D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
-    int pre = c->norm != NORM_POST, post = c->norm != NORM_PRE;
-    m->embed = add(m, CLASS_DENSE, PARAM_EMBEDDING, "embed", 0, 2, c->padded_vocab, D, 0);
-    m->layers = mallocCheck(c->n_layers * sizeof(LayerParams));
-    m->n_moe = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        LayerParams *L = &m->layers[l];
-        memset(L, -1, sizeof(*L));
-        L->first_entry = m->table.n;
-        if (pre) L->attn_norm = NORM("layers.%d.attn_norm", l, D);
-        L->wq = DENSE("layers.%d.attn.wq", l, 2, qd, D, 0);
-        L->wk = DENSE("layers.%d.attn.wk", l, 2, kvd, D, 0);
-        L->wv = DENSE("layers.%d.attn.wv", l, 2, kvd, D, 0);
-        L->wo = DENSE("layers.%d.attn.wo", l, 2, D, qd, 0);
-        if (c->qk_norm == QKNORM_FULL) {
-            L->q_norm = NORM("layers.%d.attn.q_norm", l, qd);
-            L->k_norm = NORM("layers.%d.attn.k_norm", l, kvd);
-        } else if (c->qk_norm == QKNORM_HEAD) {
-            L->q_norm = NORM("layers.%d.attn.q_norm", l, c->head_dim);
-            L->k_norm = NORM("layers.%d.attn.k_norm", l, c->head_dim);
-        }
-        if (post) L->attn_post_norm = NORM("layers.%d.attn_post_norm", l, D);
-        if (pre) L->ffn_norm = NORM("layers.%d.ffn_norm", l, D);
-        if (!model_is_moe_layer(c, l)) {
-            int F = c->dense_hidden;
-            L->mlp_gate = DENSE("layers.%d.mlp.w_gate", l, 2, F, D, 0);
-            L->mlp_up = DENSE("layers.%d.mlp.w_up", l, 2, F, D, 0);
-            L->mlp_down = DENSE("layers.%d.mlp.w_down", l, 2, D, F, 0);
-        } else {
-            int E = c->n_experts, El = m->E_local, Fe = c->expert_hidden;
-            L->moe_index = m->n_moe++;
-            L->router = DENSE("layers.%d.moe.router", l, 2, E, D, 0);
-            // this rank's slice of the [E, ...] expert tensors
-            L->exp_gate = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_gate", l, 3, El, Fe, D);
-            L->exp_up = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_up", l, 3, El, Fe, D);
-            L->exp_down = add(m, CLASS_EXPERT, PARAM_MATRIX, "layers.%d.moe.experts.w_down", l, 3, El, D, Fe);
-            for (int i = L->exp_gate; i <= L->exp_down; i++) {
-                m->table.entries[i].global_shape[0] = E;
-                m->table.entries[i].slice0 = (int64_t)m->par.ep_rank * El;
-            }
-            if (c->n_shared > 0) {
-                int Fs = c->n_shared * c->shared_hidden;
-                L->sh_gate = DENSE("layers.%d.moe.shared.w_gate", l, 2, Fs, D, 0);
-                L->sh_up = DENSE("layers.%d.moe.shared.w_up", l, 2, Fs, D, 0);
-                L->sh_down = DENSE("layers.%d.moe.shared.w_down", l, 2, D, Fs, 0);
-            }
-        }
-        if (post) L->ffn_post_norm = NORM("layers.%d.ffn_post_norm", l, D);
-        L->end_entry = m->table.n;
-    }
-    m->final_norm = NORM("final_norm", 0, D);
-    m->lm_head = DENSE("lm_head", 0, 2, c->padded_vocab, D, 0);
-}
+#define P(i) param_store_weight(&m->store, (i))
+#define G(i) param_store_grad(&m->store, (i))
 
 int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size_t errlen) {
     return model_init_parallel(m, cfg, ops, NULL, err, errlen);
@@ -109,17 +29,15 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
         return -1;
     }
     m->E_local = m->cfg.n_experts / m->par.ep_size;
-    build_table(m);
-    for (int c = 0; c < N_CLASSES; c++) {
-        size_t n = m->table.class_numel[c];
-        m->params[c] = ops->alloc(n * sizeof(float) + 4);
-        m->grads[c] = ops->alloc(n * sizeof(float) + 4);
-        // with an FP32 compute dtype the main weights are the compute weights
-        m->wact[c] = ops->act_bytes == sizeof(float) ? (void *)m->params[c] : ops->alloc(n * ops->act_bytes + 4);
-    }
+    ParamLayout lay;
+    param_store_init(&m->store, &m->cfg, ops, m->par.ep_rank, m->par.ep_size, &lay);
+    m->embed = lay.embed;
+    m->final_norm = lay.final_norm;
+    m->lm_head = lay.lm_head;
+    m->layers = lay.layers;
+    m->n_moe = lay.n_moe;
     int E = m->cfg.n_experts;
     size_t nm = (size_t)m->n_moe + 1;
-    m->router_bias = ops->alloc(nm * E * sizeof(float) + 4);
     m->step_counts = ops->alloc(nm * E * sizeof(float) + 4);
     m->step_dropped = mallocCheck(nm * sizeof(float));  // host: counted from host-side plans
     m->step_rows = mallocCheck(nm * sizeof(float));
@@ -133,19 +51,6 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     return 0;
 }
 
-int model_param_table(const ModelConfig *cfg, ParamTable *t, char *err, size_t errlen) {
-    Model m;
-    memset(&m, 0, sizeof m);
-    m.cfg = *cfg;
-    if (model_config_validate(&m.cfg, err, errlen)) return -1;
-    m.par = (ModelParallel){0, 1, NULL};
-    m.E_local = m.cfg.n_experts;
-    build_table(&m);
-    *t = m.table;
-    free(m.layers);
-    return 0;
-}
-
 // Box-Muller over splitmix64: reproducible on every platform.
 static uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
@@ -155,10 +60,6 @@ static uint64_t rng_next(uint64_t *s) {
 }
 static double rng_uniform(uint64_t *s) { return ((rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
-void model_sync_weights(Model *m) {
-    for (int c = 0; c < N_CLASSES; c++) m->ops->cast_to_act(m->wact[c], m->params[c], m->table.class_numel[c]);
-}
-
 void model_init_weights(Model *m, uint64_t seed) {
     // Every chunk of 64k elements of every tensor has its own stream, keyed
     // by (seed, tensor index, chunk): the values do not depend on which
@@ -167,8 +68,8 @@ void model_init_weights(Model *m, uint64_t seed) {
     enum { CHUNK = 1 << 16 };
     float *host = mallocCheck(1);
     size_t cap = 0;
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamEntry *e = &m->table.entries[i];
+    for (int i = 0; i < m->store.table.n; i++) {
+        const ParamEntry *e = &m->store.table.entries[i];
         if (e->numel > cap) { cap = e->numel; host = reallocCheck(host, cap * sizeof(float)); }
         float *p = host;
         if (e->kind == PARAM_NORM) {
@@ -187,10 +88,10 @@ void model_init_weights(Model *m, uint64_t seed) {
                 }
             }
         }
-        m->ops->to_device(model_param(m, i), host, e->numel * sizeof(float));
+        m->ops->to_device(param_store_main(&m->store, i), host, e->numel * sizeof(float));
     }
     free(host);
-    model_sync_weights(m);
+    param_store_sync_weights(&m->store);
 }
 
 // ---- activations ----------------------------------------------------------------
@@ -303,28 +204,23 @@ void model_alloc_acts(Model *m, int B, int T) {
 
 void model_free(Model *m) {
     const Ops *ops = m->ops;
-    for (int c = 0; c < N_CLASSES; c++) {
-        if (m->wact[c] != (void *)m->params[c]) ops->free(m->wact[c]);
-        ops->free(m->params[c]);
-        ops->free(m->grads[c]);
-    }
+    param_store_free(&m->store);
     if (m->arena) ops->free(m->arena);
     free(m->layers); free(m->acts); free(m->resid); free(m->lb); free(m->z); free(m->plan_sizes);
     free(m->step_dropped); free(m->step_rows);
-    float *dev[] = {m->router_bias, m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step};
+    float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
     ops->free(m->ce_acc);
-    param_table_free(&m->table);
     memset(m, 0, sizeof(*m));
 }
 
 void model_zero_grads(Model *m) {
-    for (int c = 0; c < N_CLASSES; c++) m->ops->zero(m->grads[c], m->table.class_numel[c] * sizeof(float));
+    for (int c = 0; c < N_CLASSES; c++) m->ops->zero(m->store.grads[c], m->store.table.class_numel[c] * sizeof(float));
     m->expert_grads_unset = 0;
 }
 
 void model_zero_dense_grads(Model *m) {
-    m->ops->zero(m->grads[CLASS_DENSE], m->table.class_numel[CLASS_DENSE] * sizeof(float));
+    m->ops->zero(m->store.grads[CLASS_DENSE], m->store.table.class_numel[CLASS_DENSE] * sizeof(float));
     m->expert_grads_unset = 1;
 }
 
@@ -391,7 +287,7 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     int li = L->moe_index;
     ops->router_logits_forward(a->logits, in, P(L->router), N, D, E);
     ops->router_probs_forward(a->probs, a->logits, N, E, c->gating);
-    const float *bias = c->aux_free_rate > 0 ? m->router_bias + (size_t)li * E : NULL;
+    const float *bias = c->aux_free_rate > 0 ? m->store.router_bias + (size_t)li * E : NULL;
     ops->router_topk(a->idx, a->probs, bias, N, E, k, c->routing, layer_seed(seed, l));
     ops->router_weights_forward(a->weights, a->probs, a->idx, N, E, k, c->renorm_topk);
     ops->zero(a->counts, E * sizeof(float));
@@ -613,6 +509,11 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
     ops->matmul_backward(dinp, G(L->wv), m->dv, in, P(L->wv), N, D, kvd, 1);
 }
 
+// Tells the store's hook (DDP) that the grads of entries [first, end) are final.
+static void grads_final(Model *m, int first, int end) {
+    if (m->store.grads_ready) m->store.grads_ready(m->store.grads_ready_ctx, first, end);
+}
+
 void model_backward(Model *m, float ce_scale, float aux_scale) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -622,7 +523,7 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
     ops->matmul_backward(m->d1, G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, Vp, 0);
     ops->rmsnorm_backward(m->dres, G(m->final_norm), m->d1, m->resid[c->n_layers],
                           P(m->final_norm), m->xf_rstd, N, D, 0);
-    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, m->final_norm, m->table.n);
+    grads_final(m, m->final_norm, m->store.table.n);
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const LayerParams *L = &m->layers[l];
         LayerActs *a = &m->acts[l];
@@ -642,17 +543,17 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
         din = L->attn_norm >= 0 ? m->d2 : m->dres;
         attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);
         input_norm_backward(m, m->d2, x, a->ln1_rstd, L->attn_norm, N);
-        if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, L->first_entry, L->end_entry);
+        grads_final(m, L->first_entry, L->end_entry);
     }
     ops->embedding_backward(G(m->embed), m->dres, m->tokens, N, D);
-    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, m->embed, m->embed + 1);
+    grads_final(m, m->embed, m->embed + 1);
     m->expert_grads_unset = 0;
 }
 
 void model_end_step(Model *m) {
     const ModelConfig *c = &m->cfg;
     if (!(c->aux_free_rate > 0) || !m->n_moe) return;
-    m->ops->router_bias_update(m->router_bias, m->step_counts, m->n_moe, c->n_experts, c->aux_free_rate);
+    m->ops->router_bias_update(m->store.router_bias, m->step_counts, m->n_moe, c->n_experts, c->aux_free_rate);
 }
 
 double model_active_matmul_params(const ModelConfig *c) {

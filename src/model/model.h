@@ -1,5 +1,6 @@
-// The MoE transformer of docs/model.md: parameter table, forward and
-// backward, written once against the op interface (src/ops/ops.h).
+// The MoE transformer of docs/model.md: forward and backward over the
+// parameters of its store (src/params/), written once against the op
+// interface (src/ops/ops.h).
 //
 // Usage per optimizer step (gradient accumulation over M micro-batches):
 //   model_zero_grads(m) (or model_zero_dense_grads(m)); model_begin_step(m);
@@ -10,22 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config/model_config.h"
 #include "dist/comm.h"
 #include "dist/ep.h"
-#include "model/model_config.h"
-#include "model/params.h"
 #include "ops/ops.h"
-
-// Indices into the parameter table (-1 where a layer lacks the tensor).
-typedef struct {
-    int attn_norm, wq, wk, wv, wo, q_norm, k_norm, attn_post_norm;
-    int ffn_norm, ffn_post_norm;
-    int mlp_gate, mlp_up, mlp_down;                   // dense layers
-    int router, exp_gate, exp_up, exp_down;           // MoE layers
-    int sh_gate, sh_up, sh_down;                      // shared experts
-    int moe_index;                                    // among MoE layers, or -1
-    int first_entry, end_entry;                       // its table entries [first, end)
-} LayerParams;
+#include "params/layout.h"
+#include "params/store.h"
 
 // Expert parallelism: this rank holds experts [ep_rank*E/ep, (ep_rank+1)*E/ep)
 // and exchanges routed rows inside ep_comm. NULL in model_init = one rank.
@@ -33,11 +24,6 @@ typedef struct {
     int ep_rank, ep_size;
     Comm *ep_comm;
 } ModelParallel;
-
-// Called during backward when the grads of table entries [first, end) are
-// final for this micro-batch (top of the model first); DDP starts bucket
-// reductions from it during the last micro-batch.
-typedef void (*GradsReadyFn)(void *ctx, int first_entry, int end_entry);
 
 // What one block keeps from forward for backward. act buffers (void *)
 // are in the backend's compute dtype, f32 ones (float *) in FP32; all live
@@ -76,14 +62,9 @@ typedef struct {
     const Ops *ops;
     ModelParallel par;
     int E_local;                      // experts held here
-    GradsReadyFn grads_ready;         // optional backward hook
-    void *grads_ready_ctx;
-    ParamTable table;
-    float *params[N_CLASSES];         // FP32 main weights
-    void *wact[N_CLASSES];            // compute weights (the same buffer on CPU)
-    float *grads[N_CLASSES];          // FP32, accumulated over micro-batches
+    ParamStore store;                 // table, weights, grads, router bias (params/store.h)
     int expert_grads_unset;           // set by model_zero_dense_grads, cleared by model_backward
-    int embed, final_norm, lm_head;
+    int embed, final_norm, lm_head;   // from the store's layout (params/layout.h)
     LayerParams *layers;
     int n_moe;
 
@@ -111,8 +92,8 @@ typedef struct {
     void *dsa, *dsg, *dsu, *ep_scratch;
     int max_rows_local;               // bound on rows an expert rank receives
 
-    // router state across micro-batches and steps (backend memory)
-    float *router_bias;               // [n_moe, E] aux-loss-free bias
+    // router state across micro-batches and steps (backend memory; the
+    // aux-loss-free bias is store.router_bias)
     float *step_counts;               // [n_moe, E] counts summed over the step
     float step_tokens;                // tokens those counts cover
     float *step_dropped;              // host [n_moe] rows dropped by capacity this step (at the experts)
@@ -130,26 +111,16 @@ typedef struct {
     float loss_total;                 // CE mean + coefficients * aux
 } Model;
 
-// Builds the table and allocates parameters and grads (zeroed); validates cfg.
+// Builds the store (table, parameters and grads, zeroed); validates cfg.
 // Returns -1 with a message on an invalid config.
 int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size_t errlen);
 // Same with expert parallelism (par may be NULL).
 int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const ModelParallel *par,
                         char *err, size_t errlen);
-// The parameter table of a config (one rank holding every expert), with no
-// buffers: for tools that only need names, shapes and offsets.
-int model_param_table(const ModelConfig *cfg, ParamTable *t, char *err, size_t errlen);
 // Matrices ~ normal(0, init_std), norms 1, from a seeded generator.
 void model_init_weights(Model *m, uint64_t seed);
 void model_alloc_acts(Model *m, int B, int T);
 void model_free(Model *m);
-
-float *model_param(const Model *m, int idx);     // FP32 main weights
-void *model_weight(const Model *m, int idx);     // compute weights
-float *model_grad(const Model *m, int idx);
-// After the main weights changed outside the optimizer (init, load): refresh
-// the compute weights.
-void model_sync_weights(Model *m);
 
 void model_zero_grads(Model *m);
 // As model_zero_grads for the dense grads only: the next model_backward

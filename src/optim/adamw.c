@@ -5,33 +5,23 @@
 
 #include "util/check.h"
 
-void optim_config_defaults(OptimConfig *c) {
-    c->lr = 4e-4f;
-    c->beta1 = 0.9f;
-    c->beta2 = 0.95f;
-    c->eps = 1e-8f;
-    c->weight_decay = 0.1f;
-    c->decay_norms = 0;
-    c->decay_embeddings = 0;
-}
-
-void adamw_init_range(AdamW *o, const OptimConfig *cfg, const Model *model, const size_t *begin,
+void adamw_init_range(AdamW *o, const OptimConfig *cfg, const ParamStore *s, const size_t *begin,
                       const size_t *end) {
     memset(o, 0, sizeof(*o));
     o->cfg = *cfg;
     for (int c = 0; c < N_CLASSES; c++) {
         o->begin[c] = begin[c];
         o->end[c] = end[c];
-        o->m[c] = model->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
-        o->v[c] = model->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
+        o->m[c] = s->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
+        o->v[c] = s->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
     }
-    o->ops = model->ops;
+    o->ops = s->ops;
 }
 
-void adamw_init(AdamW *o, const OptimConfig *cfg, const Model *model) {
+void adamw_init(AdamW *o, const OptimConfig *cfg, const ParamStore *s) {
     size_t begin[N_CLASSES] = {0}, end[N_CLASSES];
-    for (int c = 0; c < N_CLASSES; c++) end[c] = model->table.class_numel[c];
-    adamw_init_range(o, cfg, model, begin, end);
+    for (int c = 0; c < N_CLASSES; c++) end[c] = s->table.class_numel[c];
+    adamw_init_range(o, cfg, s, begin, end);
 }
 
 void adamw_free(AdamW *o) {
@@ -45,11 +35,11 @@ int adamw_decays(const OptimConfig *c, const ParamEntry *e) {
     return 1;
 }
 
-void adamw_step_grads(AdamW *o, Model *model, float *const *grads, float lr, float grad_scale) {
+void adamw_step_grads(AdamW *o, ParamStore *s, float *const *grads, float lr, float grad_scale) {
     o->t++;
     const OptimConfig *c = &o->cfg;
-    for (int i = 0; i < model->table.n; i++) {
-        const ParamEntry *e = &model->table.entries[i];
+    for (int i = 0; i < s->table.n; i++) {
+        const ParamEntry *e = &s->table.entries[i];
         int k = e->cls;
         // the part of this tensor inside the optimizer's range
         size_t lo = e->offset > o->begin[k] ? e->offset : o->begin[k];
@@ -57,15 +47,15 @@ void adamw_step_grads(AdamW *o, Model *model, float *const *grads, float lr, flo
         if (hi <= lo) continue;
         float wd = adamw_decays(c, e) ? c->weight_decay : 0.0f;
         size_t r = lo - o->begin[k];
-        void *act = (char *)model->wact[k] + lo * model->ops->act_bytes;
-        model->ops->adamw_update(model->params[k] + lo, act, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,
-                                 lr, c->beta1, c->beta2, c->eps, wd, grad_scale, o->t);
+        void *act = (char *)s->wact[k] + lo * s->ops->act_bytes;
+        s->ops->adamw_update(s->params[k] + lo, act, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,
+                             lr, c->beta1, c->beta2, c->eps, wd, grad_scale, o->t);
     }
 }
 
-void adamw_step(AdamW *o, Model *model, float lr, float grad_scale) {
+void adamw_step(AdamW *o, ParamStore *s, float lr, float grad_scale) {
     float *g[N_CLASSES];
-    for (int c = 0; c < N_CLASSES; c++) g[c] = model->grads[c] + o->begin[c];
-    adamw_step_grads(o, model, g, lr, grad_scale);
+    for (int c = 0; c < N_CLASSES; c++) g[c] = s->grads[c] + o->begin[c];
+    adamw_step_grads(o, s, g, lr, grad_scale);
 }
 

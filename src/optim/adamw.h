@@ -1,13 +1,9 @@
-// AdamW over the model's flat parameter buffers: FP32 moments per shard
+// AdamW over the flat buffers of a parameter store: FP32 moments per shard
 // class, decoupled weight decay, bias correction (torch.optim.AdamW's
 // arithmetic). Norm weights and the embedding are not decayed unless asked.
 #pragma once
-#include "model/model.h"
-
-typedef struct {
-    float lr, beta1, beta2, eps, weight_decay;
-    int decay_norms, decay_embeddings;
-} OptimConfig;
+#include "config/optim_config.h"
+#include "params/store.h"
 
 // The optimizer updates elements [begin, end) of each class buffer: the
 // whole buffer, or with the distributed optimizer this rank's shard; the
@@ -20,15 +16,14 @@ typedef struct {
     const Ops *ops;
 } AdamW;
 
-void optim_config_defaults(OptimConfig *c);
-void adamw_init(AdamW *o, const OptimConfig *cfg, const Model *model);
-void adamw_init_range(AdamW *o, const OptimConfig *cfg, const Model *model, const size_t *begin,
+void adamw_init(AdamW *o, const OptimConfig *cfg, const ParamStore *s);
+void adamw_init_range(AdamW *o, const OptimConfig *cfg, const ParamStore *s, const size_t *begin,
                       const size_t *end);
 void adamw_free(AdamW *o);
 // Whether a tensor is decayed under these rules.
 int adamw_decays(const OptimConfig *c, const ParamEntry *e);
 // One step at learning rate lr; grads are multiplied by grad_scale first.
-// adamw_step reads the model's grads; adamw_step_grads reads grads[c][i -
+// adamw_step reads the store's grads; adamw_step_grads reads grads[c][i -
 // begin[c]] (a reduced shard).
-void adamw_step(AdamW *o, Model *model, float lr, float grad_scale);
-void adamw_step_grads(AdamW *o, Model *model, float *const *grads, float lr, float grad_scale);
+void adamw_step(AdamW *o, ParamStore *s, float lr, float grad_scale);
+void adamw_step_grads(AdamW *o, ParamStore *s, float *const *grads, float lr, float grad_scale);

@@ -382,19 +382,19 @@ static int setup_model(Trainer *tr) {
         Model full;
         if (model_init(&full, &cfg->model, &ops_cpu, err, sizeof err)) return fatal("%s", err);
         model_init_weights(&full, t->seed);
-        for (int i = 0; i < m->table.n; i++) {
-            const ParamEntry *e = &m->table.entries[i];
-            ops->to_device(model_param(m, i), model_param(&full, i) + param_global_offset(e), e->numel * sizeof(float));
+        for (int i = 0; i < m->store.table.n; i++) {
+            const ParamEntry *e = &m->store.table.entries[i];
+            ops->to_device(param_store_main(&m->store, i), param_store_main(&full.store, i) + param_global_offset(e), e->numel * sizeof(float));
         }
         model_free(&full);
-        model_sync_weights(m);
+        param_store_sync_weights(&m->store);
     }
     m->recompute = cfg->train.recompute;
     model_alloc_acts(m, tr->MB, tr->T);
-    ddp_init(&tr->ddp, m, tr->mesh.dp_comm, tr->mesh.ep_dp_comm, tr->world, cfg->optim_sharded,
+    ddp_init(&tr->ddp, &m->store, tr->mesh.dp_comm, tr->mesh.ep_dp_comm, tr->world, cfg->optim_sharded,
              (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / 4));
-    if (cfg->optim_sharded) adamw_init_range(&tr->adamw, &cfg->optim, m, tr->ddp.shard_begin, tr->ddp.shard_end);
-    else adamw_init(&tr->adamw, &cfg->optim, m);
+    if (cfg->optim_sharded) adamw_init_range(&tr->adamw, &cfg->optim, &m->store, tr->ddp.shard_begin, tr->ddp.shard_end);
+    else adamw_init(&tr->adamw, &cfg->optim, &m->store);
     tr->layout.world = tr->world;
     for (int c = 0; c < N_CLASSES; c++) {
         tr->layout.own_begin[c] = tr->ddp.shard_begin[c];
@@ -409,7 +409,7 @@ static int setup_model(Trainer *tr) {
         if (found == 0) {
             SAY("resume: no committed checkpoint in %s, starting from step 0\n", cfg->checkpoint.dir);
         } else {
-            if (ckpt_load(path, m, &tr->adamw, &tr->st, err, sizeof err)) return fatal("cannot resume: %s", err);
+            if (ckpt_load(path, &m->cfg, &m->store, &tr->adamw, &tr->st, err, sizeof err)) return fatal("cannot resume: %s", err);
             if (tr->st.seed != t->seed)
                 SAY("resume: note: the checkpoint's seed %llu differs from train.seed %llu; using the checkpoint's\n",
                     (unsigned long long)tr->st.seed, (unsigned long long)t->seed);
@@ -466,8 +466,8 @@ static void print_header(Trainer *tr) {
     else snprintf(desc, sizeof desc, "synthetic: uniformly random tokens from seed %llu", (unsigned long long)t->seed);
     SAY("moecore train: %s (moecore %s, commit %s)\n", tr->config_path, moecore_version(), moecore_commit());
     SAY("model: %zu parameters (%zu dense, %zu expert), %d layers (%d MoE, E=%d top-%d), vocab %d (padded %d)\n",
-        m->table.class_numel[CLASS_DENSE] + m->table.class_numel[CLASS_EXPERT] * mesh->ep,
-        m->table.class_numel[CLASS_DENSE], m->table.class_numel[CLASS_EXPERT] * mesh->ep,
+        m->store.table.class_numel[CLASS_DENSE] + m->store.table.class_numel[CLASS_EXPERT] * mesh->ep,
+        m->store.table.class_numel[CLASS_DENSE], m->store.table.class_numel[CLASS_EXPERT] * mesh->ep,
         m->cfg.n_layers, m->n_moe, m->cfg.n_experts, m->cfg.top_k, m->cfg.vocab_size, m->cfg.padded_vocab);
     SAY("data: %s\n", desc);
     SAY("batch: %d x %d tokens per step (%d ranks x %d micro-batches of %d), %lld steps; %.3g FLOP/token; "
@@ -491,7 +491,7 @@ static void print_header(Trainer *tr) {
         // memory accounting of this rank; on CPU the FP32 compute weights are
         // the main weights, so a parameter costs 4 (weight) + 4 (grad) + 8/D
         // (Adam moments of this rank's 1/D shard); the BF16 GPU layout is 6 + 12/D
-        size_t pd = m->table.class_numel[CLASS_DENSE], pe = m->table.class_numel[CLASS_EXPERT], nopt = 0;
+        size_t pd = m->store.table.class_numel[CLASS_DENSE], pe = m->store.table.class_numel[CLASS_EXPERT], nopt = 0;
         for (int c = 0; c < N_CLASSES; c++) nopt += tr->adamw.end[c] - tr->adamw.begin[c];
         int dd = cfg->optim_sharded ? mesh->dp : 1, de = cfg->optim_sharded ? mesh->ep_dp : 1;
         printf("rank %d: holds %zu dense + %zu expert parameters: weights %zu B + grads %zu B + optimizer state "
@@ -688,7 +688,7 @@ static int train_step(Trainer *tr, StepResult *r) {
         float *opt_grads[N_CLASSES];
         if (t->clip_grad > 0 && r->gnorm > t->clip_grad) r->clip_scale = t->clip_grad / (r->gnorm + 1e-6);
         ddp_optimizer_grads(&tr->ddp, opt_grads);
-        adamw_step_grads(&tr->adamw, m, opt_grads, (float)lr, (float)r->clip_scale);
+        adamw_step_grads(&tr->adamw, &m->store, opt_grads, (float)lr, (float)r->clip_scale);
         ddp_gather_params(&tr->ddp);
         train_push_history(st, t->skip_window, r->loss, r->gnorm);
     } else {
@@ -775,7 +775,7 @@ static json_object *step_record(Trainer *tr, const StepResult *r, double *worst_
 
 static int save_checkpoint(Trainer *tr) {
     char err[2400];
-    if (ckpt_save(tr->cfg.checkpoint.dir, &tr->m, &tr->adamw, &tr->st, tr->config_yaml, tr->cfg.checkpoint.keep,
+    if (ckpt_save(tr->cfg.checkpoint.dir, &tr->m.cfg, &tr->m.store, &tr->adamw, &tr->st, tr->config_yaml, tr->cfg.checkpoint.keep,
                   &tr->layout, err, sizeof err))
         return fatal("checkpoint: %s", err);
     return 0;

@@ -2,10 +2,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "util/check.h"
 
 int fs_mkdirs(const char *path, int last, char *err, size_t errlen) {
     char buf[4096];
@@ -40,4 +43,33 @@ int fs_remove_dir(const char *path) {
     }
     closedir(d);
     return rc | rmdir(path);
+}
+
+int fs_fresh_dir(const char *path, char *err, size_t errlen) {
+    if (fs_remove_dir(path) && errno != ENOENT) return errorf(err, errlen, "cannot remove stale %s: %s", path, strerror(errno));
+    if (mkdir(path, 0755)) return errorf(err, errlen, "mkdir %s: %s", path, strerror(errno));
+    return 0;
+}
+
+int fs_write_text(const char *path, const char *text, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return errorf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+    size_t len = strlen(text), off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            errorf(err, errlen, "write %s: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    if (fsync(fd) || close(fd)) return errorf(err, errlen, "fsync/close %s: %s", path, strerror(errno));
+    return 0;
+}
+
+void fs_sync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) { fsync(fd); close(fd); }
 }

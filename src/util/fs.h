@@ -1,5 +1,5 @@
 // Small file-system helpers shared by the checkpoint writer, the Hugging Face
-// export and the trainer's run directory.
+// export and import, and the trainer's run directory.
 #pragma once
 #include <stddef.h>
 
@@ -9,3 +9,11 @@
 int fs_mkdirs(const char *path, int last, char *err, size_t errlen);
 // Removes a directory of plain files; absent is fine. 0 on success.
 int fs_remove_dir(const char *path);
+// Removes a stale path (a directory of plain files) and creates it empty.
+// -1 with "cannot remove stale PATH: reason" or "mkdir PATH: reason".
+int fs_fresh_dir(const char *path, char *err, size_t errlen);
+// Writes text as the whole file path, durably (fsync). -1 with a message
+// naming the path and the call.
+int fs_write_text(const char *path, const char *text, char *err, size_t errlen);
+// fsyncs a directory, so that the names created or renamed in it last.
+void fs_sync_dir(const char *path);

@@ -1,6 +1,6 @@
 // libFuzzer target for the two config parsers that read user text: the run
 // config's YAML reader and validation (src/config/config.c), and the model
-// config's JSON reader (src/model/model_config.c, used for checkpoints). Any
+// config's JSON reader (src/config/model_config.c, used for checkpoints). Any
 // input must give 0 or -1 with a message, never a crash, leak, hang or
 // undefined behaviour.
 #include <stddef.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "config/config.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[1024];

@@ -78,9 +78,9 @@ static void make_pattern_batch(int *tok, int *tgt, int n, int T, int vocab, unsi
 }
 
 static float *grads_host(const Model *m, int idx) {
-    const ParamEntry *e = &m->table.entries[idx];
+    const ParamEntry *e = &m->store.table.entries[idx];
     float *h = malloc(e->numel * sizeof(float) + 4);
-    m->ops->to_host(h, model_grad(m, idx), e->numel * sizeof(float));
+    m->ops->to_host(h, param_store_grad(&m->store, idx), e->numel * sizeof(float));
     return h;
 }
 
@@ -120,8 +120,8 @@ static void compare_step(const TestConfig *tc) {
     double worst = 0;
     const char *worst_name = "";
     int bad = 0;
-    for (int i = 0; i < cpu.table.n; i++) {
-        const ParamEntry *e = &cpu.table.entries[i];
+    for (int i = 0; i < cpu.store.table.n; i++) {
+        const ParamEntry *e = &cpu.store.table.entries[i];
         float *gc = grads_host(&cpu, i), *gg = grads_host(&gpu, i);
         double d = 0, r = 0;
         int finite = 1;
@@ -140,10 +140,10 @@ static void compare_step(const TestConfig *tc) {
     }
     if (!strict) {
         printf("info %s, learned routing: %d gradients, worst rel err %.3e (%s): not bounded, see the header\n",
-               tc->name, cpu.table.n, worst, worst_name);
+               tc->name, cpu.store.table.n, worst, worst_name);
     } else {
         printf("%s %s, %s routing: %d gradients, worst rel err %.3e (%s), tol %.0e\n", bad ? "FAIL" : "ok  ",
-               tc->name, routing, cpu.table.n, worst, worst_name, GRAD_TOL);
+               tc->name, routing, cpu.store.table.n, worst, worst_name, GRAD_TOL);
         if (bad) gt_fail++; else gt_pass++;
     }
     free(tok); free(tgt);
@@ -160,8 +160,8 @@ static void compare_curves(const TestConfig *tc) {
     optim_config_defaults(&oc);
     oc.lr = 1e-3f;
     AdamW oa, og;
-    adamw_init(&oa, &oc, &cpu);
-    adamw_init(&og, &oc, &gpu);
+    adamw_init(&oa, &oc, &cpu.store);
+    adamw_init(&og, &oc, &gpu.store);
     int N = B * T, *tok = malloc(N * sizeof(int)), *tgt = malloc(N * sizeof(int));
     double worst = 0;
     int worst_step = 0;
@@ -176,7 +176,7 @@ static void compare_curves(const TestConfig *tc) {
             model_begin_step(ms[i]);
             l[i] = model_forward(ms[i], tok, tgt, 1);
             model_backward(ms[i], 1.0f / ms[i]->n_valid, 1.0f);
-            adamw_step(os[i], ms[i], oc.lr, 1.0f);
+            adamw_step(os[i], &ms[i]->store, oc.lr, 1.0f);
             model_end_step(ms[i]);
         }
         double d = fabs(l[1] - l[0]) / fabs(l[0]);
@@ -253,7 +253,7 @@ static void recompute_step(const TestConfig *tc) {
     make_batch(tok, tgt, 2 * N, T, m[0].cfg.vocab_size, 13);
     for (int r = 0; r < 3; r++) {
         if (r == 2) {
-            gt_poison(m[r].grads[CLASS_EXPERT], m[r].table.class_numel[CLASS_EXPERT] * sizeof(float));
+            gt_poison(m[r].store.grads[CLASS_EXPERT], m[r].store.table.class_numel[CLASS_EXPERT] * sizeof(float));
             model_zero_dense_grads(&m[r]);
         } else {
             model_zero_grads(&m[r]);
@@ -265,10 +265,10 @@ static void recompute_step(const TestConfig *tc) {
         }
     }
     int same = 1;
-    for (int i = 0; i < m[0].table.n && same; i++) {
+    for (int i = 0; i < m[0].store.table.n && same; i++) {
         float *a = grads_host(&m[0], i), *b = grads_host(&m[1], i);
-        same = !memcmp(a, b, m[0].table.entries[i].numel * sizeof(float));
-        if (!same) printf("      %s: grads of %s differ with recompute\n", tc->name, m[0].table.entries[i].name);
+        same = !memcmp(a, b, m[0].store.table.entries[i].numel * sizeof(float));
+        if (!same) printf("      %s: grads of %s differ with recompute\n", tc->name, m[0].store.table.entries[i].name);
         free(a); free(b);
     }
     int ok = same && m[1].arena_bytes < m[0].arena_bytes;
@@ -276,11 +276,11 @@ static void recompute_step(const TestConfig *tc) {
            ok ? "ok  " : "FAIL", tc->name, m[1].arena_bytes / 1048576.0, m[0].arena_bytes / 1048576.0);
     if (ok) gt_pass++; else gt_fail++;
     same = 1;
-    for (int i = 0; i < m[0].table.n && same; i++) {
+    for (int i = 0; i < m[0].store.table.n && same; i++) {
         float *a = grads_host(&m[0], i), *b = grads_host(&m[2], i);
-        same = !memcmp(a, b, m[0].table.entries[i].numel * sizeof(float));
+        same = !memcmp(a, b, m[0].store.table.entries[i].numel * sizeof(float));
         if (!same) printf("      %s: grads of %s differ when written by the first backward\n", tc->name,
-                          m[0].table.entries[i].name);
+                          m[0].store.table.entries[i].name);
         free(a); free(b);
     }
     printf("%s %s: expert grads written by the first backward (over NaN) bit-identical to zero + add\n",

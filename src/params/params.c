@@ -1,4 +1,4 @@
-#include "model/params.h"
+#include "params/params.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 // Model config: defaults, one key table, parsing, validation, JSON.
-#include "model/model_config.h"
+#include "config/model_config.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "util/check.h"
 #include "util/text.h"
 
 typedef enum { K_INT, K_FLOAT, K_BOOL, K_ENUM } KeyType;
@@ -122,7 +123,6 @@ int model_config_set(ModelConfig *c, const char *key, const char *value, char *e
     return -1;
 }
 
-#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 #define POSITIVE(f) do { if (c->f <= 0) FAIL("model." #f " must be positive, got %d", c->f); } while (0)
 #define NONNEG(f) do { if (c->f < 0) FAIL("model." #f " must be >= 0, got %d", c->f); } while (0)
 

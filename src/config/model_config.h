@@ -67,5 +67,10 @@ extern const char *const model_config_keys[];
 static inline int model_is_moe_layer(const ModelConfig *c, int l) {
     return c->n_experts > 0 && l >= c->dense_layers;
 }
+static inline int model_moe_layers(const ModelConfig *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += model_is_moe_layer(c, l);
+    return n;
+}
 static inline int model_q_dim(const ModelConfig *c) { return c->n_heads * c->head_dim; }
 static inline int model_kv_dim(const ModelConfig *c) { return c->n_kv_heads * c->head_dim; }
