@@ -38,7 +38,8 @@
 // HBM, as rotating input sets larger than L2 would). Products print
 // TFLOP/s (the FLOPs are stated per builder); memory-bound ops print GB/s of
 // each buffer moved once (inputs read, outputs written, accumulated outputs
-// read and written; gathers and scatters count the rows they touch).
+// read and written; embedding_backward counts only the rows of dwte that
+// its tokens touch), as bench_kernels counts them.
 //
 // Usage: test_backend_ops [--perf] [-o PREFIX[,PREFIX...]] [--list]
 //   -o: only the cases (and special checks) whose op starts with a prefix;
@@ -830,7 +831,6 @@ static void add_permute(int N, int k, int C, int acc, int mis, int flags) {
     c->N = N, c->k = k, c->C = C, c->R = R;
     c->flags = flags & PERF;
     c->init = init_tor;
-    c->bytes = 2.0 * rc * 2; // R rows read, R rows written
     tin(c, "token_of_row", I32, R, G_CUSTOM, 0);
     tin(c, "x", ACT, nc, G_UNIFORM, 1);
     dims2(tout(c, "xp", ACT, rc, &B_EXACT), R, C)->flags |= mis ? MIS : 0;
@@ -838,7 +838,6 @@ static void add_permute(int N, int k, int C, int acc, int mis, int flags) {
     c->N = N, c->k = k, c->C = C, c->R = R, c->acc = acc;
     c->flags = flags;
     c->init = init_tor;
-    c->bytes = (double)rc * 2 + nc * 2;
     tin(c, "token_of_row", I32, R, G_CUSTOM, 0);
     tin(c, "dxp", ACT, rc, G_UNIFORM, 1);
     dims2(tio(c, "dx", ACT, nc, acc, G_UNIFORM, 1, &B_BF16), N, C)->flags |= mis ? MIS : 0;
@@ -872,7 +871,6 @@ static void add_unpermute(int N, int k, int C, int acc, int mis, int flags) {
     c->N = N, c->k = k, c->C = C, c->R = R, c->acc = acc;
     c->flags = flags;
     c->init = init_unpermute_fwd;
-    c->bytes = (double)rc * 2 + nc * 2 * (acc ? 2 : 1); // R rows read, N rows written (and read)
     tin(c, "row_of", I32, nk, G_CUSTOM, 0);
     tin(c, "y", ACT, rc, G_UNIFORM, 1);
     tin(c, "weights", F32, nk, G_CUSTOM, 0);
