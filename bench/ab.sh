@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A/B measurements for issue #6 on one GPU, in one device call. Each
 # argument is a step:
-#   gemm:ENV=V,ENV=V     test_cuda_gemm (checks + timings) under those variables
-#   attn:ENV=V,...       test_cuda_attention likewise
+#   gemm                 test_backend_ops --perf on the products: checks and timings under every
+#                        kernel choice (device.cuda.* through CudaSettings, one line per choice)
+#   attn                 test_backend_ops --perf on attention likewise
 #   model                test_cuda_model
 #   kernels              the kernel table (build/tests/gpu/bench_kernels)
 #   bench:NAME:ENV=V,..:CONFIG[:--key=value...]   moecore bench of one config
@@ -26,22 +27,20 @@ for step in "$@"; do
   n=$((n + 1))
   t0=$(date +%s)
   case $step in
-    gemm:*)
-      e=${step#gemm:}
+    gemm)
       log="$out/gemm$n.log"
-      env $(envs "$e") timeout 150 build/tests/gpu/test_cuda_gemm > "$log" 2>&1
+      timeout 150 build/tests/gpu/test_backend_ops --perf -o matmul,router_logits,grouped > "$log" 2>&1
       rc=$?
-      echo "== gemm [$e] exit $rc ($(( $(date +%s) - t0 )) s): $(grep -c '^FAIL' "$log") FAIL, $(tail -n 1 "$log")" >> "$summary"
+      echo "== gemm exit $rc ($(( $(date +%s) - t0 )) s): $(grep -c '^FAIL' "$log") FAIL, $(tail -n 1 "$log")" >> "$summary"
       if [ $rc = 124 ]; then echo "   timed out (a hang?): stopping here" >> "$summary"; tail -n 5 "$log" >> "$summary"; break; fi
       grep -E "^FAIL" "$log" | head -n 5 >> "$summary"
-      grep -iE "^time .*olmoe" "$log" >> "$summary" ;;
-    attn:*)
-      e=${step#attn:}
+      grep -E "^perf " "$log" >> "$summary" ;;
+    attn)
       log="$out/attn$n.log"
-      env $(envs "$e") timeout 200 build/tests/gpu/test_cuda_attention > "$log" 2>&1
-      echo "== attention [$e] exit $? ($(( $(date +%s) - t0 )) s): $(grep -c '^FAIL' "$log") FAIL, $(tail -n 1 "$log")" >> "$summary"
+      timeout 200 build/tests/gpu/test_backend_ops --perf -o attention > "$log" 2>&1
+      echo "== attention exit $? ($(( $(date +%s) - t0 )) s): $(grep -c '^FAIL' "$log") FAIL, $(tail -n 1 "$log")" >> "$summary"
       grep -E "^FAIL" "$log" | head -n 5 >> "$summary"
-      grep -E "^time .*T=4096|differ|variant" "$log" | head -n 30 >> "$summary" ;;
+      grep -E "^perf |T=4096.* vs \[" "$log" | head -n 30 >> "$summary" ;;
     model)
       log="$out/model.log"
       timeout 300 build/tests/gpu/test_cuda_model > "$log" 2>&1

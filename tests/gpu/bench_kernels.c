@@ -48,8 +48,8 @@
 // Validation: a first run (set 0, outputs poisoned or prefilled like the
 // timed runs) against the CPU backend on the same values: relative L2 error
 // ||gpu - cpu|| / ||cpu|| over the whole output, every element finite.
-// Tolerances are the GPU tests' (see the headers of test_cuda_gemm.c,
-// test_cuda_attention.c, test_cuda_kernels.c for why each holds):
+// Tolerances are the GPU tests' (see the bounds of test_backend_ops.c for
+// why each holds):
 //   BF16 outputs 1e-2; FP32 dw of the GEMMs 1e-2; FP32 outputs of the
 //   memory-bound kernels 1e-5; unpermute's dweights (dots over C) 1e-4;
 //   attention 1e-2; gathers, copies and the BF16 casts exact (bits).
