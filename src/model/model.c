@@ -342,9 +342,19 @@ void model_set_batch(Model *m, const int *tokens, const int *targets) {
     int N = m->B * m->T;
     m->ops->to_device(m->tokens, tokens, N * sizeof(int));
     m->ops->to_device(m->targets, targets, N * sizeof(int));
-    int valid = 0;
-    for (int n = 0; n < N; n++) valid += targets[n] >= 0;
-    m->n_valid = valid;
+    m->n_valid = (int)model_count_valid(targets, N);
+}
+
+int64_t model_count_valid(const int *targets, size_t n) {
+    int64_t valid = 0;
+    for (size_t i = 0; i < n; i++) valid += targets[i] >= 0;
+    return valid;
+}
+
+double model_aux_loss(const ModelConfig *c, const double *lb, const double *z, int n_moe) {
+    double aux = 0;
+    for (int i = 0; i < n_moe; i++) aux += (double)c->lb_coef * lb[i] + (double)c->z_coef * z[i];
+    return aux;
 }
 
 void model_forward_async(Model *m, uint64_t route_seed) {
@@ -398,9 +408,9 @@ float model_forward(Model *m, const int *tokens, const int *targets, uint64_t ro
         m->ops->to_host(m->z, m->z_mb, m->n_moe * sizeof(float));
     }
     m->loss_ce = m->n_valid ? (float)(m->ce_sum / m->n_valid) : 0.0f;
-    double aux = 0;
-    for (int i = 0; i < m->n_moe; i++) aux += (double)c->lb_coef * m->lb[i] + (double)c->z_coef * m->z[i];
-    m->loss_total = (float)(m->loss_ce + aux);
+    double lb[m->n_moe + 1], z[m->n_moe + 1];
+    for (int i = 0; i < m->n_moe; i++) { lb[i] = m->lb[i]; z[i] = m->z[i]; }
+    m->loss_total = (float)(m->loss_ce + model_aux_loss(c, lb, z, m->n_moe));
     return m->loss_total;
 }
 

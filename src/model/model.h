@@ -146,6 +146,12 @@ void model_forward_async(Model *m, uint64_t route_seed);
 // without the host code).
 void model_count_micro_batch(Model *m);
 float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed);
+// Targets >= 0 among n (masked ones are -1): what the CE is normalised by.
+int64_t model_count_valid(const int *targets, size_t n);
+// The auxiliary part of the loss, lb_coef sum_l LB_l + z_coef sum_l Z_l, from
+// per-layer raw values (a micro-batch's in model_forward, the step's means
+// in the trainer).
+double model_aux_loss(const ModelConfig *c, const double *lb, const double *z, int n_moe);
 // Backward of ce_scale * ce_sum + aux_scale * (lb_coef sum LB + z_coef sum Z);
 // grads accumulate.
 void model_backward(Model *m, float ce_scale, float aux_scale);

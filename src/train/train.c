@@ -626,8 +626,7 @@ static int train_step(Trainer *tr, StepResult *r) {
         snprintf(msg, sizeof msg, "step %lld: %s", (long long)step + 1, err);
         return fatal("%s", msg);
     }
-    int64_t valid = 0;
-    for (size_t i = 0; i < (size_t)tr->G_local * T; i++) valid += tr->targets[i] >= 0;
+    int64_t valid = model_count_valid(tr->targets, (size_t)tr->G_local * T);
     comm_allreduce(tr->mesh.dp_comm, &valid, 1, COMM_I64);
     // the first backward writes the expert grads, unless graphs replay it
     if (tr->use_graph) model_zero_grads(m);
@@ -672,15 +671,13 @@ static int train_step(Trainer *tr, StepResult *r) {
         comm_allreduce(tr->mesh.dp_comm, m->step_counts, (size_t)L * E, COMM_F32);
         m->ops->to_host(tr->counts_host, m->step_counts, (size_t)L * E * sizeof(float));
     }
-    double aux = 0;
     r->ce = valid ? ce_sum / valid : 0;
     r->lb_raw = r->z_raw = 0;
     for (int l = 0; l < L; l++) {
-        aux += m->cfg.lb_coef * lb_step[l] + m->cfg.z_coef * z_step[l];
         r->lb_raw += lb_step[l];
         r->z_raw += z_step[l];
     }
-    r->loss = r->ce + aux;
+    r->loss = r->ce + model_aux_loss(&m->cfg, lb_step, z_step, L);
     r->gnorm = ddp_grad_norm(&tr->ddp);
     r->skipped = train_should_skip(st, t, r->loss, r->gnorm);
     r->clip_scale = 1.0;
