@@ -1,0 +1,236 @@
+// What a training run reports: the run header, the description of the
+// build and device that every record carries, each step's metrics.jsonl
+// record and its console line (DESIGN.md §8).
+#include <cblas.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "train/metrics.h"
+#include "train/trainer.h"
+#include "util/check.h"
+#include "util/version.h"
+#ifdef MOECORE_CUDA
+#include "ops/cuda/ops_cuda.h"
+#endif
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Dense BF16 peak of known GPUs for MFU; on CPU a measured SGEMM rate.
+double measure_cpu_peak_tflops(void) {
+    int n = 512;
+    float *a = mallocCheck((size_t)n * n * 4), *b = mallocCheck((size_t)n * n * 4), *c = mallocCheck((size_t)n * n * 4);
+    for (int i = 0; i < n * n; i++) { a[i] = (float)(i % 7) * 0.1f; b[i] = (float)(i % 5) * 0.1f; }
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+        double dt = now_s() - t0;
+        if (dt < best) best = dt;
+    }
+    free(a); free(b); free(c);
+    return 2.0 * n * n * n / best / 1e12;
+}
+
+double peak_rss_mib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+void fmt_duration(char *buf, size_t n, double s) {
+    if (s < 0 || !isfinite(s)) { snprintf(buf, n, "?"); return; }
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
+    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, n, "%lds", t);
+}
+
+// The run's description for its records: build, device, kernel choices.
+json_object *run_info_json(const Trainer *tr) {
+    const RunConfig *cfg = &tr->cfg;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "version", json_object_new_string(moecore_version()));
+    json_object_object_add(o, "commit", json_object_new_string(moecore_commit()));
+    json_object_object_add(o, "ranks", json_object_new_int(train_world_size));
+    json_object_object_add(o, "device_type", json_object_new_string(tr->ops->name));
+#ifdef MOECORE_CUDA
+    if (cfg->device.type == 1) {
+        CudaDeviceInfo d;
+        cuda_device_info(&d);
+        char cc[16];
+        snprintf(cc, sizeof cc, "%d.%d", d.cc_major, d.cc_minor);
+        json_object_object_add(o, "device", json_object_new_string(d.name));
+        json_object_object_add(o, "compute_capability", json_object_new_string(cc));
+        json_object_object_add(o, "driver", json_object_new_string(d.driver));
+        json_object_object_add(o, "cuda_driver_api", json_object_new_int(d.driver_api));
+        json_object_object_add(o, "cuda_runtime", json_object_new_int(d.runtime));
+        const CudaSettings *s = &cfg->device.cuda;
+        const char *kn[2] = {"wgmma", "mma_sync"};
+        json_object *c = json_object_new_object();
+        json_object_object_add(c, "grouped_gemm", json_object_new_string(kn[s->grouped_gemm]));
+        json_object_object_add(c, "grouped_wgrad", json_object_new_string(kn[s->grouped_wgrad]));
+        json_object_object_add(c, "gemm_tma", json_object_new_boolean(s->gemm_tma));
+        json_object_object_add(c, "attention_ds_mib", json_object_new_int(s->attention_ds_mib));
+        json_object_object_add(o, "device_cuda", c);
+        json_object_object_add(o, "cuda_graph", json_object_new_boolean(tr->use_graph));
+    }
+#else
+    (void)cfg;
+#endif
+    return o;
+}
+
+// The run header: what trains on what, with which layout and kernels.
+void print_header(Trainer *tr) {
+    const RunConfig *cfg = &tr->cfg;
+    const TrainSection *t = &cfg->train;
+    const Model *m = &tr->m;
+    const Mesh *mesh = &tr->mesh;
+    tr->peak = cfg->device.peak_tflops;
+    const char *peak_name = "device.peak_tflops";
+    if (tr->peak <= 0 && cfg->device.type == 1) { tr->peak = 989; peak_name = "H100/H200 SXM dense BF16 peak"; }
+    if (tr->peak <= 0) { tr->peak = measure_cpu_peak_tflops(); peak_name = "measured CPU SGEMM 512^3"; }
+    tr->fpt = flops_per_token(&m->cfg);
+    char desc[1024];
+    if (tr->train) data_describe(tr->train, desc, sizeof desc);
+    else snprintf(desc, sizeof desc, "synthetic: uniformly random tokens from seed %llu", (unsigned long long)t->seed);
+    SAY("moecore train: %s (moecore %s, commit %s)\n", tr->config_path, moecore_version(), moecore_commit());
+    SAY("model: %zu parameters (%zu dense, %zu expert), %d layers (%d MoE, E=%d top-%d), vocab %d (padded %d)\n",
+        m->store.table.class_numel[CLASS_DENSE] + m->store.table.class_numel[CLASS_EXPERT] * mesh->ep,
+        m->store.table.class_numel[CLASS_DENSE], m->store.table.class_numel[CLASS_EXPERT] * mesh->ep,
+        m->cfg.n_layers, m->n_moe, m->cfg.n_experts, m->cfg.top_k, m->cfg.vocab_size, m->cfg.padded_vocab);
+    SAY("data: %s\n", desc);
+    SAY("batch: %d x %d tokens per step (%d ranks x %d micro-batches of %d), %lld steps; %.3g FLOP/token; "
+        "MFU denominator %.3f TFLOP/s per device (%s)\n",
+        tr->G, tr->T, mesh->dp, tr->M, tr->MB, (long long)t->steps, tr->fpt, tr->peak, peak_name);
+    SAY("parallel: %d ranks, dp %d = ep %d x ep_dp %d, pp %d; optimizer %s\n", train_world_size, mesh->dp, mesh->ep,
+        mesh->ep_dp, mesh->pp, cfg->optim_sharded ? "sharded over the data-parallel groups" : "replicated");
+#ifdef MOECORE_CUDA
+    if (cfg->device.type == 1) {
+        CudaDeviceInfo d;
+        cuda_device_info(&d);
+        const CudaSettings *s = &cfg->device.cuda;
+        const char *kn[2] = {"wgmma", "mma_sync"};
+        SAY("device: %s (sm_%d%d, %d SMs, %.1f GiB), driver %s, CUDA runtime %d.%d\n", d.name, d.cc_major,
+            d.cc_minor, d.sms, d.memory_gib, d.driver, d.runtime / 1000, d.runtime % 1000 / 10);
+        SAY("device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d\n", kn[s->grouped_gemm],
+            kn[s->grouped_wgrad], s->gemm_tma ? "true" : "false", s->attention_ds_mib);
+    }
+#endif
+    {
+        // memory accounting of this rank; on CPU the FP32 compute weights are
+        // the main weights, so a parameter costs 4 (weight) + 4 (grad) + 8/D
+        // (Adam moments of this rank's 1/D shard); the BF16 GPU layout is 6 + 12/D
+        size_t pd = m->store.table.class_numel[CLASS_DENSE], pe = m->store.table.class_numel[CLASS_EXPERT], nopt = 0;
+        for (int c = 0; c < N_CLASSES; c++) nopt += tr->adamw.end[c] - tr->adamw.begin[c];
+        int dd = cfg->optim_sharded ? mesh->dp : 1, de = cfg->optim_sharded ? mesh->ep_dp : 1;
+        printf("rank %d: holds %zu dense + %zu expert parameters: weights %zu B + grads %zu B + optimizer state "
+               "%zu B (moments of 1/%d of dense, 1/%d of expert) = %.4f B/param\n",
+               comm_rank(tr->world), pd, pe, (pd + pe) * 4, (pd + pe) * 4, nopt * 8, dd, de,
+               (double)((pd + pe) * 8 + nopt * 8) / (pd + pe));
+        fflush(stdout);
+    }
+    comm_barrier(tr->world);
+    SAY("run dir: %s, checkpoints: %s\n", cfg->logging.run_dir, cfg->checkpoint.dir);
+}
+
+// The step's metrics.jsonl record (rank 0 writes it); fills the per-layer
+// max/mean loads, returns the worst one and whether gerrymandering is flagged.
+json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, double *dropped_total,
+                                double *rows_total, int *flagged) {
+    const Model *m = &tr->m;
+    const TrainState *st = &tr->st;
+    const Ops *ops = tr->ops;
+    int L = tr->L, E = tr->E;
+    double tps = (double)tr->G * tr->T / r->dt, tflops = tps * tr->fpt / 1e12 / train_world_size;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "step", json_object_new_int64(st->step));
+    json_object_object_add(o, "loss", json_object_new_double(r->loss));
+    json_object_object_add(o, "ce", json_object_new_double(r->ce));
+    json_object_object_add(o, "lb", json_object_new_double(m->cfg.lb_coef * r->lb_raw));
+    json_object_object_add(o, "lb_raw", json_object_new_double(r->lb_raw));
+    json_object_object_add(o, "z_loss", json_object_new_double(m->cfg.z_coef * r->z_raw));
+    json_object_object_add(o, "z_loss_raw", json_object_new_double(r->z_raw));
+    json_object_object_add(o, "lr", json_object_new_double(r->lr));
+    json_object_object_add(o, "grad_norm", json_object_new_double(r->gnorm));
+    json_object_object_add(o, "clip_scale", json_object_new_double(r->clip_scale));
+    json_object_object_add(o, "skipped", json_object_new_boolean(r->skipped));
+    json_object_object_add(o, "skipped_total", json_object_new_int64(st->skipped_steps));
+    json_object_object_add(o, "tokens", json_object_new_int64(st->tokens_seen));
+    json_object_object_add(o, "tokens_per_s", json_object_new_double(tps));
+    json_object_object_add(o, "tokens_per_s_device", json_object_new_double(tps / train_world_size));
+    json_object_object_add(o, "tflops_per_device", json_object_new_double(tflops));
+    json_object_object_add(o, "mfu", json_object_new_double(tflops / tr->peak));
+    json_object_object_add(o, "mfu_denominator_tflops", json_object_new_double(tr->peak));
+    json_object_object_add(o, "peak_mem_mib", json_object_new_double(peak_rss_mib()));
+    if (ops->device_memory_used) {
+        double used = ops->device_memory_used() / 1048576.0;
+        if (used > tr->peak_dev_mib) tr->peak_dev_mib = used;
+        json_object_object_add(o, "device_mem_mib", json_object_new_double(tr->peak_dev_mib));
+    }
+    json_object_object_add(o, "step_time_s", json_object_new_double(r->dt));
+    json_object *layers = json_object_new_array();
+    *worst_max = *dropped_total = *rows_total = 0;
+    for (int l = 0; l < L; l++) {
+        ExpertLoad el;
+        expert_load_stats(tr->counts_host + (size_t)l * E, E, &el);
+        tr->maxload[l] = el.max_over_mean;
+        if (el.max_over_mean > *worst_max) *worst_max = el.max_over_mean;
+        *dropped_total += m->step_dropped[l];
+        *rows_total += m->step_rows[l];
+        json_object *lo = json_object_new_object();
+        json_object_object_add(lo, "lb_raw", json_object_new_double(tr->lb_step[l]));
+        json_object_object_add(lo, "z_raw", json_object_new_double(tr->z_step[l]));
+        json_object_object_add(lo, "load_max_over_mean", json_object_new_double(el.max_over_mean));
+        json_object_object_add(lo, "load_min_over_mean", json_object_new_double(el.min_over_mean));
+        json_object_object_add(lo, "load_cv", json_object_new_double(el.cv));
+        json_object_object_add(lo, "dead_experts", json_object_new_int(el.dead));
+        json_object_object_add(lo, "dropped_rows", json_object_new_double(m->step_dropped[l]));
+        json_object_object_add(lo, "routed_rows", json_object_new_double(m->step_rows[l]));
+        json_object_object_add(lo, "dropped_fraction",
+                               json_object_new_double(m->step_rows[l] > 0 ? m->step_dropped[l] / m->step_rows[l] : 0));
+        json_object_array_add(layers, lo);
+    }
+    *flagged = L ? gerrymander_push(&tr->gm, tr->lb_step, tr->maxload, tr->gflags) : 0;
+    for (int l = 0; l < L; l++)
+        json_object_object_add(json_object_array_get_idx(layers, l), "gerrymander_flag",
+                               json_object_new_boolean(tr->gflags[l]));
+    json_object_object_add(o, "moe_layers", layers);
+    json_object_object_add(o, "dropped_fraction", json_object_new_double(*rows_total > 0 ? *dropped_total / *rows_total : 0));
+    json_object_object_add(o, "gerrymander_flag", json_object_new_boolean(*flagged > 0));
+    if (!tr->run_info_written) {
+        json_object_object_add(o, "run", run_info_json(tr));
+        tr->run_info_written = 1;
+    }
+    return o;
+}
+
+// The console line of a logged step: losses, lr, grad norm, throughput over
+// the log window (avg_tps), MFU, expert load, memory and the ETA.
+void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, double eta_s, double worst_max,
+                     double dropped_total, double rows_total, int flagged) {
+    const TrainSection *t = &tr->cfg.train;
+    double fpt = tr->fpt, peak = tr->peak;
+    char eta[32];
+    fmt_duration(eta, sizeof eta, eta_s);
+    char drop[48] = "";
+    if (dropped_total > 0) snprintf(drop, sizeof drop, " | dropped %.2f%%", 100 * dropped_total / rows_total);
+    char mem[48];
+    if (tr->ops->device_memory_used) snprintf(mem, sizeof mem, "%.1f GiB GPU", tr->peak_dev_mib / 1024);
+    else snprintf(mem, sizeof mem, "%.0f MiB RSS", peak_rss_mib());
+    SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb %.4f | z %.4f | lr %.2e | gnorm %.3f%s | "
+        "%.0f tok/s | %.3f TFLOP/s/dev | MFU %.1f%% | load max/mean %.2f%s%s | %s | ETA %s\n",
+        (long long)tr->st.step, (long long)t->steps, r->loss, r->ce, r->lb_raw, r->z_raw, r->lr, r->gnorm,
+        r->skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / train_world_size,
+        100 * avg_tps * fpt / 1e12 / train_world_size / peak, worst_max, drop, flagged ? " GERRYMANDER?" : "",
+        mem, eta);
+}

@@ -1,0 +1,78 @@
+// The training process's state, shared by train.c (set-up, steps, loop,
+// teardown) and train_report.c (what the run prints and records). Private
+// to src/train/.
+#pragma once
+#include <json-c/json.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ckpt/checkpoint.h"
+#include "config/config.h"
+#include "data/data.h"
+#include "dist/comm.h"
+#include "dist/ddp.h"
+#include "dist/mesh.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+#include "train/metrics.h"
+#include "train/train.h"
+
+// Rank 0 of the job prints; the number of ranks (set by train_run).
+extern int train_rank0, train_world_size;
+#define SAY(...) do { if (train_rank0) { printf(__VA_ARGS__); fflush(stdout); } } while (0)
+
+// Everything one training process holds, from set-up to teardown.
+typedef struct {
+    RunConfig cfg;
+    const char *config_path;
+    int resume;
+    int64_t stop_after;        // --stop-after (0: run to train.steps)
+    TrainOptions opt;          // bench's
+    Comm *world;
+    const Ops *ops;
+    Mesh mesh;
+    int T, G, MB, G_local, M, M_total;  // sequence, global batch, micro-batch; per rank; micro-batches
+    DataLoader *train, *eval;
+    Model m;
+    Ddp ddp;
+    AdamW adamw;
+    CkptLayout layout;
+    TrainState st;
+    int *tokens, *targets;     // this rank's slice of a step's batch [G_local, T]
+    char *config_yaml;         // the resolved config, saved in the run dir and in checkpoints
+    FILE *metrics;             // rank 0
+    double peak, fpt;          // MFU denominator (TFLOP/s), useful FLOPs per token
+    // per-step statistics, MoE layers L x experts E
+    int L, E;
+    double *red, *lb_step, *z_step, *maxload;
+    float *counts_host;
+    int *gflags;
+    Gerrymander gm;
+    // the CUDA graph of one micro-batch's forward + backward
+    int use_graph, graph_tries;
+    void *graph;
+    float graph_scale;
+    double peak_dev_mib;
+    int run_info_written;      // the first metrics record of this process carries the run's description
+} Trainer;
+
+// What one optimizer step produced.
+typedef struct {
+    int64_t step;              // 0-based index of the step
+    double lr, loss, ce, lb_raw, z_raw, gnorm, clip_scale, dt;
+    int skipped;
+} StepResult;
+
+// train_report.c
+double measure_cpu_peak_tflops(void);  // a measured SGEMM rate, the CPU's MFU denominator
+double peak_rss_mib(void);
+void fmt_duration(char *buf, size_t n, double s);
+json_object *run_info_json(const Trainer *tr);
+// Sets tr->peak and tr->fpt, prints the header (rank 0; every rank its memory line).
+void print_header(Trainer *tr);
+// The step's metrics.jsonl record; fills the per-layer loads, the worst
+// max/mean load, dropped and routed rows, and whether gerrymandering is flagged.
+json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, double *dropped_total,
+                         double *rows_total, int *flagged);
+void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, double eta_s, double worst_max,
+                     double dropped_total, double rows_total, int flagged);
