@@ -91,6 +91,7 @@ build/tests/gpu/bench_kernels: tests/gpu/bench_kernels.c build/libmoecore.a $(sh
 # build/lib/COMMIT names the commit the bundle was built from (a lent
 # machine's copy of .git need not be current).
 gpu-bundle: build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+	@for f in build/tests/gpu/test_*; do case " $(GPU_TEST_BIN) " in *" $$f "*) ;; *) rm -f "$$f" ;; esac; done
 	@bash scripts/bundle-libs.sh build/lib build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 	@git describe --always --dirty > build/lib/COMMIT 2>/dev/null || echo unknown > build/lib/COMMIT
 
