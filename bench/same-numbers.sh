@@ -42,3 +42,5 @@ print(f"{cfg}: losses bit-identical in all 4 runs: {same}; loss at step 10 A {l1
       + " B " + " ".join(f"{statistics.median([r['tokens_per_s'] for r in run if r['step'] > warmup] or [0]):.0f}" for run in runs["B"]))
 EOF
 done
+# few files come back from a lent machine: the runs travel as one archive
+(cd "$out" && tar czf runs.tgz --remove-files A-* B-* 2>/dev/null)
