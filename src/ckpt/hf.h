@@ -55,6 +55,10 @@ const char *hf_format_name(HfFormat f);           // "olmoe", "flex_olmo", "auto
 // Resolves HF_AUTO from the norm placement and checks that c can be written
 // as format f; -1 with a message naming the model.* key otherwise.
 int hf_check_config(const ModelConfig *c, HfFormat *f, char *err, size_t errlen);
+// Parses JSON text into an object; NULL with "PATH: not valid JSON (...)"
+// or "PATH: not a JSON object" in err (hf_config.c).
+struct json_object;
+struct json_object *hf_parse_json(const char *text, const char *path, char *err, size_t errlen);
 // config.json text for c (malloc'd); c must have passed hf_check_config.
 char *hf_config_json(const ModelConfig *c, HfFormat f, StDtype dtype);
 // Reads config.json text into a moecore model config (validated) and the
