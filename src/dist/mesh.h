@@ -13,4 +13,11 @@ typedef struct {
 
 // Sizes must already be validated (dp * pp = world size, ep | dp).
 void mesh_init(Mesh *m, Comm *world, int dp, int ep, int pp);
+// The sizes and coordinates of a rank, without communicators: what every
+// launcher and communicator (MPI here, NCCL's split) agrees on.
+void mesh_coords(Mesh *m, int rank, int dp, int ep, int pp);
+// The split of the world into the dp, ep and ep_dp groups: ranks with the
+// same color[g] form group g, ordered by key[g].
+enum { MESH_DP = 0, MESH_EP = 1, MESH_EP_DP = 2, MESH_GROUPS = 3 };
+void mesh_groups(const Mesh *m, int color[MESH_GROUPS], int key[MESH_GROUPS]);
 void mesh_free(Mesh *m);
