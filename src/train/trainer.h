@@ -25,7 +25,9 @@ extern int train_rank0, train_world_size;
 typedef struct {
     RunConfig cfg;
     const char *config_path;
-    int resume;
+    int resume, overwrite;     // --resume, --overwrite
+    char resumed[CFG_PATH_MAX + 64]; // the checkpoint this run resumed from ("" none)
+    int lock_fd[2];            // rank 0's locks on logging.run_dir and checkpoint.dir (-1 none)
     int64_t stop_after;        // --stop-after (0: run to train.steps)
     TrainOptions opt;          // bench's
     Comm *world;
@@ -54,6 +56,7 @@ typedef struct {
     float graph_scale;
     double peak_dev_mib;
     int run_info_written;      // the first metrics record of this process carries the run's description
+    int64_t saved_step;        // the newest step committed by or resumed from in this process (-1 none)
 } Trainer;
 
 // What one optimizer step produced.
