@@ -1,5 +1,5 @@
-// Unit tests of the training loop's pieces: LR schedules, skip-step,
-// expert-load statistics, the token-gerrymandering flag,
+// Unit tests of the training loop's pieces: LR schedules, skip-step (also of
+// non-finite steps), expert-load statistics, the token-gerrymandering flag,
 // the FLOP count; and the checkpoint writer's promises that keep a user's
 // work: a tensor with a NaN or an Inf is never saved (the error names it,
 // nothing is committed), a committed step is never overwritten, pruning
@@ -66,6 +66,12 @@ START_TEST(test_skip_step) {
     ck_assert(train_should_skip(&s, &t, NAN, 1.0));  // NaN loss
     t.skip_window = 0;
     ck_assert(!train_should_skip(&s, &t, 4.0, 5.0)); // off
+    // a NaN or Inf loss or grad norm is skipped also with skip-step off and without history
+    ck_assert(train_should_skip(&s, &t, NAN, 1.0));
+    ck_assert(train_should_skip(&s, &t, 3.0, INFINITY));
+    memset(&s, 0, sizeof s);
+    ck_assert(train_should_skip(&s, &t, -INFINITY, 1.0));
+    ck_assert(!train_should_skip(&s, &t, 1e30, 1e30));
 }
 END_TEST
 

@@ -68,7 +68,9 @@ double flops_per_token(const ModelConfig *c) {
 
 // Skip-step: a step whose loss or grad norm exceeds mean + k sigma of the
 // last `window` accepted steps is not applied. Needs half a window of history.
+// A NaN or Inf loss or grad norm is skipped whatever the window.
 int train_should_skip(const TrainState *s, const TrainSection *t, double loss, double gnorm) {
+    if (!isfinite(loss) || !isfinite(gnorm)) return 1; // always, also with skip-step off
     if (t->skip_window <= 0 || s->hist_n < t->skip_window / 2 || s->hist_n < 2) return 0;
     const double *series[2] = {s->hist_loss, s->hist_gnorm};
     double value[2] = {loss, gnorm};
@@ -78,7 +80,7 @@ int train_should_skip(const TrainState *s, const TrainSection *t, double loss, d
         mean /= s->hist_n;
         for (int i = 0; i < s->hist_n; i++) var += (series[k][i] - mean) * (series[k][i] - mean);
         double sd = sqrt(var / (s->hist_n - 1));
-        if (!isfinite(value[k]) || value[k] > mean + t->skip_sigmas * sd) return 1;
+        if (value[k] > mean + t->skip_sigmas * sd) return 1;
     }
     return 0;
 }
@@ -138,23 +140,26 @@ static DataLoader *open_loader(const RunConfig *c, const StrList *paths, const S
                      c->train.seed, shuffle, err, errlen);
 }
 
-// Eval CE over the eval set: each data-parallel rank takes every dp-th
-// micro-batch; sums are reduced over the dp group.
-static double evaluate(Model *m, DataLoader *eval, const Mesh *mesh, int batches, int mb, int *tokens,
-                       int *targets, uint64_t seed, char *err, size_t errlen) {
+// Eval CE over the eval set into *ce (NaN or Inf when the model diverged):
+// each data-parallel rank takes every dp-th micro-batch; sums are reduced
+// over the dp group. 0, or -1 with a message after a data error.
+static int evaluate(Model *m, DataLoader *eval, const Mesh *mesh, int batches, int mb, int *tokens,
+                    int *targets, uint64_t seed, double *ce, char *err, size_t errlen) {
     double acc[2] = {0, 0}; // CE sum, valid targets
     int64_t n_inst = data_instances_per_epoch(eval);
     int rounds = (batches + mesh->dp - 1) / mesh->dp;
     for (int i = 0; i < rounds; i++) {
         int b = i * mesh->dp + mesh->dp_rank;
         int64_t g = ((int64_t)(b < batches ? b : 0) * mb) % n_inst;
-        if (data_read(eval, g, mb, tokens, targets, err, errlen)) return NAN;
+        if (data_read(eval, g, mb, tokens, targets, err, errlen)) return -1;
         // every rank runs the forward (expert parallelism needs all of them)
         model_forward(m, tokens, targets, mix(seed, 0xe7a1 + b));
         if (b < batches) { acc[0] += m->ce_sum; acc[1] += m->n_valid; }
     }
     comm_allreduce(mesh->dp_comm, acc, 2, COMM_F64);
-    return acc[1] > 0 ? acc[0] / acc[1] : NAN;
+    if (!(acc[1] > 0)) return errorf(err, errlen, "the eval set has no targets to score");
+    *ce = acc[0] / acc[1];
+    return 0;
 }
 
 static const char *train_usage =
@@ -605,6 +610,7 @@ static int train_step(Trainer *tr, StepResult *r) {
     }
     r->loss = r->ce + model_aux_loss(&m->cfg, lb_step, z_step, L);
     r->gnorm = ddp_grad_norm(&tr->ddp);
+    r->nonfinite = !isfinite(r->loss) || !isfinite(r->gnorm);
     r->skipped = train_should_skip(st, t, r->loss, r->gnorm);
     r->clip_scale = 1.0;
     if (!r->skipped) {
@@ -626,10 +632,16 @@ static int train_step(Trainer *tr, StepResult *r) {
 }
 
 
-// Saves step st.step and says so. Returns 0, else the exit code.
+// Saves step st.step, or says why not: never after a step whose loss or
+// grad norm is not finite (the weights that gave it are suspect), and
+// ckpt_save refuses NaN or Inf weights. Returns 0, else the exit code.
 static int save_checkpoint(Trainer *tr) {
     char err[2400], msg[2600];
     long long step = (long long)tr->st.step;
+    if (tr->nonfinite_run) {
+        SAY("checkpoint: step %lld not saved: its loss or grad norm is not finite\n", step);
+        return 0;
+    }
     if (ckpt_save(tr->cfg.checkpoint.dir, &tr->m.cfg, &tr->m.store, &tr->adamw, &tr->st, tr->config_yaml, tr->cfg.checkpoint.keep,
                   &tr->layout, err, sizeof err)) {
         snprintf(msg, sizeof msg, "checkpoint: step %lld not saved: %s", step, err);
@@ -640,9 +652,10 @@ static int save_checkpoint(Trainer *tr) {
     return 0;
 }
 
-// Appends a step's record to metrics.jsonl (rank 0). A failed write (a
-// full disk) is an error, not a truncated file.
+// Appends a step's record to metrics.jsonl (rank 0), non-finite numbers as
+// null. A failed write (a full disk) is an error, not a truncated file.
 static int write_record(Trainer *tr, json_object *o, char *err, size_t errlen) {
+    record_null_nonfinite(o);
     if (fprintf(tr->metrics, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN)) < 0 ||
         fflush(tr->metrics) || ferror(tr->metrics))
         return errorf(err, errlen, "cannot write %s/metrics.jsonl: %s", tr->cfg.logging.run_dir, strerror(errno));
@@ -689,23 +702,45 @@ static int train_loop(Trainer *tr) {
         json_object *o = step_record(tr, &r, &worst_max, &dropped_total, &rows_total, &flagged);
         int do_eval = tr->eval && t->eval_interval > 0 && (st->step % t->eval_interval == 0 || st->step == t->steps);
         if (do_eval) {
-            double ev = evaluate(&tr->m, tr->eval, &tr->mesh, t->eval_batches, tr->MB, tr->tokens, tr->targets,
-                                 st->seed, err, sizeof err);
-            if (isnan(ev)) { json_object_put(o); rc = fatal("eval: %s", err); break; }
+            double ev;
+            if (evaluate(&tr->m, tr->eval, &tr->mesh, t->eval_batches, tr->MB, tr->tokens, tr->targets, st->seed, &ev,
+                         err, sizeof err)) {
+                json_object_put(o);
+                rc = fatal("eval: %s", err);
+                break;
+            }
             json_object_object_add(o, "eval_ce", json_object_new_double(ev));
-            SAY("eval  step %lld | eval ce %.4f\n", (long long)st->step, ev);
+            if (isfinite(ev)) SAY("eval  step %lld | eval ce %.4f\n", (long long)st->step, ev);
+            else SAY("eval  step %lld | eval ce %f: not finite, the model has diverged\n", (long long)st->step, ev);
         }
         rc = tr->metrics ? write_record(tr, o, err, sizeof err) : 0;
         json_object_put(o);
         if (rc) { rc = fatal("%s", err); break; }
+        tr->nonfinite_run = r.nonfinite ? tr->nonfinite_run + 1 : 0;
 
-        if (st->step % cfg->logging.log_interval == 0 || st->step == t->steps || st->step == first_step + 1) {
+        if (st->step % cfg->logging.log_interval == 0 || st->step == t->steps || st->step == first_step + 1 || r.nonfinite) {
             double now = now_s(), wt = now - t_window;
             double avg_tps = wt > 0 ? window_tokens / wt : (double)tr->G * tr->T / r.dt;
             print_step_line(tr, &r, avg_tps, (now - t_start) / (st->step - first_step) * (t->steps - st->step),
                             worst_max, dropped_total, rows_total, flagged);
             t_window = now;
             window_tokens = 0;
+        }
+        // divergence: the loss or grad norm of max_nonfinite_steps steps in a row was not finite
+        // (each was skipped, and none saved); every rank knows it, so all end here
+        if (tr->nonfinite_run >= t->max_nonfinite_steps) {
+            char newest[CFG_PATH_MAX + 64], next[CFG_PATH_MAX + 200];
+            if (train_rank0 && ckpt_find_latest(cfg->checkpoint.dir, newest, sizeof newest, err, sizeof err) > 0)
+                snprintf(next, sizeof next, "its newest checkpoint is %s: continue from it with --resume and", newest);
+            else
+                snprintf(next, sizeof next, "no checkpoint was written; start again with");
+            if (train_rank0)
+                fprintf(stderr, "moecore: error: step %lld: %d steps in a row with a non-finite loss or grad norm "
+                        "(train.max_nonfinite_steps %d; loss %g, grad norm %g): the run has diverged and stops; "
+                        "%s a lower optim.lr or train.clip_grad\n", (long long)st->step, tr->nonfinite_run,
+                        t->max_nonfinite_steps, r.loss, r.gnorm, next);
+            rc = 2;
+            break;
         }
         int last = st->step == t->steps || (tr->stop_after > 0 && st->step - first_step >= tr->stop_after);
         if ((cfg->checkpoint.interval > 0 && st->step % cfg->checkpoint.interval == 0) ||
