@@ -106,8 +106,8 @@ test-gpu: gpu-bundle
 	@bash tests/gpu/run.sh
 
 # The main job: the byte-level corpus from Debian's own text, then
-# configs/tiny.yaml (about 2 minutes on 2 cores). Run it again to start over;
-# add ARGS=--resume to continue from the last checkpoint.
+# configs/tiny.yaml (about 2 minutes on 2 cores). Run it again with
+# ARGS=--resume to continue from the last checkpoint, ARGS=--overwrite to start over.
 run: deps
 	@$(MAKE) --no-print-directory build/moecore
 	bash scripts/prepare-corpus.sh data/corpus

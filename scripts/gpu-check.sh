@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
       graph=true; case $1 in *-nograph) graph=false ;; esac
       steps=$2
       timeout 500 ./build/moecore train "$cfg" --device.type=cuda --train.steps="$steps" --device.cuda_graph=$graph \
-        --logging.run_dir="$out/run_$1" --checkpoint.save_final=false --train.eval_interval=0 > "$out/train_$1.log" 2>&1
+        --logging.run_dir="$out/run_$1" --checkpoint.save_final=false --train.eval_interval=0 --overwrite > "$out/train_$1.log" 2>&1
       echo "== train $1: exit $?"; grep -vE "^\s*$" "$out/train_$1.log" | tail -n 25
       shift 2 ;;
     *) echo "unknown: $1"; exit 2 ;;

@@ -12,7 +12,10 @@
 #     independent count;
 #  4. a rank that fails ends the whole job with a clear error, not a hang;
 #  5. the per-rank memory accounting matches 8 + 8/D bytes per parameter held
-#     (FP32 weights + FP32 grads + the Adam moments of the rank's 1/D shard).
+#     (FP32 weights + FP32 grads + the Adam moments of the rank's 1/D shard);
+#  6. rank 0 locks the run directory (the ranks of one job never refuse each
+#     other: every run above has several), and a second job on a run directory
+#     in use ends with the holder's pid, not a hang.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -199,6 +202,18 @@ print(f"{n} ranks: {per:.4f} B/param = 8 + 8/D as expected")
 PY
 ); then ok "memory accounting $name: $out"; else bad "memory accounting $name: $out"; fi
 done
+
+# ---- 6. one job per run directory ----------------------------------------------------------------
+"$bin" train configs/tiny.yaml "${base[@]}" --train.steps=100000 --logging.run_dir="$tmp/locked" >"$tmp/locked.log" 2>&1 &
+holder=$!
+for _ in $(seq 300); do [ -s "$tmp/locked/metrics.jsonl" ] && break; sleep 0.1; done
+run second 2 --parallel.dp=2 --logging.run_dir="$tmp/locked" --resume; rc=$?
+kill -TERM $holder; wait $holder
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "is in use by another trainer (pid $holder on host" "$tmp/second.log"; then
+  ok "a 2-rank job on a run directory in use: exit $rc, $(grep -m1 'moecore: error' "$tmp/second.log")"
+else
+  tail -n 5 "$tmp/second.log"; bad "2-rank job on a locked run directory: exit $rc (124 = hang)"
+fi
 
 echo "$fails failures"
 [ $fails -eq 0 ]

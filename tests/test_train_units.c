@@ -1,11 +1,24 @@
-// Unit tests of the training loop's pieces: LR schedules, skip-step,
-// expert-load statistics, the token-gerrymandering flag, the FLOP count.
+// Unit tests of the training loop's pieces: LR schedules, skip-step (also of
+// non-finite steps), expert-load statistics, the token-gerrymandering flag,
+// the FLOP count; and the checkpoint writer's promises that keep a user's
+// work: a tensor with a NaN or an Inf is never saved (the error names it,
+// nothing is committed), a committed step is never overwritten, pruning
+// (checkpoint.keep) never deletes the checkpoint just written, and
+// ckpt_remove_all (--overwrite) removes checkpoint directories only.
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "ckpt/checkpoint.h"
+#include "model/model.h"
+#include "optim/adamw.h"
 #include "train/metrics.h"
 #include "train/train.h"
+#include "util/fs.h"
 
 static TrainSection sched(int kind) {
     RunConfig c;
@@ -53,6 +66,12 @@ START_TEST(test_skip_step) {
     ck_assert(train_should_skip(&s, &t, NAN, 1.0));  // NaN loss
     t.skip_window = 0;
     ck_assert(!train_should_skip(&s, &t, 4.0, 5.0)); // off
+    // a NaN or Inf loss or grad norm is skipped also with skip-step off and without history
+    ck_assert(train_should_skip(&s, &t, NAN, 1.0));
+    ck_assert(train_should_skip(&s, &t, 3.0, INFINITY));
+    memset(&s, 0, sizeof s);
+    ck_assert(train_should_skip(&s, &t, -INFINITY, 1.0));
+    ck_assert(!train_should_skip(&s, &t, 1e30, 1e30));
 }
 END_TEST
 
@@ -118,6 +137,137 @@ START_TEST(test_flops_per_token) {
 }
 END_TEST
 
+// The checkpoint writer's cases: a small model, its optimizer, a fresh directory.
+typedef struct {
+    Model m;
+    AdamW opt;
+    TrainState st;
+    CkptLayout layout;
+    char dir[64];
+} Fixture;
+
+static void fixture_init(Fixture *f) {
+    ModelConfig c;
+    model_config_defaults(&c);
+    c.vocab_size = 128; c.d_model = 32; c.n_layers = 2; c.n_heads = 2; c.n_experts = 4; c.top_k = 2;
+    c.expert_hidden = 32; c.seq_len = 16;
+    char err[512];
+    ck_assert_msg(model_init(&f->m, &c, &ops_cpu, err, sizeof err) == 0, "%s", err);
+    model_init_weights(&f->m, 1);
+    OptimConfig oc;
+    optim_config_defaults(&oc);
+    adamw_init(&f->opt, &oc, &f->m.store);
+    memset(&f->st, 0, sizeof f->st);
+    ckpt_layout_single(&f->layout, &f->m.store);
+    snprintf(f->dir, sizeof f->dir, "/tmp/moecore-test-ckpt-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(f->dir));
+}
+
+static void fixture_free(Fixture *f) {
+    int n;
+    char err[512];
+    ckpt_remove_all(f->dir, &n, err, sizeof err);
+    rmdir(f->dir);
+    adamw_free(&f->opt);
+    model_free(&f->m);
+}
+
+static int save(Fixture *f, int64_t step, int keep, char *err, size_t errlen) {
+    f->st.step = step;
+    return ckpt_save(f->dir, &f->m.cfg, &f->m.store, &f->opt, &f->st, NULL, keep, &f->layout, err, errlen);
+}
+
+static int exists(const Fixture *f, const char *name) {
+    char p[256];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", f->dir, name);
+    return stat(p, &sb) == 0;
+}
+
+START_TEST(test_nonfinite_refused) {
+    Fixture f;
+    fixture_init(&f);
+    char err[1024];
+    ck_assert_int_eq(save(&f, 1, 0, err, sizeof err), 0);
+    // a NaN in a weight, then an Inf in a moment: refused, named, nothing committed
+    int i = param_find(&f.m.store.table, "layers.1.attn.wk");
+    ck_assert_int_ge(i, 0);
+    float *w = param_store_main(&f.m.store, i), keep_w = w[3];
+    w[3] = NAN;
+    ck_assert_int_eq(save(&f, 2, 0, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "layers.1.attn.wk") && strstr(err, "non-finite"), "message: %s", err);
+    ck_assert(!exists(&f, "step-00000002") && !exists(&f, "step-00000002.tmp"));
+    w[3] = keep_w;
+    f.opt.v[CLASS_EXPERT][5] = INFINITY;
+    ck_assert_int_eq(save(&f, 2, 0, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "exp_avg_sq.") && strstr(err, "non-finite"), "message: %s", err);
+    ck_assert(!exists(&f, "step-00000002"));
+    f.opt.v[CLASS_EXPERT][5] = 0;
+    ck_assert_int_eq(save(&f, 2, 0, err, sizeof err), 0);
+    char latest[256];
+    ck_assert_int_eq(ckpt_find_latest(f.dir, latest, sizeof latest, err, sizeof err), 1);
+    ck_assert(strstr(latest, "step-00000002"));
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_committed_never_overwritten) {
+    Fixture f;
+    fixture_init(&f);
+    char err[1024];
+    ck_assert_int_eq(save(&f, 5, 0, err, sizeof err), 0);
+    ck_assert_int_eq(save(&f, 5, 0, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "step-00000005") && strstr(err, "already committed"), "message: %s", err);
+    ck_assert(exists(&f, "step-00000005/COMMITTED"));
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_prune_keeps_the_new_one) {
+    Fixture f;
+    fixture_init(&f);
+    char err[1024];
+    // an earlier run's higher steps are there; keep 1 must not delete the step just written
+    ck_assert_int_eq(save(&f, 10, 0, err, sizeof err), 0);
+    ck_assert_int_eq(save(&f, 20, 0, err, sizeof err), 0);
+    ck_assert_int_eq(save(&f, 5, 1, err, sizeof err), 0);
+    ck_assert(exists(&f, "step-00000005/COMMITTED"));
+    ck_assert(exists(&f, "step-00000020/COMMITTED"));
+    ck_assert(!exists(&f, "step-00000010"));
+    // and in the usual order it keeps the newest
+    ck_assert_int_eq(save(&f, 30, 1, err, sizeof err), 0);
+    ck_assert(exists(&f, "step-00000030/COMMITTED") && !exists(&f, "step-00000020") && !exists(&f, "step-00000005"));
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_remove_all) {
+    Fixture f;
+    fixture_init(&f);
+    char err[1024], p[256];
+    ck_assert_int_eq(save(&f, 1, 0, err, sizeof err), 0);
+    ck_assert_int_eq(save(&f, 2, 0, err, sizeof err), 0);
+    snprintf(p, sizeof p, "%s/step-00000003.tmp", f.dir);  // an interrupted save
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/notes.txt", f.dir);          // not a checkpoint: stays
+    ck_assert_int_eq(fs_write_text(p, "mine\n", err, sizeof err), 0);
+    snprintf(p, sizeof p, "%s/step-7x", f.dir);            // not a checkpoint name: stays
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    int n = -1;
+    ck_assert_int_eq(ckpt_remove_all(f.dir, &n, err, sizeof err), 0);
+    ck_assert_int_eq(n, 3);
+    ck_assert(!exists(&f, "step-00000001") && !exists(&f, "step-00000002") && !exists(&f, "step-00000003.tmp"));
+    ck_assert(exists(&f, "notes.txt") && exists(&f, "step-7x"));
+    char latest[256];
+    ck_assert_int_eq(ckpt_find_latest(f.dir, latest, sizeof latest, err, sizeof err), 0);
+    snprintf(p, sizeof p, "%s/notes.txt", f.dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/step-7x", f.dir);
+    rmdir(p);
+    fixture_free(&f);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("train_units");
     TCase *tc = tcase_create("units");
@@ -127,6 +277,12 @@ int main(void) {
     tcase_add_test(tc, test_gerrymander);
     tcase_add_test(tc, test_flops_per_token);
     suite_add_tcase(s, tc);
+    TCase *ck = tcase_create("checkpoint");
+    tcase_add_test(ck, test_nonfinite_refused);
+    tcase_add_test(ck, test_committed_never_overwritten);
+    tcase_add_test(ck, test_prune_keeps_the_new_one);
+    tcase_add_test(ck, test_remove_all);
+    suite_add_tcase(s, ck);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -47,8 +47,21 @@ static int build_layout(StFile *st, const ParamTable *t, int nbufs, const char *
     return st_finalize(st, err, errlen);
 }
 
+// Whether n floats are all finite (their exponent bits not all ones).
+static int all_finite(const float *x, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, x + i, 4);
+        bad |= (~bits & 0x7f800000u) == 0;
+    }
+    return !bad;
+}
+
 // Writes this rank's bytes: for prefix b and entry i, the elements of
 // [own_begin, own_end) held in bufs[b][class] starting at element base[b][class].
+// A checkpoint is never written from non-finite numbers: such a tensor is
+// an error naming it.
 static int write_own(const char *path, const StFile *st, const ParamTable *t, int nbufs,
                      float *const *const *bufs, const size_t (*base)[N_CLASSES], const size_t (*lim)[N_CLASSES],
                      const CkptLayout *l, char *err, size_t errlen) {
@@ -66,7 +79,13 @@ static int write_own(const char *path, const StFile *st, const ParamTable *t, in
             if (lim[b][c] < hi) hi = lim[b][c];
             if (hi <= lo) continue;
             uint64_t file_elem = param_global_offset(e) + (lo - e->offset);
-            if (st_write_range(fd, path, st, idx, file_elem * 4, bufs[b][c] + (lo - base[b][c]), (hi - lo) * 4, err, errlen)) {
+            const float *src = bufs[b][c] + (lo - base[b][c]);
+            if (!all_finite(src, hi - lo)) {
+                errorf(err, errlen, "%s holds non-finite values (NaN or Inf)", st->tensors[idx].name);
+                close(fd);
+                return -1;
+            }
+            if (st_write_range(fd, path, st, idx, file_elem * 4, src, (hi - lo) * 4, err, errlen)) {
                 close(fd);
                 return -1;
             }
@@ -178,8 +197,19 @@ static int is_committed(const char *dir, const char *name) {
     return access(p, F_OK) == 0;
 }
 
-// Deletes all but the newest keep committed checkpoints.
-static void prune(const char *dir, int keep) {
+// Removes the checkpoint directory dir/name: COMMITTED first, so that a
+// half-deleted directory is never taken for a checkpoint. 0 on success.
+static int remove_checkpoint(const char *dir, const char *name) {
+    char p[4096], c[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    snprintf(c, sizeof c, "%s/" CKPT_COMMITTED, p);
+    if (unlink(c) && errno != ENOENT) return -1;
+    return fs_remove_dir(p);
+}
+
+// Deletes all but the newest keep committed checkpoints, never the one of
+// step saved (the one just written, the last from finite weights).
+static void prune(const char *dir, int keep, int64_t saved) {
     DIR *d = opendir(dir);
     if (!d) return;
     int64_t steps[4096];
@@ -193,16 +223,38 @@ static void prune(const char *dir, int keep) {
     for (int i = 0; i < n; i++) {
         int newer = 0;
         for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
-        if (newer >= keep) {
-            char p[4096];
-            snprintf(p, sizeof p, "%s/step-%08lld", dir, (long long)steps[i]);
-            // COMMITTED goes first so a half-deleted directory is never taken for a checkpoint
-            char c[4200];
-            snprintf(c, sizeof c, "%s/" CKPT_COMMITTED, p);
-            unlink(c);
-            fs_remove_dir(p);
+        if (newer >= keep && steps[i] != saved) {
+            char name[64];
+            snprintf(name, sizeof name, "step-%08lld", (long long)steps[i]);
+            remove_checkpoint(dir, name);
         }
     }
+}
+
+int ckpt_remove_all(const char *dir, int *removed, char *err, size_t errlen) {
+    *removed = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        FAIL("cannot read checkpoint directory %s: %s", dir, strerror(errno));
+    }
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        long long v;
+        char tail = 0, rest[8] = "";
+        // step-N, and step-N.tmp of an interrupted save
+        int k = sscanf(e->d_name, "step-%lld%c%7s", &v, &tail, rest);
+        if (!(k == 1 || (k == 3 && tail == '.' && !strcmp(rest, "tmp")))) continue;
+        if (remove_checkpoint(dir, e->d_name)) {
+            rc = errorf(err, errlen, "cannot remove %s/%s: %s", dir, e->d_name, strerror(errno));
+            break;
+        }
+        ++*removed;
+    }
+    closedir(d);
+    if (!rc) fs_sync_dir(dir);
+    return rc;
 }
 
 // Every rank agrees on rc: the worst of all.
@@ -233,7 +285,7 @@ int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, con
     }
     if (agree(l, rc)) return -1;
     comm_broadcast(l->world, &exists, 1, COMM_I32, 0);
-    if (exists) return 0; // this step is already saved
+    if (exists) return errorf(err, errlen, "%s is already committed (a checkpoint is never overwritten)", final);
 
     int n_moe = model_moe_layers(cfg);
     int64_t bshape[2] = {n_moe, cfg->n_experts};
@@ -273,7 +325,10 @@ int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, con
             int fd = open(opath, O_WRONLY);
             if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", opath, strerror(errno)); rc = -1; }
             else {
-                rc = st_write_range(fd, opath, &so, so.n - 1, 0, hbias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen);
+                if (!all_finite(hbias, (size_t)bshape[0] * bshape[1]))
+                    rc = errorf(err, errlen, "router_bias holds non-finite values (NaN or Inf)");
+                else
+                    rc = st_write_range(fd, opath, &so, so.n - 1, 0, hbias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen);
                 if ((fsync(fd) | close(fd)) && !rc) { snprintf(err, errlen, "fsync %s: %s", opath, strerror(errno)); rc = -1; }
             }
         }
@@ -291,7 +346,7 @@ int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, con
             if (rename(tmp, final)) { snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(errno)); rc = -1; }
             else fs_sync_dir(dir);
         }
-        if (!rc && keep > 0) prune(dir, keep);
+        if (!rc && keep > 0) prune(dir, keep, s->step);
     }
     if (agree(l, rc)) goto fail;
     st_free(&sm);

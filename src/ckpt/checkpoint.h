@@ -55,11 +55,16 @@ void ckpt_layout_single(CkptLayout *l, const ParamStore *ps);
 
 // Saves step state.step of a model of config cfg (its store ps and optimizer
 // opt) into dir/step-%08lld. keep > 0 deletes all but the newest keep
-// committed checkpoints afterwards. config_yaml is stored beside the state
-// for reference (may be NULL).
+// committed checkpoints afterwards, never the one just written. config_yaml
+// is stored beside the state for reference (may be NULL). An error, with
+// nothing written, when that step is already committed or when a tensor
+// holds a NaN or an Inf (the message names it).
 int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, const AdamW *opt,
               const TrainState *st, const char *config_yaml, int keep, const CkptLayout *layout, char *err,
               size_t errlen);
+// Removes every checkpoint directory of dir (step-N, committed or not, and
+// step-N.tmp), COMMITTED first; other files stay. *removed counts them.
+int ckpt_remove_all(const char *dir, int *removed, char *err, size_t errlen);
 // Finds the committed checkpoint with the highest step. Returns 1 and fills
 // path when found, 0 when there is none, -1 on error.
 int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);

@@ -36,6 +36,7 @@ static const Key table[] = {
     F(train.tokens, T_I64), FE(train.lr_schedule, sched_names), F(train.warmup_steps, T_I64),
     F(train.decay_fraction, T_DOUBLE), F(train.min_lr_ratio, T_DOUBLE), F(train.clip_grad, T_DOUBLE),
     F(train.skip_window, T_INT), F(train.skip_sigmas, T_DOUBLE), F(train.eval_interval, T_I64),
+    F(train.max_nonfinite_steps, T_INT),
     F(train.eval_batches, T_INT), F(train.seed, T_U64), FE(train.recompute, recompute_names),
     F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
     F(optim.weight_decay, T_FLOAT), F(optim.decay_norms, T_BOOL), F(optim.decay_embeddings, T_BOOL),
@@ -79,6 +80,7 @@ void run_config_defaults(RunConfig *c) {
     c->train.clip_grad = 1.0;
     c->train.skip_window = 0;
     c->train.skip_sigmas = 6.0;
+    c->train.max_nonfinite_steps = 5;
     c->train.eval_interval = 0;
     c->train.eval_batches = 4;
     c->train.seed = 1;
@@ -395,6 +397,7 @@ int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (t->skip_window < 0) FAIL("train.skip_window must be >= 0 (0 turns skip-step off)");
     if (t->skip_window > 0 && t->skip_window < 2) FAIL("train.skip_window must be at least 2 steps");
     if (!(t->skip_sigmas > 0)) FAIL("train.skip_sigmas must be positive");
+    if (t->max_nonfinite_steps < 1) FAIL("train.max_nonfinite_steps must be at least 1, got %d", t->max_nonfinite_steps);
     if (t->eval_interval < 0) FAIL("train.eval_interval must be >= 0");
     if (t->eval_batches <= 0) FAIL("train.eval_batches must be positive");
     if (t->eval_interval > 0 && c->data.eval.n == 0) FAIL("train.eval_interval is set but data.eval lists no files");

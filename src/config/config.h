@@ -44,6 +44,7 @@ typedef struct {
     double clip_grad;       // global grad-norm clip; 0 = off
     int skip_window;        // steps in the skip-step statistics; 0 = off
     double skip_sigmas;     // skip when loss or grad norm > mean + k sigma
+    int max_nonfinite_steps; // consecutive steps with a non-finite loss or grad norm (each skipped) that stop the run
     int64_t eval_interval;  // steps between evals; 0 = off
     int eval_batches;       // micro-batches per eval
     uint64_t seed;          // data order, init, random routing

@@ -68,7 +68,9 @@ double flops_per_token(const ModelConfig *c) {
 
 // Skip-step: a step whose loss or grad norm exceeds mean + k sigma of the
 // last `window` accepted steps is not applied. Needs half a window of history.
+// A NaN or Inf loss or grad norm is skipped whatever the window.
 int train_should_skip(const TrainState *s, const TrainSection *t, double loss, double gnorm) {
+    if (!isfinite(loss) || !isfinite(gnorm)) return 1; // always, also with skip-step off
     if (t->skip_window <= 0 || s->hist_n < t->skip_window / 2 || s->hist_n < 2) return 0;
     const double *series[2] = {s->hist_loss, s->hist_gnorm};
     double value[2] = {loss, gnorm};
@@ -78,7 +80,7 @@ int train_should_skip(const TrainState *s, const TrainSection *t, double loss, d
         mean /= s->hist_n;
         for (int i = 0; i < s->hist_n; i++) var += (series[k][i] - mean) * (series[k][i] - mean);
         double sd = sqrt(var / (s->hist_n - 1));
-        if (!isfinite(value[k]) || value[k] > mean + t->skip_sigmas * sd) return 1;
+        if (value[k] > mean + t->skip_sigmas * sd) return 1;
     }
     return 0;
 }
@@ -138,28 +140,33 @@ static DataLoader *open_loader(const RunConfig *c, const StrList *paths, const S
                      c->train.seed, shuffle, err, errlen);
 }
 
-// Eval CE over the eval set: each data-parallel rank takes every dp-th
-// micro-batch; sums are reduced over the dp group.
-static double evaluate(Model *m, DataLoader *eval, const Mesh *mesh, int batches, int mb, int *tokens,
-                       int *targets, uint64_t seed, char *err, size_t errlen) {
+// Eval CE over the eval set into *ce (NaN or Inf when the model diverged):
+// each data-parallel rank takes every dp-th micro-batch; sums are reduced
+// over the dp group. 0, or -1 with a message after a data error.
+static int evaluate(Model *m, DataLoader *eval, const Mesh *mesh, int batches, int mb, int *tokens,
+                    int *targets, uint64_t seed, double *ce, char *err, size_t errlen) {
     double acc[2] = {0, 0}; // CE sum, valid targets
     int64_t n_inst = data_instances_per_epoch(eval);
     int rounds = (batches + mesh->dp - 1) / mesh->dp;
     for (int i = 0; i < rounds; i++) {
         int b = i * mesh->dp + mesh->dp_rank;
         int64_t g = ((int64_t)(b < batches ? b : 0) * mb) % n_inst;
-        if (data_read(eval, g, mb, tokens, targets, err, errlen)) return NAN;
+        if (data_read(eval, g, mb, tokens, targets, err, errlen)) return -1;
         // every rank runs the forward (expert parallelism needs all of them)
         model_forward(m, tokens, targets, mix(seed, 0xe7a1 + b));
         if (b < batches) { acc[0] += m->ce_sum; acc[1] += m->n_valid; }
     }
     comm_allreduce(mesh->dp_comm, acc, 2, COMM_F64);
-    return acc[1] > 0 ? acc[0] / acc[1] : NAN;
+    if (!(acc[1] > 0)) return errorf(err, errlen, "the eval set has no targets to score");
+    *ce = acc[0] / acc[1];
+    return 0;
 }
 
 static const char *train_usage =
-    "usage: moecore train CONFIG.yaml [--resume] [--stop-after=N] [--section.key=value ...]\n"
+    "usage: moecore train CONFIG.yaml [--resume | --overwrite] [--stop-after=N] [--section.key=value ...]\n"
     "  --resume        continue from the latest committed checkpoint in checkpoint.dir\n"
+    "  --overwrite     start a new run where checkpoint.dir holds an earlier run's checkpoints:\n"
+    "                  deletes them (a fresh run is refused there without it)\n"
     "  --stop-after=N  run at most N steps in this process, save a checkpoint and exit\n"
     "                  (for jobs with a time limit; resume with --resume)\n"
     "  overrides       any config key, e.g. --train.steps=500 --optim.lr=1e-3\n"
@@ -201,6 +208,7 @@ static int parse_args(Trainer *tr, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--resume")) { tr->resume = 1; continue; }
+        if (!strcmp(a, "--overwrite")) { tr->overwrite = 1; continue; }
         if (!strncmp(a, "--stop-after=", 13)) {
             char *end;
             tr->stop_after = strtoll(a + 13, &end, 10);
@@ -221,6 +229,11 @@ static int parse_args(Trainer *tr, int argc, char **argv) {
             if (train_rank0) fprintf(stderr, "moecore: error: command line: %s\n", err);
             return 2;
         }
+    }
+    if (tr->resume && tr->overwrite) {
+        if (train_rank0) fprintf(stderr, "moecore: error: --resume and --overwrite exclude each other: --resume continues "
+                                         "from the checkpoints in checkpoint.dir, --overwrite deletes them\n");
+        return 2;
     }
     if (run_config_validate(cfg, train_world_size, err, sizeof err)) {
         if (train_rank0) fprintf(stderr, "moecore: error: %s: %s\n", tr->config_path, err);
@@ -307,6 +320,8 @@ static int setup_model(Trainer *tr) {
             SAY("resume: no committed checkpoint in %s, starting from step 0\n", cfg->checkpoint.dir);
         } else {
             if (ckpt_load(path, &m->cfg, &m->store, &tr->adamw, &tr->st, err, sizeof err)) return fatal("cannot resume: %s", err);
+            snprintf(tr->resumed, sizeof tr->resumed, "%s", path);
+            tr->saved_step = tr->st.step;
             if (tr->st.seed != t->seed)
                 SAY("resume: note: the checkpoint's seed %llu differs from train.seed %llu; using the checkpoint's\n",
                     (unsigned long long)tr->st.seed, (unsigned long long)t->seed);
@@ -317,8 +332,80 @@ static int setup_model(Trainer *tr) {
     return -1;
 }
 
-// The run directory: config.yaml and metrics.jsonl (rank 0). Returns -1 to
-// go on, else the exit code.
+// A run's claim on checkpoint.dir (README "Run directories"): a fresh run
+// does not start beside committed checkpoints (its own would mix with them,
+// and pruning would delete theirs) unless --overwrite; a resumed run goes on
+// from the newest one, which must still be the one it loaded (tr->resumed).
+// Rank 0 looks. Early (before the lock), a directory that cannot be read is
+// left to claim_outputs, which names the key. Returns -1 to go on, else the
+// exit code.
+static int check_checkpoint_dir(const Trainer *tr, int early) {
+    char err[2400], latest[CFG_PATH_MAX + 64] = "", msg[2 * CFG_PATH_MAX + 600];
+    const char *dir = tr->cfg.checkpoint.dir;
+    if (!train_rank0 || tr->overwrite) return -1;
+    int found = ckpt_find_latest(dir, latest, sizeof latest, err, sizeof err);
+    if (found < 0) return early ? -1 : fatal("%s", err);
+    if (!tr->resume && found) {
+        snprintf(msg, sizeof msg, "checkpoint.dir %s already holds committed checkpoints of a run (newest: %s); "
+                 "continue that run with --resume, or delete them and start a new run with --overwrite",
+                 dir, strrchr(latest, '/') + 1);
+        return fatal("%s", msg);
+    }
+    if (tr->resume && strcmp(latest, tr->resumed)) {
+        snprintf(msg, sizeof msg, "checkpoint.dir %s changed while this run was loading (newest now %s, loaded %s): "
+                 "another trainer wrote it; start again with --resume", dir, found ? latest : "none",
+                 tr->resumed[0] ? tr->resumed : "none");
+        return fatal("%s", msg);
+    }
+    return -1;
+}
+
+// The lock file of a run's directories (fs_lock_file: held while the
+// trainer runs, gone with the process).
+#define RUN_LOCK_FILE "moecore.lock"
+
+// Before anything is written (rank 0): logging.run_dir and, when the run
+// saves checkpoints, checkpoint.dir exist and take files, each is locked
+// for this trainer, the checkpoint directory suits the run, and
+// --overwrite has cleared it. Returns -1 to go on, else the exit code.
+static int claim_outputs(Trainer *tr) {
+    char err[2400], msg[2 * CFG_PATH_MAX + 3000];
+    const RunConfig *cfg = &tr->cfg;
+    int saves = cfg->checkpoint.interval > 0 || cfg->checkpoint.save_final;
+    const char *dirs[2] = {cfg->logging.run_dir, cfg->checkpoint.dir}, *keys[2] = {"logging.run_dir", "checkpoint.dir"};
+    for (int i = 0; i < 1 + saves; i++) {
+        if (fs_mkdirs(dirs[i], 1, err, sizeof err)) {
+            snprintf(msg, sizeof msg, "cannot create %s %s: %s", keys[i], dirs[i], err);
+            return fatal("%s", msg);
+        }
+        char path[CFG_PATH_MAX + 32], holder[400];
+        snprintf(path, sizeof path, "%s/" RUN_LOCK_FILE, dirs[i]);
+        int fd = fs_lock_file(path, holder, sizeof holder, err, sizeof err);
+        if (fd == -2) {
+            snprintf(msg, sizeof msg, "%s %s is in use by another trainer (%s holds %s); wait for it to end, "
+                     "or give this run another %s", keys[i], dirs[i], holder, path, keys[i]);
+            return fatal("%s", msg);
+        }
+        if (fd == -1 && errno == ENOLCK) {
+            SAY("warning: %s; running without the lock (the file system has none)\n", err);
+        } else if (fd == -1) {
+            snprintf(msg, sizeof msg, "%s %s is not writable: %s", keys[i], dirs[i], err);
+            return fatal("%s", msg);
+        }
+        tr->lock_fd[i] = fd;
+    }
+    int rc = check_checkpoint_dir(tr, 0);
+    if (rc >= 0) return rc;
+    if (tr->overwrite) {
+        int n;
+        if (ckpt_remove_all(cfg->checkpoint.dir, &n, err, sizeof err)) return fatal("--overwrite: %s", err);
+        SAY("overwrite: removed %d checkpoint directories from %s\n", n, cfg->checkpoint.dir);
+    }
+    return -1;
+}
+
+// The run directory: config.yaml and metrics.jsonl (rank 0), after
+// claim_outputs. Returns -1 to go on, else the exit code.
 static int open_run_dir(Trainer *tr) {
     char err[2400];
     const RunConfig *cfg = &tr->cfg;
@@ -327,10 +414,8 @@ static int open_run_dir(Trainer *tr) {
     run_config_write_yaml(cfg, mf);
     fclose(mf);
     if (!train_rank0) return -1;
-    if (fs_mkdirs(cfg->logging.run_dir, 1, NULL, 0)) {
-        snprintf(err, sizeof err, "cannot create logging.run_dir %s: %s", cfg->logging.run_dir, strerror(errno));
-        return fatal("%s", err);
-    }
+    int rc = claim_outputs(tr);
+    if (rc >= 0) return rc;
     char p[CFG_PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/config.yaml", cfg->logging.run_dir);
     FILE *f = fopen(p, "w");
@@ -358,6 +443,8 @@ static int train_setup(Trainer *tr) {
     if (rc >= 0) return rc;
     const RunConfig *cfg = &tr->cfg;
     const TrainSection *t = &cfg->train;
+    // a fresh run where checkpoints are is refused at once (again under the lock)
+    if (!tr->resume && (rc = check_checkpoint_dir(tr, 1)) >= 0) return rc;
     mesh_init(&tr->mesh, tr->world, cfg->parallel.dp, cfg->parallel.ep, cfg->parallel.pp);
     tr->T = cfg->model.seq_len;
     tr->G = t->global_batch;
@@ -523,6 +610,7 @@ static int train_step(Trainer *tr, StepResult *r) {
     }
     r->loss = r->ce + model_aux_loss(&m->cfg, lb_step, z_step, L);
     r->gnorm = ddp_grad_norm(&tr->ddp);
+    r->nonfinite = !isfinite(r->loss) || !isfinite(r->gnorm);
     r->skipped = train_should_skip(st, t, r->loss, r->gnorm);
     r->clip_scale = 1.0;
     if (!r->skipped) {
@@ -544,11 +632,33 @@ static int train_step(Trainer *tr, StepResult *r) {
 }
 
 
+// Saves step st.step, or says why not: never after a step whose loss or
+// grad norm is not finite (the weights that gave it are suspect), and
+// ckpt_save refuses NaN or Inf weights. Returns 0, else the exit code.
 static int save_checkpoint(Trainer *tr) {
-    char err[2400];
+    char err[2400], msg[2600];
+    long long step = (long long)tr->st.step;
+    if (tr->nonfinite_run) {
+        SAY("checkpoint: step %lld not saved: its loss or grad norm is not finite\n", step);
+        return 0;
+    }
     if (ckpt_save(tr->cfg.checkpoint.dir, &tr->m.cfg, &tr->m.store, &tr->adamw, &tr->st, tr->config_yaml, tr->cfg.checkpoint.keep,
-                  &tr->layout, err, sizeof err))
-        return fatal("checkpoint: %s", err);
+                  &tr->layout, err, sizeof err)) {
+        snprintf(msg, sizeof msg, "checkpoint: step %lld not saved: %s", step, err);
+        return fatal("%s", msg);
+    }
+    tr->saved_step = tr->st.step;
+    SAY("checkpoint: saved step %lld to %s\n", step, tr->cfg.checkpoint.dir);
+    return 0;
+}
+
+// Appends a step's record to metrics.jsonl (rank 0), non-finite numbers as
+// null. A failed write (a full disk) is an error, not a truncated file.
+static int write_record(Trainer *tr, json_object *o, char *err, size_t errlen) {
+    record_null_nonfinite(o);
+    if (fprintf(tr->metrics, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN)) < 0 ||
+        fflush(tr->metrics) || ferror(tr->metrics))
+        return errorf(err, errlen, "cannot write %s/metrics.jsonl: %s", tr->cfg.logging.run_dir, strerror(errno));
     return 0;
 }
 
@@ -592,19 +702,23 @@ static int train_loop(Trainer *tr) {
         json_object *o = step_record(tr, &r, &worst_max, &dropped_total, &rows_total, &flagged);
         int do_eval = tr->eval && t->eval_interval > 0 && (st->step % t->eval_interval == 0 || st->step == t->steps);
         if (do_eval) {
-            double ev = evaluate(&tr->m, tr->eval, &tr->mesh, t->eval_batches, tr->MB, tr->tokens, tr->targets,
-                                 st->seed, err, sizeof err);
-            if (isnan(ev)) { json_object_put(o); rc = fatal("eval: %s", err); break; }
+            double ev;
+            if (evaluate(&tr->m, tr->eval, &tr->mesh, t->eval_batches, tr->MB, tr->tokens, tr->targets, st->seed, &ev,
+                         err, sizeof err)) {
+                json_object_put(o);
+                rc = fatal("eval: %s", err);
+                break;
+            }
             json_object_object_add(o, "eval_ce", json_object_new_double(ev));
-            SAY("eval  step %lld | eval ce %.4f\n", (long long)st->step, ev);
+            if (isfinite(ev)) SAY("eval  step %lld | eval ce %.4f\n", (long long)st->step, ev);
+            else SAY("eval  step %lld | eval ce %f: not finite, the model has diverged\n", (long long)st->step, ev);
         }
-        if (tr->metrics) {
-            fprintf(tr->metrics, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-            fflush(tr->metrics);
-        }
+        rc = tr->metrics ? write_record(tr, o, err, sizeof err) : 0;
         json_object_put(o);
+        if (rc) { rc = fatal("%s", err); break; }
+        tr->nonfinite_run = r.nonfinite ? tr->nonfinite_run + 1 : 0;
 
-        if (st->step % cfg->logging.log_interval == 0 || st->step == t->steps || st->step == first_step + 1) {
+        if (st->step % cfg->logging.log_interval == 0 || st->step == t->steps || st->step == first_step + 1 || r.nonfinite) {
             double now = now_s(), wt = now - t_window;
             double avg_tps = wt > 0 ? window_tokens / wt : (double)tr->G * tr->T / r.dt;
             print_step_line(tr, &r, avg_tps, (now - t_start) / (st->step - first_step) * (t->steps - st->step),
@@ -612,20 +726,37 @@ static int train_loop(Trainer *tr) {
             t_window = now;
             window_tokens = 0;
         }
+        // divergence: the loss or grad norm of max_nonfinite_steps steps in a row was not finite
+        // (each was skipped, and none saved); every rank knows it, so all end here
+        if (tr->nonfinite_run >= t->max_nonfinite_steps) {
+            char newest[CFG_PATH_MAX + 64], next[CFG_PATH_MAX + 200];
+            if (train_rank0 && ckpt_find_latest(cfg->checkpoint.dir, newest, sizeof newest, err, sizeof err) > 0)
+                snprintf(next, sizeof next, "its newest checkpoint is %s: continue from it with --resume and", newest);
+            else
+                snprintf(next, sizeof next, "no checkpoint was written; start again with");
+            if (train_rank0)
+                fprintf(stderr, "moecore: error: step %lld: %d steps in a row with a non-finite loss or grad norm "
+                        "(train.max_nonfinite_steps %d; loss %g, grad norm %g): the run has diverged and stops; "
+                        "%s a lower optim.lr or train.clip_grad\n", (long long)st->step, tr->nonfinite_run,
+                        t->max_nonfinite_steps, r.loss, r.gnorm, next);
+            rc = 2;
+            break;
+        }
         int last = st->step == t->steps || (tr->stop_after > 0 && st->step - first_step >= tr->stop_after);
         if ((cfg->checkpoint.interval > 0 && st->step % cfg->checkpoint.interval == 0) ||
             ((last || stop) && cfg->checkpoint.save_final)) {
             if ((rc = save_checkpoint(tr))) break;
-            SAY("checkpoint: saved step %lld to %s\n", (long long)st->step, cfg->checkpoint.dir);
         }
         if (last) break;
     }
     // a signal before the first step of this process: save what we have
-    if (rc == 0 && (stop_signal || stop) && st->step == first_step && cfg->checkpoint.save_final)
+    // (unless it is the checkpoint this run resumed from)
+    if (rc == 0 && (stop_signal || stop) && st->step == first_step && cfg->checkpoint.save_final &&
+        tr->saved_step != st->step)
         rc = save_checkpoint(tr);
     if (rc == 0 && stop) {
-        SAY("stopped by signal %d after step %lld; checkpoint committed\n", stop_signal ? (int)stop_signal : SIGTERM,
-            (long long)st->step);
+        SAY("stopped by signal %d after step %lld; %s\n", stop_signal ? (int)stop_signal : SIGTERM, (long long)st->step,
+            tr->saved_step == st->step ? "checkpoint committed" : "no checkpoint of this step");
     } else if (rc == 0) {
         char d[32];
         fmt_duration(d, sizeof d, now_s() - t_start);
@@ -644,6 +775,8 @@ static void train_teardown(Trainer *tr, int set_up) {
     if (set_up) {
         if (tr->graph) tr->ops->graph_free(tr->graph);
         if (tr->metrics) fclose(tr->metrics);
+        for (int i = 0; i < 2; i++)
+            if (tr->lock_fd[i] >= 0) close(tr->lock_fd[i]); // releases the lock; the file stays
         free(tr->config_yaml);
         free(tr->tokens); free(tr->targets); free(tr->lb_step); free(tr->z_step); free(tr->maxload); free(tr->gflags);
         free(tr->red); free(tr->counts_host);
@@ -662,6 +795,8 @@ int train_run(int argc, char **argv, const TrainOptions *opt) {
     static Trainer zero;
     Trainer *tr = mallocCheck(sizeof *tr);
     *tr = zero;
+    tr->lock_fd[0] = tr->lock_fd[1] = -1;
+    tr->saved_step = -1;
     if (opt) tr->opt = *opt;
     tr->world = comm_world();
     train_world_size = comm_size(tr->world);

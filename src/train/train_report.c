@@ -214,6 +214,39 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
     return o;
 }
 
+static void null_nonfinite(json_object *v, const char *path, json_object *names) {
+    char p[256];
+    if (json_object_is_type(v, json_type_object)) {
+        json_object_object_foreach(v, key, val) {
+            snprintf(p, sizeof p, "%s%s%s", path, *path ? "." : "", key);
+            if (json_object_is_type(val, json_type_double) && !isfinite(json_object_get_double(val))) {
+                json_object_object_add(v, key, NULL); // replaces the value in place
+                json_object_array_add(names, json_object_new_string(p));
+            } else {
+                null_nonfinite(val, p, names);
+            }
+        }
+    } else if (json_object_is_type(v, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(v); i++) {
+            json_object *e = json_object_array_get_idx(v, i);
+            snprintf(p, sizeof p, "%s.%zu", path, i);
+            if (json_object_is_type(e, json_type_double) && !isfinite(json_object_get_double(e))) {
+                json_object_array_put_idx(v, i, NULL);
+                json_object_array_add(names, json_object_new_string(p));
+            } else {
+                null_nonfinite(e, p, names);
+            }
+        }
+    }
+}
+
+void record_null_nonfinite(json_object *o) {
+    json_object *names = json_object_new_array();
+    null_nonfinite(o, "", names);
+    if (json_object_array_length(names)) json_object_object_add(o, "nonfinite", names);
+    else json_object_put(names);
+}
+
 // The console line of a logged step: losses, lr, grad norm, throughput over
 // the log window (avg_tps), MFU, expert load, memory and the ETA.
 void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, double eta_s, double worst_max,

@@ -25,7 +25,9 @@ extern int train_rank0, train_world_size;
 typedef struct {
     RunConfig cfg;
     const char *config_path;
-    int resume;
+    int resume, overwrite;     // --resume, --overwrite
+    char resumed[CFG_PATH_MAX + 64]; // the checkpoint this run resumed from ("" none)
+    int lock_fd[2];            // rank 0's locks on logging.run_dir and checkpoint.dir (-1 none)
     int64_t stop_after;        // --stop-after (0: run to train.steps)
     TrainOptions opt;          // bench's
     Comm *world;
@@ -54,6 +56,8 @@ typedef struct {
     float graph_scale;
     double peak_dev_mib;
     int run_info_written;      // the first metrics record of this process carries the run's description
+    int nonfinite_run;         // consecutive steps with a non-finite loss or grad norm, up to now
+    int64_t saved_step;        // the newest step committed by or resumed from in this process (-1 none)
 } Trainer;
 
 // What one optimizer step produced.
@@ -61,6 +65,7 @@ typedef struct {
     int64_t step;              // 0-based index of the step
     double lr, loss, ce, lb_raw, z_raw, gnorm, clip_scale, dt;
     int skipped;
+    int nonfinite;             // loss or grad norm NaN or Inf (the step is skipped)
 } StepResult;
 
 // train_report.c
@@ -74,5 +79,8 @@ void print_header(Trainer *tr);
 // max/mean load, dropped and routed rows, and whether gerrymandering is flagged.
 json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, double *dropped_total,
                          double *rows_total, int *flagged);
+// JSON has no NaN or Inf (json-c would print a bare NaN): every non-finite
+// number of record o becomes null, and o's "nonfinite" lists their keys.
+void record_null_nonfinite(json_object *o);
 void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, double eta_s, double worst_max,
                      double dropped_total, double rows_total, int flagged);

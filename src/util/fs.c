@@ -73,3 +73,39 @@ void fs_sync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) { fsync(fd); close(fd); }
 }
+
+int fs_lock_file(const char *path, char *holder, size_t holderlen, char *err, size_t errlen) {
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644), e;
+    if (fd < 0) {
+        e = errno;
+        errorf(err, errlen, "cannot create %s: %s", path, strerror(e));
+        errno = e;
+        return -1;
+    }
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_SETLK, &lk) == 0) {
+        char host[256] = "?", text[320];
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = 0;
+        int n = snprintf(text, sizeof text, "pid %ld on host %s\n", (long)getpid(), host);
+        if (ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)n, 0) == n) return fd;
+        e = errno;
+        errorf(err, errlen, "write %s: %s", path, strerror(e));
+    } else if ((e = errno) == EAGAIN || e == EACCES) {
+        // held: the holder wrote who it is; F_GETLK knows its pid when it is local
+        char text[320] = "";
+        ssize_t n = pread(fd, text, sizeof text - 1, 0);
+        text[n > 0 ? n : 0] = 0;
+        text[strcspn(text, "\n")] = 0;
+        struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (!text[0] && fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK) snprintf(text, sizeof text, "pid %ld", (long)q.l_pid);
+        snprintf(holder, holderlen, "%s", text[0] ? text : "an unknown process");
+        close(fd);
+        return -2;
+    } else {
+        errorf(err, errlen, "cannot lock %s: %s", path, strerror(e));
+    }
+    close(fd);
+    errno = e;
+    return -1;
+}

@@ -17,3 +17,11 @@ int fs_fresh_dir(const char *path, char *err, size_t errlen);
 int fs_write_text(const char *path, const char *text, char *err, size_t errlen);
 // fsyncs a directory, so that the names created or renamed in it last.
 void fs_sync_dir(const char *path);
+// An exclusive lock on the file path (created if missing), held while the
+// returned descriptor stays open. It is an fcntl record lock: the kernel
+// drops it when the process ends, so a crashed holder leaves no stale lock,
+// and it works on NFS. The holder writes "pid N on host H" into the file.
+// Returns the descriptor; -2 when another process holds the lock, with its
+// "pid N on host H" in holder; -1 with a message when the file cannot be
+// created or locked (errno kept: ENOLCK where the file system has no locks).
+int fs_lock_file(const char *path, char *holder, size_t holderlen, char *err, size_t errlen);
