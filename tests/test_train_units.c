@@ -38,6 +38,58 @@ START_TEST(test_lr_schedules) {
 }
 END_TEST
 
+// Each schedule against its closed form at several steps: 100 steps, 10 of
+// warmup, floor lo = 0.1, peak 1 (the step index is 0-based).
+typedef struct { int64_t step; double lr; } LrPoint;
+static void check_schedule(const TrainSection *t, const LrPoint *pts, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        double got = lr_at(t, 1.0, pts[i].step);
+        ck_assert_msg(fabs(got - pts[i].lr) <= 1e-12, "%s: step %lld: lr %.15g, expected %.15g", what,
+                      (long long)pts[i].step, got, pts[i].lr);
+    }
+}
+
+START_TEST(test_lr_schedules_closed_form) {
+    // linear: peak - (peak - lo) p, p = (step - 10) / 90, held at lo after the end
+    TrainSection t = sched(LR_LINEAR);
+    LrPoint linear[] = {{0, 0.1}, {9, 1.0}, {10, 1.0}, {28, 1 - 0.9 * 0.2}, {55, 0.55}, {82, 1 - 0.9 * 0.8},
+                        {100, 0.1}, {150, 0.1}};
+    check_schedule(&t, linear, 6, "linear");
+    check_schedule(&t, linear + 6, 2, "linear past the end");
+    // inv_sqrt: lo + (peak - lo) sqrt(W / n), n = step + 1, W = 10; open-ended
+    t = sched(LR_INV_SQRT);
+    LrPoint inv[] = {{4, 0.5}, {9, 1.0}, {39, 0.1 + 0.9 * 0.5}, {89, 0.1 + 0.9 / 3}, {159, 0.1 + 0.9 * 0.25},
+                     {999, 0.1 + 0.9 * 0.1}, {99999, 0.1 + 0.9 * 0.01}};
+    check_schedule(&t, inv, 7, "inv_sqrt");
+    t.warmup_steps = 0; // timescale 1: the peak at step 0
+    LrPoint inv0[] = {{0, 1.0}, {3, 0.1 + 0.9 * 0.5}, {99, 0.1 + 0.9 * 0.1}};
+    check_schedule(&t, inv0, 3, "inv_sqrt without warmup");
+    // wsd: the peak until step 80, then the decay over the last 20% of the
+    // steps, q = (step - 80) / 20, to lo: peak - (peak - lo) g(q)
+    t = sched(LR_WSD);
+    t.decay_shape = DECAY_LINEAR; // g(q) = q
+    LrPoint wsd_lin[] = {{9, 1.0}, {50, 1.0}, {80, 1.0}, {85, 1 - 0.9 * 0.25}, {90, 0.55}, {95, 1 - 0.9 * 0.75},
+                         {100, 0.1}, {120, 0.1}};
+    check_schedule(&t, wsd_lin, 8, "wsd linear");
+    t.decay_shape = DECAY_COSINE; // g(q) = (1 - cos(pi q)) / 2
+    LrPoint wsd_cos[] = {{50, 1.0}, {80, 1.0}, {85, 1 - 0.9 * (1 - cos(M_PI / 4)) / 2}, {90, 0.55},
+                         {95, 1 - 0.9 * (1 - cos(3 * M_PI / 4)) / 2}, {100, 0.1}};
+    check_schedule(&t, wsd_cos, 6, "wsd cosine");
+    t.decay_shape = DECAY_1_SQRT; // g(q) = sqrt(q)
+    LrPoint wsd_sqrt[] = {{50, 1.0}, {80, 1.0}, {85, 0.55}, {90, 1 - 0.9 * sqrt(0.5)}, {95, 1 - 0.9 * sqrt(0.75)},
+                          {100, 0.1}};
+    check_schedule(&t, wsd_sqrt, 6, "wsd 1-sqrt");
+    // another decay fraction: half of the steps, so the decay starts at 50
+    t.decay_shape = DECAY_LINEAR;
+    t.decay_fraction = 0.5;
+    LrPoint wsd_half[] = {{40, 1.0}, {50, 1.0}, {60, 1 - 0.9 * 0.2}, {75, 0.55}, {100, 0.1}};
+    check_schedule(&t, wsd_half, 5, "wsd, decay_fraction 0.5");
+    t.decay_fraction = 0; // no decay: warmup-stable
+    LrPoint wsd_none[] = {{10, 1.0}, {99, 1.0}};
+    check_schedule(&t, wsd_none, 2, "wsd, decay_fraction 0");
+}
+END_TEST
+
 START_TEST(test_skip_step) {
     TrainSection t = sched(LR_CONSTANT);
     t.skip_window = 10;
@@ -122,6 +174,7 @@ int main(void) {
     Suite *s = suite_create("train_units");
     TCase *tc = tcase_create("units");
     tcase_add_test(tc, test_lr_schedules);
+    tcase_add_test(tc, test_lr_schedules_closed_form);
     tcase_add_test(tc, test_skip_step);
     tcase_add_test(tc, test_expert_load);
     tcase_add_test(tc, test_gerrymander);

@@ -20,7 +20,9 @@ typedef struct {
     int n;
 } StrList;
 
-typedef enum { LR_COSINE = 0, LR_WSD = 1, LR_CONSTANT = 2 } LrSchedule;
+typedef enum { LR_COSINE = 0, LR_WSD = 1, LR_CONSTANT = 2, LR_LINEAR = 3, LR_INV_SQRT = 4 } LrSchedule;
+// The shape of the WSD decay (train.decay_shape).
+typedef enum { DECAY_LINEAR = 0, DECAY_COSINE = 1, DECAY_1_SQRT = 2 } DecayShape;
 
 typedef struct {
     StrList train;          // paths or globs; each entry is one source
@@ -40,6 +42,7 @@ typedef struct {
     int lr_schedule;        // LrSchedule
     int64_t warmup_steps;
     double decay_fraction;  // WSD: final fraction of steps spent decaying
+    int decay_shape;        // DecayShape of the WSD decay
     double min_lr_ratio;    // lr floor as a fraction of optim.lr
     double clip_grad;       // global grad-norm clip; 0 = off
     int skip_window;        // steps in the skip-step statistics; 0 = off
