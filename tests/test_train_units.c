@@ -1,10 +1,15 @@
 // Unit tests of the training loop's pieces: LR schedules, skip-step,
-// expert-load statistics, the token-gerrymandering flag, the FLOP count.
+// expert-load statistics, the token-gerrymandering flag, the FLOP count,
+// the MFU denominators.
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "train/metrics.h"
+#include "train/mfu.h"
 #include "train/train.h"
 
 static TrainSection sched(int kind) {
@@ -170,6 +175,64 @@ START_TEST(test_flops_per_token) {
 }
 END_TEST
 
+// The MFU denominators: GPU peaks by the names CUDA reports, an unknown
+// GPU, and the CPU's measurement, cached and read back.
+START_TEST(test_mfu_gpu_table) {
+    struct { const char *name; double tflops; } cases[] = {
+        {"NVIDIA A100-SXM4-80GB", 312}, {"NVIDIA A100-PCIE-40GB", 312}, {"NVIDIA A100 80GB PCIe", 312},
+        {"NVIDIA H100 80GB HBM3", 989}, {"NVIDIA H100 PCIe", 756},      {"NVIDIA H100 NVL", 835},
+        {"NVIDIA H200", 989},           {"NVIDIA H200 NVL", 835},       {"NVIDIA B200", 2250},
+        {"NVIDIA B300 SXM6 AC", 2250},
+        // unknown: 0, no entry
+        {"NVIDIA GB200", 0}, {"NVIDIA GeForce RTX 4090", 0}, {"NVIDIA H20", 0}, {"", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *entry = "unset";
+        double got = mfu_gpu_peak_tflops(cases[i].name, &entry);
+        ck_assert_msg(got == cases[i].tflops, "'%s': %g TFLOP/s, expected %g", cases[i].name, got, cases[i].tflops);
+        ck_assert_msg((entry != NULL) == (got > 0), "'%s': entry %s", cases[i].name, entry ? entry : "NULL");
+    }
+}
+END_TEST
+
+START_TEST(test_mfu_cpu_cache) {
+    char dir[] = "/tmp/moecore-mfu-XXXXXX", path[128], how[1400];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/sub/cpu-peak.json", dir);
+    double first = mfu_cpu_peak_tflops(path, how, sizeof how);
+    ck_assert_msg(first > 0 && strstr(how, "measured now") && strstr(how, path), "%s", how);
+    // the second run reads the same number back instead of measuring
+    double again = mfu_cpu_peak_tflops(path, how, sizeof how);
+    ck_assert_msg(again == first && strstr(how, "cached in") && !strstr(how, "now"), "%g vs %g: %s", again, first, how);
+    // an unreadable cache is replaced by a new measurement
+    FILE *f = fopen(path, "w");
+    fputs("{not json", f);
+    fclose(f);
+    double fresh = mfu_cpu_peak_tflops(path, how, sizeof how);
+    ck_assert_msg(fresh > 0 && strstr(how, "replaced an unreadable cache"), "%s", how);
+    ck_assert_double_eq(mfu_cpu_peak_tflops(path, how, sizeof how), fresh);
+    // a cache that cannot be written (below a file): measured, used, and said so
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/x/cpu-peak.json", path);
+    ck_assert(mfu_cpu_peak_tflops(bad, how, sizeof how) > 0);
+    ck_assert_msg(strstr(how, "not cached"), "%s", how);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/sub", dir);
+    rmdir(path);
+    rmdir(dir);
+    // the default location follows XDG_CACHE_HOME, then HOME
+    setenv("XDG_CACHE_HOME", "/x/cache", 1);
+    ck_assert_int_eq(mfu_cpu_cache_path(path, sizeof path), 0);
+    ck_assert_str_eq(path, "/x/cache/moecore/cpu-peak.json");
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "/x/home", 1);
+    ck_assert_int_eq(mfu_cpu_cache_path(path, sizeof path), 0);
+    ck_assert_str_eq(path, "/x/home/.cache/moecore/cpu-peak.json");
+    unsetenv("HOME");
+    ck_assert_int_eq(mfu_cpu_cache_path(path, sizeof path), -1);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("train_units");
     TCase *tc = tcase_create("units");
@@ -179,6 +242,8 @@ int main(void) {
     tcase_add_test(tc, test_expert_load);
     tcase_add_test(tc, test_gerrymander);
     tcase_add_test(tc, test_flops_per_token);
+    tcase_add_test(tc, test_mfu_gpu_table);
+    tcase_add_test(tc, test_mfu_cpu_cache);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -72,7 +72,7 @@ typedef struct {
 
 typedef struct {
     int type;                // 0 cpu, 1 cuda
-    double peak_tflops;      // MFU denominator; 0 = device default (CPU: measured SGEMM)
+    double peak_tflops;      // MFU denominator; 0 = the device's (train/mfu.h)
     int cuda_graph;          // replay each micro-batch's forward + backward as a CUDA graph
     CudaSettings cuda;       // device.cuda.*: the CUDA backend's kernel choices
 } DeviceSection;

@@ -41,7 +41,8 @@ typedef struct {
     int *tokens, *targets;     // this rank's slice of a step's batch [G_local, T]
     char *config_yaml;         // the resolved config, saved in the run dir and in checkpoints
     FILE *metrics;             // rank 0
-    double peak, fpt;          // MFU denominator (TFLOP/s), useful FLOPs per token
+    double peak, fpt;          // MFU denominator (TFLOP/s; 0: unknown, no MFU), useful FLOPs per token
+    char peak_source[1400];    // where the MFU denominator came from (rank 0)
     // per-step statistics, MoE layers L x experts E
     int L, E;
     double *red, *lb_step, *z_step, *maxload;
@@ -64,7 +65,6 @@ typedef struct {
 } StepResult;
 
 // train_report.c
-double measure_cpu_peak_tflops(void);  // a measured SGEMM rate, the CPU's MFU denominator
 double peak_rss_mib(void);
 void fmt_duration(char *buf, size_t n, double s);
 json_object *run_info_json(const Trainer *tr);
