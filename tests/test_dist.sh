@@ -4,7 +4,9 @@
 #  1. layouts dp2, ep2, ep2 x ep_dp2, ep4, dp2 + sharded optimizer and
 #     ep2 x ep_dp2 + sharded, with learned and with random routing: 5 steps of
 #     losses within 1e-5 relative, final weights within 1e-5 (norm-wise per tensor);
-#     dp2 and ep2 x ep_dp2 also with aux-loss-free balancing;
+#     dp2 and ep2 x ep_dp2 also with aux-loss-free balancing, and with
+#     model.lb_global (one micro-batch per rank) against one rank running
+#     the global batch as one micro-batch;
 #  2. a checkpoint saved in one layout resumes in another (ep2 x ep_dp2 -> one
 #     rank; one rank -> ep4 + sharded) with the next loss within 1e-6 of the
 #     uninterrupted run's;
@@ -95,6 +97,24 @@ if run single_aux 1 "${aux[@]}"; then
   done
 else
   tail "$tmp/single_aux.log"; bad "single aux-free failed"
+fi
+
+# model.lb_global: the LB loss of the global batch. Each micro-batch's expert
+# counts are summed over the dp group (and over the step's earlier
+# micro-batches), so with one micro-batch per rank they are the counts of
+# the whole global batch: every layout must equal one rank that runs the
+# global batch as one micro-batch (lb_coef 1 makes the LB's share visible)
+lbg=(--model.routing=learned --model.lb_global=true --model.lb_coef=1)
+if run single_lbg 1 "${lbg[@]}" --train.micro_batch=8; then
+  for layout in "dp2 2 --parallel.dp=2 --train.micro_batch=4" \
+                "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2 --train.micro_batch=2"; do
+    set -- $layout
+    name=$1 np=$2; shift 2
+    if ! run "${name}_lbg" "$np" "${lbg[@]}" "$@"; then tail -n 5 "$tmp/${name}_lbg.log"; bad "$name lb_global: run failed"; continue; fi
+    if out=$(compare single_lbg "${name}_lbg" 1e-5 1e-5); then ok "$name lb_global: $out"; else bad "$name lb_global: $out"; fi
+  done
+else
+  tail "$tmp/single_lbg.log"; bad "single lb_global failed"
 fi
 
 # ---- 2. save in one layout, resume in another -------------------------------------------------

@@ -252,7 +252,7 @@ static int setup_model(Trainer *tr) {
     const TrainSection *t = &cfg->train;
     const Ops *ops = tr->ops;
     Model *m = &tr->m;
-    ModelParallel par = {tr->mesh.ep_rank, tr->mesh.ep, tr->mesh.ep_comm};
+    ModelParallel par = {tr->mesh.ep_rank, tr->mesh.ep, tr->mesh.ep_comm, tr->mesh.dp_comm};
     if (model_init_parallel(m, &cfg->model, ops, &par, err, sizeof err)) return fatal("%s", err);
     // every rank draws the same full model and keeps its slice of the experts
     if (tr->mesh.ep == 1) {
