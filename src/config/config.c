@@ -44,6 +44,7 @@ static const Key table[] = {
     {"optim.sharded", T_BOOL, offsetof(RunConfig, optim_sharded), NULL},
     F(checkpoint.dir, T_STR), F(checkpoint.interval, T_I64), F(checkpoint.keep, T_INT), F(checkpoint.save_final, T_BOOL),
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
+    F(logging.tensorboard, T_BOOL),
     F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),

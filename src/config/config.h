@@ -63,6 +63,7 @@ typedef struct {
     char run_dir[CFG_PATH_MAX];
     int64_t log_interval;
     int gerrymander_window;  // steps in the token-gerrymandering check
+    int tensorboard;         // also write TensorBoard event files into run_dir
 } LoggingSection;
 
 typedef struct {

@@ -326,6 +326,8 @@ static int open_run_dir(Trainer *tr) {
         snprintf(err, sizeof err, "cannot open %s: %s", p, strerror(errno));
         return fatal("%s", err);
     }
+    if (cfg->logging.tensorboard && !(tr->tb = tfevents_open(cfg->logging.run_dir, err, sizeof err)))
+        return fatal("logging.tensorboard: %s", err);
     return -1;
 }
 
@@ -580,6 +582,11 @@ static int train_loop(Trainer *tr) {
             json_object_object_add(o, "eval_ce", json_object_new_double(ev));
             SAY("eval  step %lld | eval ce %.4f\n", (long long)st->step, ev);
         }
+        if (tr->tb && tb_write_record(tr->tb, &tr->m.cfg, o, err, sizeof err)) {
+            json_object_put(o);
+            rc = fatal("logging.tensorboard: %s", err);
+            break;
+        }
         if (tr->metrics) {
             fprintf(tr->metrics, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
             fflush(tr->metrics);
@@ -626,6 +633,7 @@ static void train_teardown(Trainer *tr, int set_up) {
     if (set_up) {
         if (tr->graph) tr->ops->graph_free(tr->graph);
         if (tr->metrics) fclose(tr->metrics);
+        tfevents_close(tr->tb);
         free(tr->config_yaml);
         free(tr->tokens); free(tr->targets); free(tr->lb_step); free(tr->z_step); free(tr->maxload); free(tr->gflags);
         free(tr->red); free(tr->counts_host);

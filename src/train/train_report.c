@@ -149,7 +149,11 @@ void print_header(Trainer *tr) {
         fflush(stdout);
     }
     comm_barrier(tr->world);
-    SAY("run dir: %s, checkpoints: %s\n", cfg->logging.run_dir, cfg->checkpoint.dir);
+    SAY("run dir: %s, checkpoints: %s%s\n", cfg->logging.run_dir, cfg->checkpoint.dir,
+        tr->tb ? ", TensorBoard events in the run dir" : "");
+    SAY("console: loss = ce + %g x lb + %g x z (model.lb_coef, model.z_coef); lb = the load-balancing loss "
+        "(1 per layer when balanced), z = the router z-loss, each unscaled and summed over the %d MoE layers; "
+        "load max/mean of the worst layer\n", m->cfg.lb_coef, m->cfg.z_coef, m->n_moe);
 }
 
 // The step's metrics.jsonl record (rank 0 writes it); fills the per-layer
@@ -243,9 +247,9 @@ void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, dou
     else snprintf(mem, sizeof mem, "%.0f MiB RSS", peak_rss_mib());
     char mfu[32] = "n/a";
     if (peak > 0) snprintf(mfu, sizeof mfu, "%.1f%%", 100 * avg_tps * fpt / 1e12 / train_world_size / peak);
-    SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb %.4f | z %.4f | lr %.2e | gnorm %.3f%s | "
-        "%.0f tok/s | %.3f TFLOP/s/dev | MFU %s | load max/mean %.2f%s%s | %s | ETA %s\n",
-        (long long)tr->st.step, (long long)t->steps, r->loss, r->ce, r->lb_raw, r->z_raw, r->lr, r->gnorm,
+    SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb(sum of %d layers) %.4f | z(sum of %d layers) %.4f | lr %.2e | "
+        "gnorm %.3f%s | %.0f tok/s | %.3f TFLOP/s/dev | MFU %s | load max/mean %.2f%s%s | %s | ETA %s\n",
+        (long long)tr->st.step, (long long)t->steps, r->loss, r->ce, tr->L, r->lb_raw, tr->L, r->z_raw, r->lr, r->gnorm,
         r->skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / train_world_size, mfu, worst_max, drop,
         flagged ? " GERRYMANDER?" : "", mem, eta);
 }

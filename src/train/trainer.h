@@ -16,6 +16,7 @@
 #include "optim/adamw.h"
 #include "train/metrics.h"
 #include "train/train.h"
+#include "util/tfevents.h"
 
 // Rank 0 of the job prints; the number of ranks (set by train_run).
 extern int train_rank0, train_world_size;
@@ -41,6 +42,7 @@ typedef struct {
     int *tokens, *targets;     // this rank's slice of a step's batch [G_local, T]
     char *config_yaml;         // the resolved config, saved in the run dir and in checkpoints
     FILE *metrics;             // rank 0
+    TfEvents *tb;              // logging.tensorboard (rank 0)
     double peak, fpt;          // MFU denominator (TFLOP/s; 0: unknown, no MFU), useful FLOPs per token
     char peak_source[1400];    // where the MFU denominator came from (rank 0)
     // per-step statistics, MoE layers L x experts E
@@ -76,3 +78,7 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
                          double *rows_total, int *flagged);
 void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, double eta_s, double worst_max,
                      double dropped_total, double rows_total, int flagged);
+
+// tensorboard.c: a metrics.jsonl record as one event of scalars. -1 with a
+// message when the write fails.
+int tb_write_record(TfEvents *w, const ModelConfig *c, json_object *rec, char *err, size_t errlen);
