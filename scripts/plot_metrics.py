@@ -1,12 +1,17 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plots a moecore run's metrics.jsonl (one JSON object per optimizer step,
-written by `moecore train`, keys in src/train/train.c) as one PNG:
+written by `moecore train`, keys in src/train/train_report.c) as one PNG:
 
   loss and CE (eval CE as points)     | LB and z-loss, raw (before their coefs)
   expert load max/mean, per MoE layer | lr and global grad norm
   (gerrymandering-flagged steps marked) (skipped steps marked)
 
-    /usr/bin/python3 scripts/plot_metrics.py RUN_DIR/metrics.jsonl [-o OUT.png]
+    scripts/plot_metrics.py RUN_DIR/metrics.jsonl [-o OUT.png]
+
+The shebang names /usr/bin/python3, Debian's, where scripts/install-deps.sh
+puts numpy and matplotlib (python3-numpy, python3-matplotlib): a python3
+found first on PATH (pyenv, conda, a venv) need not have them. Any other
+Python that has them runs it too: `that-python scripts/plot_metrics.py ...`.
 
 RUN_DIR alone works too. The default output is metrics.png beside the jsonl.
 Lines that are not JSON objects (a run killed mid-write leaves a truncated
@@ -18,7 +23,11 @@ import json
 import os
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(f"plot_metrics: {sys.executable} has no matplotlib: run this script with the Python that has "
+             "numpy and matplotlib (/usr/bin/python3 after scripts/install-deps.sh, or pip install matplotlib numpy)")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -152,7 +152,7 @@ bad_yaml "wrong type float" 2 $'optim:\n  lr: fast' optim.lr fast
 bad_yaml "wrong type bool" 2 $'optim:\n  decay_norms: maybe' optim.decay_norms maybe
 bad_yaml "list for scalar" 2 $'train:\n  steps: [1, 2]' train.steps "expected a single value"
 bad_yaml "list for model scalar" 2 $'model:\n  d_model: [64]' model.d_model "expected a single value"
-bad_yaml "bad enum" 2 $'train:\n  lr_schedule: linear' train.lr_schedule linear cosine
+bad_yaml "bad enum" 2 $'train:\n  lr_schedule: exponential' train.lr_schedule exponential cosine
 bad_yaml "bad model enum" 2 $'model:\n  norm: middle' model.norm middle pre
 bad_yaml "mapping for scalar" 2 $'train:\n  steps: {a: 1}' train.steps nested
 bad_yaml "bad device.cuda enum" 3 $'device:\n  cuda:\n    grouped_gemm: cublas' device.cuda.grouped_gemm cublas mma_sync

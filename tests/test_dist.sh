@@ -4,7 +4,9 @@
 #  1. layouts dp2, ep2, ep2 x ep_dp2, ep4, dp2 + sharded optimizer and
 #     ep2 x ep_dp2 + sharded, with learned and with random routing: 5 steps of
 #     losses within 1e-5 relative, final weights within 1e-5 (norm-wise per tensor);
-#     dp2 and ep2 x ep_dp2 also with aux-loss-free balancing;
+#     dp2 and ep2 x ep_dp2 also with aux-loss-free balancing, and with
+#     model.lb_global (one micro-batch per rank) against one rank running
+#     the global batch as one micro-batch;
 #  2. a checkpoint saved in one layout resumes in another (ep2 x ep_dp2 -> one
 #     rank; one rank -> ep4 + sharded) with the next loss within 1e-6 of the
 #     uninterrupted run's;
@@ -70,35 +72,45 @@ PY
 }
 
 # ---- 1. layouts against the single rank -------------------------------------------------
-for routing in learned random; do
-  run "single_$routing" 1 --model.routing=$routing || { tail "$tmp/single_$routing.log"; bad "single $routing failed"; continue; }
-  for layout in "dp2 2 --parallel.dp=2" "ep2 2 --parallel.dp=2 --parallel.ep=2" \
-                "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2" "ep4 4 --parallel.dp=4 --parallel.ep=4" \
-                "dp2_sharded 2 --parallel.dp=2 --optim.sharded=true" \
-                "ep2xep_dp2_sharded 4 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true"; do
+# against_one_rank TAG WHAT "ARGS" "ONE-RANK ARGS" LAYOUT...: runs single_TAG on one
+# rank with ARGS and ONE-RANK ARGS, then each LAYOUT ("NAME NP ARGS...") as NAME_TAG
+# with ARGS, and compares each with the one-rank run
+against_one_rank() {
+  local tag=$1 what=$2 layout name np
+  local -a all=($3) one=($4)
+  shift 4
+  run "single_$tag" 1 "${all[@]}" "${one[@]}" || { tail "$tmp/single_$tag.log"; bad "single $what failed"; return; }
+  for layout in "$@"; do
     set -- $layout
     name=$1 np=$2; shift 2
-    if ! run "${name}_$routing" "$np" --model.routing=$routing "$@"; then
-      tail -n 5 "$tmp/${name}_$routing.log"; bad "$name $routing: run failed"; continue
+    if ! run "${name}_$tag" "$np" "${all[@]}" "$@"; then
+      tail -n 5 "$tmp/${name}_$tag.log"; bad "$name $what: run failed"; continue
     fi
-    if out=$(compare "single_$routing" "${name}_$routing" 1e-5 1e-5); then ok "$name $routing: $out"
-    else bad "$name $routing: $out"; fi
+    if out=$(compare "single_$tag" "${name}_$tag" 1e-5 1e-5); then ok "$name $what: $out"
+    else bad "$name $what: $out"; fi
   done
+}
+for routing in learned random; do
+  against_one_rank "$routing" "$routing" "--model.routing=$routing" "" \
+    "dp2 2 --parallel.dp=2" "ep2 2 --parallel.dp=2 --parallel.ep=2" \
+    "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2" "ep4 4 --parallel.dp=4 --parallel.ep=4" \
+    "dp2_sharded 2 --parallel.dp=2 --optim.sharded=true" \
+    "ep2xep_dp2_sharded 4 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true"
 done
 
 # aux-loss-free balancing: the bias moves by the expert counts of the whole
 # dp group (reduced where they live), so every layout picks the same experts
-aux=(--model.routing=learned --model.aux_free_rate=0.02)
-if run single_aux 1 "${aux[@]}"; then
-  for layout in "dp2 2 --parallel.dp=2" "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2"; do
-    set -- $layout
-    name=$1 np=$2; shift 2
-    if ! run "${name}_aux" "$np" "${aux[@]}" "$@"; then tail -n 5 "$tmp/${name}_aux.log"; bad "$name aux-free: run failed"; continue; fi
-    if out=$(compare single_aux "${name}_aux" 1e-5 1e-5); then ok "$name aux-free: $out"; else bad "$name aux-free: $out"; fi
-  done
-else
-  tail "$tmp/single_aux.log"; bad "single aux-free failed"
-fi
+against_one_rank aux aux-free "--model.routing=learned --model.aux_free_rate=0.02" "" \
+  "dp2 2 --parallel.dp=2" "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2"
+
+# model.lb_global: the LB loss of the global batch. Each micro-batch's expert
+# counts are summed over the dp group (and over the step's earlier
+# micro-batches), so with one micro-batch per rank they are the counts of
+# the whole global batch: every layout must equal one rank that runs the
+# global batch as one micro-batch (lb_coef 1 makes the LB's share visible)
+against_one_rank lbg lb_global "--model.routing=learned --model.lb_global=true --model.lb_coef=1" \
+  "--train.micro_batch=8" "dp2 2 --parallel.dp=2 --train.micro_batch=4" \
+  "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2 --train.micro_batch=2"
 
 # ---- 2. save in one layout, resume in another -------------------------------------------------
 long=(--train.steps=8 --checkpoint.interval=4 --model.routing=learned)

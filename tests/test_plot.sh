@@ -2,7 +2,8 @@
 # scripts/plot_metrics.py draws a run's metrics.jsonl: on a short real run of
 # configs/tiny.yaml (6 steps, with an eval), and on a hand-written file with
 # flagged, skipped and eval steps, a missing key and a truncated last line
-# (skipped with a warning). Each PNG must exist, start with the PNG
+# (skipped with a warning); and run as a program while the python3 first on
+# PATH lacks matplotlib. Each PNG must exist, start with the PNG
 # signature and not be trivially small; a file with no records is an error.
 set -u
 cd "$(dirname "$0")/.."
@@ -79,6 +80,20 @@ if $py scripts/plot_metrics.py "$tmp/hand.jsonl" -o "$tmp/hand.png" > "$tmp/hand
   check_png "$tmp/hand.png" "hand-written jsonl"
 else
   fail "plot_metrics.py failed on the hand-written file: $(cat "$tmp/hand.log")"
+fi
+
+# ---- run as a program, with a python3 first on PATH that lacks matplotlib ---------------
+# (as pyenv's or a venv's may): the shebang names the Python that install-deps.sh
+# gave numpy and matplotlib
+mkdir -p "$tmp/fakebin"
+printf '#!/bin/sh\necho "python3 from PATH, without matplotlib" >&2\nexit 3\n' > "$tmp/fakebin/python3"
+chmod +x "$tmp/fakebin/python3"
+if [ -f "$tmp/run/metrics.jsonl" ]; then
+  if PATH="$tmp/fakebin:$PATH" scripts/plot_metrics.py "$tmp/run" -o "$tmp/exec.png" > "$tmp/exec.log" 2>&1; then
+    check_png "$tmp/exec.png" "scripts/plot_metrics.py run as a program"
+  else
+    fail "scripts/plot_metrics.py as a program: $(cat "$tmp/exec.log")"
+  fi
 fi
 
 # ---- nothing to plot: an error, no PNG ---------------------------------------------------

@@ -1,10 +1,10 @@
 // Unit tests of the training loop's pieces: LR schedules, skip-step (also of
 // non-finite steps), expert-load statistics, the token-gerrymandering flag,
-// the FLOP count; and the checkpoint writer's promises that keep a user's
-// work: a tensor with a NaN or an Inf is never saved (the error names it,
-// nothing is committed), a committed step is never overwritten, pruning
-// (checkpoint.keep) never deletes the checkpoint just written, and
-// ckpt_remove_all (--overwrite) removes checkpoint directories only.
+// the FLOP count, the MFU denominators; and the checkpoint writer's promises
+// that keep a user's work: a tensor with a NaN or an Inf is never saved (the
+// error names it, nothing is committed), a committed step is never
+// overwritten, pruning (checkpoint.keep) never deletes the checkpoint just
+// written, and ckpt_remove_all (--overwrite) removes checkpoint directories only.
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "train/metrics.h"
+#include "train/mfu.h"
 #include "train/train.h"
 #include "util/fs.h"
 
@@ -48,6 +49,58 @@ START_TEST(test_lr_schedules) {
     t = sched(LR_CONSTANT);
     ck_assert_double_eq_tol(lr_at(&t, 2.0, 4), 1.0, 1e-12);
     ck_assert_double_eq_tol(lr_at(&t, 2.0, 99), 2.0, 1e-12);
+}
+END_TEST
+
+// Each schedule against its closed form at several steps: 100 steps, 10 of
+// warmup, floor lo = 0.1, peak 1 (the step index is 0-based).
+typedef struct { int64_t step; double lr; } LrPoint;
+static void check_schedule(const TrainSection *t, const LrPoint *pts, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        double got = lr_at(t, 1.0, pts[i].step);
+        ck_assert_msg(fabs(got - pts[i].lr) <= 1e-12, "%s: step %lld: lr %.15g, expected %.15g", what,
+                      (long long)pts[i].step, got, pts[i].lr);
+    }
+}
+
+START_TEST(test_lr_schedules_closed_form) {
+    // linear: peak - (peak - lo) p, p = (step - 10) / 90, held at lo after the end
+    TrainSection t = sched(LR_LINEAR);
+    LrPoint linear[] = {{0, 0.1}, {9, 1.0}, {10, 1.0}, {28, 1 - 0.9 * 0.2}, {55, 0.55}, {82, 1 - 0.9 * 0.8},
+                        {100, 0.1}, {150, 0.1}};
+    check_schedule(&t, linear, 6, "linear");
+    check_schedule(&t, linear + 6, 2, "linear past the end");
+    // inv_sqrt: lo + (peak - lo) sqrt(W / n), n = step + 1, W = 10; open-ended
+    t = sched(LR_INV_SQRT);
+    LrPoint inv[] = {{4, 0.5}, {9, 1.0}, {39, 0.1 + 0.9 * 0.5}, {89, 0.1 + 0.9 / 3}, {159, 0.1 + 0.9 * 0.25},
+                     {999, 0.1 + 0.9 * 0.1}, {99999, 0.1 + 0.9 * 0.01}};
+    check_schedule(&t, inv, 7, "inv_sqrt");
+    t.warmup_steps = 0; // timescale 1: the peak at step 0
+    LrPoint inv0[] = {{0, 1.0}, {3, 0.1 + 0.9 * 0.5}, {99, 0.1 + 0.9 * 0.1}};
+    check_schedule(&t, inv0, 3, "inv_sqrt without warmup");
+    // wsd: the peak until step 80, then the decay over the last 20% of the
+    // steps, q = (step - 80) / 20, to lo: peak - (peak - lo) g(q)
+    t = sched(LR_WSD);
+    t.decay_shape = DECAY_LINEAR; // g(q) = q
+    LrPoint wsd_lin[] = {{9, 1.0}, {50, 1.0}, {80, 1.0}, {85, 1 - 0.9 * 0.25}, {90, 0.55}, {95, 1 - 0.9 * 0.75},
+                         {100, 0.1}, {120, 0.1}};
+    check_schedule(&t, wsd_lin, 8, "wsd linear");
+    t.decay_shape = DECAY_COSINE; // g(q) = (1 - cos(pi q)) / 2
+    LrPoint wsd_cos[] = {{50, 1.0}, {80, 1.0}, {85, 1 - 0.9 * (1 - cos(M_PI / 4)) / 2}, {90, 0.55},
+                         {95, 1 - 0.9 * (1 - cos(3 * M_PI / 4)) / 2}, {100, 0.1}};
+    check_schedule(&t, wsd_cos, 6, "wsd cosine");
+    t.decay_shape = DECAY_1_SQRT; // g(q) = sqrt(q)
+    LrPoint wsd_sqrt[] = {{50, 1.0}, {80, 1.0}, {85, 0.55}, {90, 1 - 0.9 * sqrt(0.5)}, {95, 1 - 0.9 * sqrt(0.75)},
+                          {100, 0.1}};
+    check_schedule(&t, wsd_sqrt, 6, "wsd 1-sqrt");
+    // another decay fraction: half of the steps, so the decay starts at 50
+    t.decay_shape = DECAY_LINEAR;
+    t.decay_fraction = 0.5;
+    LrPoint wsd_half[] = {{40, 1.0}, {50, 1.0}, {60, 1 - 0.9 * 0.2}, {75, 0.55}, {100, 0.1}};
+    check_schedule(&t, wsd_half, 5, "wsd, decay_fraction 0.5");
+    t.decay_fraction = 0; // no decay: warmup-stable
+    LrPoint wsd_none[] = {{10, 1.0}, {99, 1.0}};
+    check_schedule(&t, wsd_none, 2, "wsd, decay_fraction 0");
 }
 END_TEST
 
@@ -268,14 +321,75 @@ START_TEST(test_remove_all) {
 }
 END_TEST
 
+// The MFU denominators: GPU peaks by the names CUDA reports, an unknown
+// GPU, and the CPU's measurement, cached and read back.
+START_TEST(test_mfu_gpu_table) {
+    struct { const char *name; double tflops; } cases[] = {
+        {"NVIDIA A100-SXM4-80GB", 312}, {"NVIDIA A100-PCIE-40GB", 312}, {"NVIDIA A100 80GB PCIe", 312},
+        {"NVIDIA H100 80GB HBM3", 989}, {"NVIDIA H100 PCIe", 756},      {"NVIDIA H100 NVL", 835},
+        {"NVIDIA H200", 989},           {"NVIDIA H200 NVL", 835},       {"NVIDIA B200", 2250},
+        {"NVIDIA B300 SXM6 AC", 2250},
+        // unknown: 0, no entry
+        {"NVIDIA GB200", 0}, {"NVIDIA GeForce RTX 4090", 0}, {"NVIDIA H20", 0}, {"", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *entry = "unset";
+        double got = mfu_gpu_peak_tflops(cases[i].name, &entry);
+        ck_assert_msg(got == cases[i].tflops, "'%s': %g TFLOP/s, expected %g", cases[i].name, got, cases[i].tflops);
+        ck_assert_msg((entry != NULL) == (got > 0), "'%s': entry %s", cases[i].name, entry ? entry : "NULL");
+    }
+}
+END_TEST
+
+START_TEST(test_mfu_cpu_cache) {
+    char dir[] = "/tmp/moecore-mfu-XXXXXX", path[128], how[1400];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/sub/cpu-peak.json", dir);
+    double first = mfu_cpu_peak_tflops(path, how, sizeof how);
+    ck_assert_msg(first > 0 && strstr(how, "measured now") && strstr(how, path), "%s", how);
+    // the second run reads the same number back instead of measuring
+    double again = mfu_cpu_peak_tflops(path, how, sizeof how);
+    ck_assert_msg(again == first && strstr(how, "cached in") && !strstr(how, "now"), "%g vs %g: %s", again, first, how);
+    // an unreadable cache is replaced by a new measurement
+    FILE *f = fopen(path, "w");
+    fputs("{not json", f);
+    fclose(f);
+    double fresh = mfu_cpu_peak_tflops(path, how, sizeof how);
+    ck_assert_msg(fresh > 0 && strstr(how, "replaced an unreadable cache"), "%s", how);
+    ck_assert_double_eq(mfu_cpu_peak_tflops(path, how, sizeof how), fresh);
+    // a cache that cannot be written (below a file): measured, used, and said so
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/x/cpu-peak.json", path);
+    ck_assert(mfu_cpu_peak_tflops(bad, how, sizeof how) > 0);
+    ck_assert_msg(strstr(how, "not cached"), "%s", how);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/sub", dir);
+    rmdir(path);
+    rmdir(dir);
+    // the default location follows XDG_CACHE_HOME, then HOME
+    setenv("XDG_CACHE_HOME", "/x/cache", 1);
+    ck_assert_int_eq(mfu_cpu_cache_path(path, sizeof path), 0);
+    ck_assert_str_eq(path, "/x/cache/moecore/cpu-peak.json");
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "/x/home", 1);
+    ck_assert_int_eq(mfu_cpu_cache_path(path, sizeof path), 0);
+    ck_assert_str_eq(path, "/x/home/.cache/moecore/cpu-peak.json");
+    unsetenv("HOME");
+    ck_assert_int_eq(mfu_cpu_cache_path(path, sizeof path), -1);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("train_units");
     TCase *tc = tcase_create("units");
     tcase_add_test(tc, test_lr_schedules);
+    tcase_add_test(tc, test_lr_schedules_closed_form);
     tcase_add_test(tc, test_skip_step);
     tcase_add_test(tc, test_expert_load);
     tcase_add_test(tc, test_gerrymander);
     tcase_add_test(tc, test_flops_per_token);
+    tcase_add_test(tc, test_mfu_gpu_table);
+    tcase_add_test(tc, test_mfu_cpu_cache);
     suite_add_tcase(s, tc);
     TCase *ck = tcase_create("checkpoint");
     tcase_add_test(ck, test_nonfinite_refused);

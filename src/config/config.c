@@ -22,7 +22,8 @@ typedef struct {
 } Key;
 
 static const char *const dtype_names[] = {"uint16", "uint32", NULL};
-static const char *const sched_names[] = {"cosine", "wsd", "constant", NULL};
+static const char *const sched_names[] = {"cosine", "wsd", "constant", "linear", "inv_sqrt", NULL};
+static const char *const decay_shape_names[] = {"linear", "cosine", "1-sqrt", NULL}; // DecayShape
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const recompute_names[] = {"none", "experts", "gather", NULL};
 static const char *const gemm_kernel_names[] = {"wgmma", "mma_sync", NULL}; // CudaGemmKernels
@@ -38,11 +39,13 @@ static const Key table[] = {
     F(train.skip_window, T_INT), F(train.skip_sigmas, T_DOUBLE), F(train.eval_interval, T_I64),
     F(train.max_nonfinite_steps, T_INT),
     F(train.eval_batches, T_INT), F(train.seed, T_U64), FE(train.recompute, recompute_names),
+    FE(train.decay_shape, decay_shape_names),
     F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
     F(optim.weight_decay, T_FLOAT), F(optim.decay_norms, T_BOOL), F(optim.decay_embeddings, T_BOOL),
     {"optim.sharded", T_BOOL, offsetof(RunConfig, optim_sharded), NULL},
     F(checkpoint.dir, T_STR), F(checkpoint.interval, T_I64), F(checkpoint.keep, T_INT), F(checkpoint.save_final, T_BOOL),
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
+    F(logging.tensorboard, T_BOOL),
     F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),

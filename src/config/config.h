@@ -20,7 +20,9 @@ typedef struct {
     int n;
 } StrList;
 
-typedef enum { LR_COSINE = 0, LR_WSD = 1, LR_CONSTANT = 2 } LrSchedule;
+typedef enum { LR_COSINE = 0, LR_WSD = 1, LR_CONSTANT = 2, LR_LINEAR = 3, LR_INV_SQRT = 4 } LrSchedule;
+// The shape of the WSD decay (train.decay_shape).
+typedef enum { DECAY_LINEAR = 0, DECAY_COSINE = 1, DECAY_1_SQRT = 2 } DecayShape;
 
 typedef struct {
     StrList train;          // paths or globs; each entry is one source
@@ -40,6 +42,7 @@ typedef struct {
     int lr_schedule;        // LrSchedule
     int64_t warmup_steps;
     double decay_fraction;  // WSD: final fraction of steps spent decaying
+    int decay_shape;        // DecayShape of the WSD decay
     double min_lr_ratio;    // lr floor as a fraction of optim.lr
     double clip_grad;       // global grad-norm clip; 0 = off
     int skip_window;        // steps in the skip-step statistics; 0 = off
@@ -61,6 +64,7 @@ typedef struct {
     char run_dir[CFG_PATH_MAX];
     int64_t log_interval;
     int gerrymander_window;  // steps in the token-gerrymandering check
+    int tensorboard;         // also write TensorBoard event files into run_dir
 } LoggingSection;
 
 typedef struct {
@@ -70,7 +74,7 @@ typedef struct {
 
 typedef struct {
     int type;                // 0 cpu, 1 cuda
-    double peak_tflops;      // MFU denominator; 0 = device default (CPU: measured SGEMM)
+    double peak_tflops;      // MFU denominator; 0 = the device's (train/mfu.h)
     int cuda_graph;          // replay each micro-batch's forward + backward as a CUDA graph
     CudaSettings cuda;       // device.cuda.*: the CUDA backend's kernel choices
 } DeviceSection;

@@ -23,7 +23,7 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     m->cfg = *cfg;
     if (model_config_validate(&m->cfg, err, errlen)) return -1;
     m->ops = ops;
-    m->par = par ? *par : (ModelParallel){0, 1, comm_world()};
+    m->par = par ? *par : (ModelParallel){0, 1, comm_world(), NULL};
     if (m->par.ep_size > 1 && (m->cfg.n_experts == 0 || m->cfg.n_experts % m->par.ep_size)) {
         snprintf(err, errlen, "parallel.ep (%d) must divide model.n_experts (%d)", m->par.ep_size, m->cfg.n_experts);
         return -1;
@@ -39,6 +39,7 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     int E = m->cfg.n_experts;
     size_t nm = (size_t)m->n_moe + 1;
     m->step_counts = ops->alloc(nm * E * sizeof(float) + 4);
+    if (m->cfg.lb_global) m->lb_global_counts = ops->alloc(nm * E * sizeof(float) + 4);
     m->step_dropped = mallocCheck(nm * sizeof(float));  // host: counted from host-side plans
     m->step_rows = mallocCheck(nm * sizeof(float));
     m->lb_mb = ops->alloc(nm * sizeof(float));
@@ -208,7 +209,7 @@ void model_free(Model *m) {
     if (m->arena) ops->free(m->arena);
     free(m->layers); free(m->acts); free(m->resid); free(m->lb); free(m->z); free(m->plan_sizes);
     free(m->step_dropped); free(m->step_rows);
-    float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step};
+    float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
     ops->free(m->ce_acc);
     memset(m, 0, sizeof(*m));
@@ -227,6 +228,7 @@ void model_zero_dense_grads(Model *m) {
 void model_begin_step(Model *m) {
     size_t nm = (size_t)m->n_moe;
     m->ops->zero(m->step_counts, nm * m->cfg.n_experts * sizeof(float));
+    if (m->lb_global_counts) m->ops->zero(m->lb_global_counts, nm * m->cfg.n_experts * sizeof(float));
     memset(m->step_dropped, 0, nm * sizeof(float));
     memset(m->step_rows, 0, nm * sizeof(float));
     m->ops->zero(m->lb_step, nm * sizeof(float));
@@ -295,8 +297,17 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     float *step_counts = m->step_counts + (size_t)li * E;
     ops->add_f32(step_counts, a->counts, E);
     if (c->lb_global) {
-        ops->copy_f32(a->lb_counts, step_counts, E);
-        a->lb_tokens = m->step_tokens + N; // step_tokens advances after all layers
+        // Megatron-Core's global_aux_loss: this micro-batch's counts summed
+        // over the dp group (every rank runs its i-th micro-batch at once),
+        // added to those of the step's earlier micro-batches; f_i is their
+        // share of the tokens they cover. P_i stays this micro-batch's.
+        float *global = m->lb_global_counts + (size_t)li * E;
+        int dp = m->par.dp_comm ? comm_size(m->par.dp_comm) : 1;
+        ops->copy_f32(a->lb_counts, a->counts, E);
+        if (dp > 1) comm_allreduce(m->par.dp_comm, a->lb_counts, E, COMM_F32); // backend buffers: host on CPU
+        ops->add_f32(global, a->lb_counts, E);
+        ops->copy_f32(a->lb_counts, global, E);
+        a->lb_tokens = (m->step_tokens + N) * dp; // step_tokens advances after all layers
     } else {
         ops->copy_f32(a->lb_counts, a->counts, E);
         a->lb_tokens = (float)N;

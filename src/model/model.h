@@ -19,10 +19,13 @@
 #include "params/store.h"
 
 // Expert parallelism: this rank holds experts [ep_rank*E/ep, (ep_rank+1)*E/ep)
-// and exchanges routed rows inside ep_comm. NULL in model_init = one rank.
+// and exchanges routed rows inside ep_comm. model.lb_global sums the
+// expert counts of each micro-batch over dp_comm, the data-parallel group
+// (NULL: one rank). NULL in model_init = one rank.
 typedef struct {
     int ep_rank, ep_size;
     Comm *ep_comm;
+    Comm *dp_comm;
 } ModelParallel;
 
 // What one block keeps from forward for backward. act buffers (void *)
@@ -95,6 +98,7 @@ typedef struct {
     // router state across micro-batches and steps (backend memory; the
     // aux-loss-free bias is store.router_bias)
     float *step_counts;               // [n_moe, E] counts summed over the step
+    float *lb_global_counts;          // [n_moe, E] model.lb_global: the step's counts so far, summed over dp_comm
     float step_tokens;                // tokens those counts cover
     float *step_dropped;              // host [n_moe] rows dropped by capacity this step (at the experts)
     float *step_rows;                 // host [n_moe] rows routed from this rank this step

@@ -90,7 +90,7 @@ int cmd_bench(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
         FILE *f = fopen(path, "r");
         double tps[4096], tfl[4096], mfu[4096], mem = 0, mem_host = 0, last_loss = NAN;
-        int k = 0;
+        int k = 0, mfu_known = 1;
         char line[1 << 16];
         // the run's description (build, device, kernel choices) from the first
         // record, and every step's loss, go into the bench record
@@ -107,7 +107,9 @@ int cmd_bench(int argc, char **argv) {
             if (step > warmup) {
                 json_object_object_get_ex(o, "tokens_per_s", &v); tps[k] = json_object_get_double(v);
                 json_object_object_get_ex(o, "tflops_per_device", &v); tfl[k] = json_object_get_double(v);
-                json_object_object_get_ex(o, "mfu", &v); mfu[k] = json_object_get_double(v);
+                // null: the device's peak is unknown (train/mfu.h)
+                if (!json_object_object_get_ex(o, "mfu", &v) || !v) mfu_known = 0;
+                mfu[k] = json_object_get_double(v);
                 if (json_object_object_get_ex(o, "device_mem_mib", &v)) mem = json_object_get_double(v);
                 if (json_object_object_get_ex(o, "peak_mem_mib", &v)) mem_host = json_object_get_double(v);
                 k++;
@@ -116,8 +118,10 @@ int cmd_bench(int argc, char **argv) {
         }
         if (f) fclose(f);
         double mt = median(tps, k), mf = median(tfl, k), mm = median(mfu, k);
-        snprintf(rows[c], sizeof rows[c], "%-36s %12.0f %10.1f %7.1f%% %10.1f GiB %10.6f", configs[c], mt, mf,
-                 100 * mm, (mem > 0 ? mem : mem_host) / 1024, last_loss);
+        char mfu_s[16] = "n/a";
+        if (mfu_known) snprintf(mfu_s, sizeof mfu_s, "%.1f%%", 100 * mm);
+        snprintf(rows[c], sizeof rows[c], "%-36s %12.0f %10.1f %8s %10.1f GiB %10.6f", configs[c], mt, mf,
+                 mfu_s, (mem > 0 ? mem : mem_host) / 1024, last_loss);
         if (record) {
             FILE *rf = fopen(record, "a");
             if (!rf) { fprintf(stderr, "moecore: bench: cannot append to %s\n", record); rc = 2; }
@@ -135,7 +139,7 @@ int cmd_bench(int argc, char **argv) {
                 json_object_object_add(o, "warmup", json_object_new_int(warmup));
                 json_object_object_add(o, "tokens_per_s", json_object_new_double(mt));
                 json_object_object_add(o, "tflops_per_device", json_object_new_double(mf));
-                json_object_object_add(o, "mfu", json_object_new_double(mm));
+                json_object_object_add(o, "mfu", mfu_known ? json_object_new_double(mm) : NULL);
                 json_object_object_add(o, "memory_mib", json_object_new_double(mem > 0 ? mem : mem_host));
                 json_object_object_add(o, "losses", json_object_get(losses));
                 // commit, version, device, compute capability, driver, device.cuda

@@ -40,24 +40,6 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-double lr_at(const TrainSection *t, double base, int64_t step) {
-    if (step < t->warmup_steps) return base * (double)(step + 1) / (double)t->warmup_steps;
-    double lo = base * t->min_lr_ratio;
-    int64_t span = t->steps - t->warmup_steps;
-    double p = span > 0 ? (double)(step - t->warmup_steps) / (double)span : 1.0;
-    if (p > 1) p = 1;
-    switch (t->lr_schedule) {
-    case LR_COSINE: return lo + (base - lo) * 0.5 * (1 + cos(M_PI * p));
-    case LR_WSD: {
-        // warmup, stable, then linear decay over the last decay_fraction of all steps
-        double decay_start = 1.0 - (t->decay_fraction * t->steps) / (double)(span > 0 ? span : 1);
-        if (p <= decay_start || t->decay_fraction <= 0) return base;
-        return base + (lo - base) * (p - decay_start) / (1 - decay_start);
-    }
-    default: return base;
-    }
-}
-
 double flops_per_token(const ModelConfig *c) {
     return 6.0 * model_active_matmul_params(c) +
            6.0 * c->n_layers * (double)c->seq_len * model_q_dim(c);
@@ -283,7 +265,7 @@ static int setup_model(Trainer *tr) {
     const TrainSection *t = &cfg->train;
     const Ops *ops = tr->ops;
     Model *m = &tr->m;
-    ModelParallel par = {tr->mesh.ep_rank, tr->mesh.ep, tr->mesh.ep_comm};
+    ModelParallel par = {tr->mesh.ep_rank, tr->mesh.ep, tr->mesh.ep_comm, tr->mesh.dp_comm};
     if (model_init_parallel(m, &cfg->model, ops, &par, err, sizeof err)) return fatal("%s", err);
     // every rank draws the same full model and keeps its slice of the experts
     if (tr->mesh.ep == 1) {
@@ -429,6 +411,8 @@ static int open_run_dir(Trainer *tr) {
         snprintf(err, sizeof err, "cannot open %s: %s", p, strerror(errno));
         return fatal("%s", err);
     }
+    if (cfg->logging.tensorboard && !(tr->tb = tfevents_open(cfg->logging.run_dir, err, sizeof err)))
+        return fatal("logging.tensorboard: %s", err);
     return -1;
 }
 
@@ -713,6 +697,12 @@ static int train_loop(Trainer *tr) {
             if (isfinite(ev)) SAY("eval  step %lld | eval ce %.4f\n", (long long)st->step, ev);
             else SAY("eval  step %lld | eval ce %f: not finite, the model has diverged\n", (long long)st->step, ev);
         }
+        // TensorBoard first: it takes the record's values before non-finite ones become null
+        if (tr->tb && tb_write_record(tr->tb, &tr->m.cfg, o, err, sizeof err)) {
+            json_object_put(o);
+            rc = fatal("logging.tensorboard: %s", err);
+            break;
+        }
         rc = tr->metrics ? write_record(tr, o, err, sizeof err) : 0;
         json_object_put(o);
         if (rc) { rc = fatal("%s", err); break; }
@@ -777,6 +767,7 @@ static void train_teardown(Trainer *tr, int set_up) {
         if (tr->metrics) fclose(tr->metrics);
         for (int i = 0; i < 2; i++)
             if (tr->lock_fd[i] >= 0) close(tr->lock_fd[i]); // releases the lock; the file stays
+        tfevents_close(tr->tb);
         free(tr->config_yaml);
         free(tr->tokens); free(tr->targets); free(tr->lb_step); free(tr->z_step); free(tr->maxload); free(tr->gflags);
         free(tr->red); free(tr->counts_host);

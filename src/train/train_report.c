@@ -1,7 +1,6 @@
 // What a training run reports: the run header, the description of the
 // build and device that every record carries, each step's metrics.jsonl
 // record and its console line (DESIGN.md §8).
-#include <cblas.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,34 +10,13 @@
 #include <time.h>
 
 #include "train/metrics.h"
+#include "train/mfu.h"
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/version.h"
 #ifdef MOECORE_CUDA
 #include "ops/cuda/ops_cuda.h"
 #endif
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-// Dense BF16 peak of known GPUs for MFU; on CPU a measured SGEMM rate.
-double measure_cpu_peak_tflops(void) {
-    int n = 512;
-    float *a = mallocCheck((size_t)n * n * 4), *b = mallocCheck((size_t)n * n * 4), *c = mallocCheck((size_t)n * n * 4);
-    for (int i = 0; i < n * n; i++) { a[i] = (float)(i % 7) * 0.1f; b[i] = (float)(i % 5) * 0.1f; }
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
-        double dt = now_s() - t0;
-        if (dt < best) best = dt;
-    }
-    free(a); free(b); free(c);
-    return 2.0 * n * n * n / best / 1e12;
-}
 
 double peak_rss_mib(void) {
     struct rusage ru;
@@ -62,6 +40,10 @@ json_object *run_info_json(const Trainer *tr) {
     json_object_object_add(o, "commit", json_object_new_string(moecore_commit()));
     json_object_object_add(o, "ranks", json_object_new_int(train_world_size));
     json_object_object_add(o, "device_type", json_object_new_string(tr->ops->name));
+    json_object *mfu = json_object_new_object();
+    json_object_object_add(mfu, "tflops", tr->peak > 0 ? json_object_new_double(tr->peak) : NULL);
+    json_object_object_add(mfu, "source", json_object_new_string(tr->peak_source));
+    json_object_object_add(o, "mfu_denominator", mfu);
 #ifdef MOECORE_CUDA
     if (cfg->device.type == 1) {
         CudaDeviceInfo d;
@@ -89,16 +71,42 @@ json_object *run_info_json(const Trainer *tr) {
     return o;
 }
 
+// tr->peak and tr->peak_source: device.peak_tflops when set, else the GPU's
+// dense BF16 peak from the table (0 for a GPU it does not know: MFU is then
+// not reported), else the CPU's cached SGEMM rate, found by rank 0 alone (a
+// measurement of every rank at once would measure contention).
+static void mfu_denominator(Trainer *tr) {
+    const RunConfig *cfg = &tr->cfg;
+    char *src = tr->peak_source;
+    size_t n = sizeof tr->peak_source;
+    tr->peak = cfg->device.peak_tflops;
+    if (tr->peak > 0) { snprintf(src, n, "device.peak_tflops"); return; }
+#ifdef MOECORE_CUDA
+    if (cfg->device.type == 1) {
+        CudaDeviceInfo d;
+        cuda_device_info(&d);
+        const char *entry;
+        tr->peak = mfu_gpu_peak_tflops(d.name, &entry);
+        if (entry) snprintf(src, n, "%s: dense BF16 peak of the %s", d.name, entry);
+        else snprintf(src, n, "%s is not in the table of src/train/mfu.c: MFU is not reported; "
+                      "set device.peak_tflops to its dense BF16 peak", d.name);
+        return;
+    }
+#endif
+    if (train_rank0) {
+        char path[1100];
+        tr->peak = mfu_cpu_peak_tflops(mfu_cpu_cache_path(path, sizeof path) ? NULL : path, src, n);
+    }
+    comm_broadcast(tr->world, &tr->peak, 1, COMM_F64, 0);
+}
+
 // The run header: what trains on what, with which layout and kernels.
 void print_header(Trainer *tr) {
     const RunConfig *cfg = &tr->cfg;
     const TrainSection *t = &cfg->train;
     const Model *m = &tr->m;
     const Mesh *mesh = &tr->mesh;
-    tr->peak = cfg->device.peak_tflops;
-    const char *peak_name = "device.peak_tflops";
-    if (tr->peak <= 0 && cfg->device.type == 1) { tr->peak = 989; peak_name = "H100/H200 SXM dense BF16 peak"; }
-    if (tr->peak <= 0) { tr->peak = measure_cpu_peak_tflops(); peak_name = "measured CPU SGEMM 512^3"; }
+    mfu_denominator(tr);
     tr->fpt = flops_per_token(&m->cfg);
     char desc[1024];
     if (tr->train) data_describe(tr->train, desc, sizeof desc);
@@ -109,9 +117,10 @@ void print_header(Trainer *tr) {
         m->store.table.class_numel[CLASS_DENSE], m->store.table.class_numel[CLASS_EXPERT] * mesh->ep,
         m->cfg.n_layers, m->n_moe, m->cfg.n_experts, m->cfg.top_k, m->cfg.vocab_size, m->cfg.padded_vocab);
     SAY("data: %s\n", desc);
-    SAY("batch: %d x %d tokens per step (%d ranks x %d micro-batches of %d), %lld steps; %.3g FLOP/token; "
-        "MFU denominator %.3f TFLOP/s per device (%s)\n",
-        tr->G, tr->T, mesh->dp, tr->M, tr->MB, (long long)t->steps, tr->fpt, tr->peak, peak_name);
+    SAY("batch: %d x %d tokens per step (%d ranks x %d micro-batches of %d), %lld steps; %.3g FLOP/token\n",
+        tr->G, tr->T, mesh->dp, tr->M, tr->MB, (long long)t->steps, tr->fpt);
+    if (tr->peak > 0) SAY("MFU denominator: %.3f TFLOP/s per device (%s)\n", tr->peak, tr->peak_source);
+    else SAY("MFU denominator: unknown (%s)\n", tr->peak_source);
     SAY("parallel: %d ranks, dp %d = ep %d x ep_dp %d, pp %d; optimizer %s\n", train_world_size, mesh->dp, mesh->ep,
         mesh->ep_dp, mesh->pp, cfg->optim_sharded ? "sharded over the data-parallel groups" : "replicated");
 #ifdef MOECORE_CUDA
@@ -140,7 +149,11 @@ void print_header(Trainer *tr) {
         fflush(stdout);
     }
     comm_barrier(tr->world);
-    SAY("run dir: %s, checkpoints: %s\n", cfg->logging.run_dir, cfg->checkpoint.dir);
+    SAY("run dir: %s, checkpoints: %s%s\n", cfg->logging.run_dir, cfg->checkpoint.dir,
+        tr->tb ? ", TensorBoard events in the run dir" : "");
+    SAY("console: loss = ce + %g x lb + %g x z (model.lb_coef, model.z_coef); lb = the load-balancing loss "
+        "(1 per layer when balanced), z = the router z-loss, each unscaled and summed over the %d MoE layers; "
+        "load max/mean of the worst layer\n", m->cfg.lb_coef, m->cfg.z_coef, m->n_moe);
 }
 
 // The step's metrics.jsonl record (rank 0 writes it); fills the per-layer
@@ -207,6 +220,11 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
     json_object_object_add(o, "moe_layers", layers);
     json_object_object_add(o, "dropped_fraction", json_object_new_double(*rows_total > 0 ? *dropped_total / *rows_total : 0));
     json_object_object_add(o, "gerrymander_flag", json_object_new_boolean(*flagged > 0));
+    // an unknown device peak (mfu.h): no MFU rather than a guess
+    if (!(tr->peak > 0)) {
+        json_object_object_add(o, "mfu", NULL);
+        json_object_object_add(o, "mfu_denominator_tflops", NULL);
+    }
     if (!tr->run_info_written) {
         json_object_object_add(o, "run", run_info_json(tr));
         tr->run_info_written = 1;
@@ -260,10 +278,11 @@ void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, dou
     char mem[48];
     if (tr->ops->device_memory_used) snprintf(mem, sizeof mem, "%.1f GiB GPU", tr->peak_dev_mib / 1024);
     else snprintf(mem, sizeof mem, "%.0f MiB RSS", peak_rss_mib());
-    SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb %.4f | z %.4f | lr %.2e | gnorm %.3f%s | "
-        "%.0f tok/s | %.3f TFLOP/s/dev | MFU %.1f%% | load max/mean %.2f%s%s | %s | ETA %s\n",
-        (long long)tr->st.step, (long long)t->steps, r->loss, r->ce, r->lb_raw, r->z_raw, r->lr, r->gnorm,
-        r->skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / train_world_size,
-        100 * avg_tps * fpt / 1e12 / train_world_size / peak, worst_max, drop, flagged ? " GERRYMANDER?" : "",
-        mem, eta);
+    char mfu[32] = "n/a";
+    if (peak > 0) snprintf(mfu, sizeof mfu, "%.1f%%", 100 * avg_tps * fpt / 1e12 / train_world_size / peak);
+    SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb(sum of %d layers) %.4f | z(sum of %d layers) %.4f | lr %.2e | "
+        "gnorm %.3f%s | %.0f tok/s | %.3f TFLOP/s/dev | MFU %s | load max/mean %.2f%s%s | %s | ETA %s\n",
+        (long long)tr->st.step, (long long)t->steps, r->loss, r->ce, tr->L, r->lb_raw, tr->L, r->z_raw, r->lr, r->gnorm,
+        r->skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / train_world_size, mfu, worst_max, drop,
+        flagged ? " GERRYMANDER?" : "", mem, eta);
 }

@@ -16,6 +16,7 @@
 #include "optim/adamw.h"
 #include "train/metrics.h"
 #include "train/train.h"
+#include "util/tfevents.h"
 
 // Rank 0 of the job prints; the number of ranks (set by train_run).
 extern int train_rank0, train_world_size;
@@ -43,7 +44,9 @@ typedef struct {
     int *tokens, *targets;     // this rank's slice of a step's batch [G_local, T]
     char *config_yaml;         // the resolved config, saved in the run dir and in checkpoints
     FILE *metrics;             // rank 0
-    double peak, fpt;          // MFU denominator (TFLOP/s), useful FLOPs per token
+    TfEvents *tb;              // logging.tensorboard (rank 0)
+    double peak, fpt;          // MFU denominator (TFLOP/s; 0: unknown, no MFU), useful FLOPs per token
+    char peak_source[1400];    // where the MFU denominator came from (rank 0)
     // per-step statistics, MoE layers L x experts E
     int L, E;
     double *red, *lb_step, *z_step, *maxload;
@@ -69,7 +72,6 @@ typedef struct {
 } StepResult;
 
 // train_report.c
-double measure_cpu_peak_tflops(void);  // a measured SGEMM rate, the CPU's MFU denominator
 double peak_rss_mib(void);
 void fmt_duration(char *buf, size_t n, double s);
 json_object *run_info_json(const Trainer *tr);
@@ -84,3 +86,7 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
 void record_null_nonfinite(json_object *o);
 void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, double eta_s, double worst_max,
                      double dropped_total, double rows_total, int flagged);
+
+// tensorboard.c: a metrics.jsonl record as one event of scalars. -1 with a
+// message when the write fails.
+int tb_write_record(TfEvents *w, const ModelConfig *c, json_object *rec, char *err, size_t errlen);
