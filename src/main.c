@@ -40,33 +40,8 @@ static void usage(FILE *f) {
     fprintf(f, "\n");
 }
 
-// Applies --model.KEY=VALUE arguments; exits with a message on a bad one.
-static void parse_model_args(ModelConfig *c, int argc, char **argv) {
-    char err[256];
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (strncmp(a, "--", 2) != 0 || !strchr(a, '=')) {
-            fprintf(stderr, "moecore: error: argument '%s': expected --section.key=value\n", a);
-            exit(2);
-        }
-        char key[128];
-        const char *eq = strchr(a, '=');
-        snprintf(key, sizeof key, "%.*s", (int)(eq - a - 2), a + 2);
-        if (strncmp(key, "model.", 6) != 0) {
-            fprintf(stderr, "moecore: error: unknown key '%s' (this command takes model.* keys)\n", key);
-            exit(2);
-        }
-        if (model_config_set(c, key, eq + 1, err, sizeof err)) {
-            fprintf(stderr, "moecore: error: %s\n", err);
-            exit(2);
-        }
-    }
-}
-
 static int cmd_params(int argc, char **argv) {
-    ModelConfig cfg;
-    model_config_defaults(&cfg);
-    char err[512];
+    char msg[512], err[2048];
     if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
         printf("usage: moecore params [CONFIG.yaml] [--device=cpu|cuda] [--model.KEY=VALUE ...]\n"
                "  Validates a model config and prints its parameter table. With a run config whose\n"
@@ -74,52 +49,73 @@ static int cmd_params(int argc, char **argv) {
                "  (head dim, expert count, ...) at the config's train.micro_batch (default 1).\n");
         return 0;
     }
-    // the backend whose limits the config must meet, and its micro-batch
-    int device = 0, micro_batch = 1, ep = 1;
-    if (argc > 0 && strncmp(argv[0], "--", 2) != 0) { // a run config: take its model section
-        RunConfig rc;
-        run_config_defaults(&rc);
+    // a run config's model section (when a file is given), then the
+    // arguments; the run config remembers which set what, for messages
+    RunConfig rc;
+    run_config_defaults(&rc);
+    if (argc > 0 && strncmp(argv[0], "--", 2) != 0) {
         if (run_config_load_yaml(&rc, argv[0], err, sizeof err)) {
             fprintf(stderr, "moecore: error: %s\n", err);
+            run_config_free(&rc);
             return 2;
         }
-        cfg = rc.model;
-        device = rc.device.type;
-        micro_batch = rc.train.micro_batch;
-        ep = rc.parallel.ep;
-        run_config_free(&rc);
         argc--;
         argv++;
+    } else {
+        rc.train.micro_batch = 1;
     }
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--device=cuda") || !strcmp(argv[i], "--device=cpu")) {
-            device = !strcmp(argv[i], "--device=cuda");
-            memmove(argv + i, argv + i + 1, (argc - i - 1) * sizeof *argv);
-            argc--;
-            i--;
+    // the backend whose limits the config must meet
+    int device = rc.device.type;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--device=cuda") || !strcmp(a, "--device=cpu")) {
+            device = !strcmp(a, "--device=cuda");
+            continue;
         }
-    parse_model_args(&cfg, argc, argv);
+        if (strncmp(a, "--", 2) || !strchr(a, '=') || strncmp(a, "--model.", 8)) {
+            if (strncmp(a, "--", 2) || !strchr(a, '='))
+                fprintf(stderr, "moecore: error: argument '%s': expected --section.key=value\n", a);
+            else
+                fprintf(stderr, "moecore: error: unknown key '%.*s' (this command takes model.* keys)\n",
+                        (int)(strchr(a, '=') - a - 2), a + 2);
+            run_config_free(&rc);
+            return 2;
+        }
+        if (run_config_override(&rc, a, err, sizeof err)) {
+            fprintf(stderr, "moecore: error: %s\n", err);
+            run_config_free(&rc);
+            return 2;
+        }
+    }
+    ModelConfig cfg = rc.model;
+    int micro_batch = rc.train.micro_batch, ep = rc.parallel.ep;
     // the table alone (no buffers: OLMoE-1B-7B's would need 55 GB)
     ParamTable table;
-    if (param_table_for_config(&cfg, &table, err, sizeof err)) {
+    if (param_table_for_config(&cfg, &table, msg, sizeof msg)) {
+        run_config_blame(&rc, msg, err, sizeof err);
         fprintf(stderr, "moecore: error: invalid model config: %s\n", err);
+        run_config_free(&rc);
         return 2;
     }
     if (device == 1) {
 #ifdef MOECORE_CUDA
         // validated by model_param_table: this fills the derived sizes
-        model_config_validate(&cfg, err, sizeof err);
-        if (model_config_check_backend(&cfg, &ops_cuda, micro_batch, ep, err, sizeof err)) {
+        model_config_validate(&cfg, msg, sizeof msg);
+        if (model_config_check_backend(&cfg, &ops_cuda, micro_batch, ep, msg, sizeof msg)) {
+            run_config_blame(&rc, msg, err, sizeof err);
             fprintf(stderr, "moecore: error: %s\n", err);
             param_table_free(&table);
+            run_config_free(&rc);
             return 2;
         }
 #else
         fprintf(stderr, "moecore: error: device cuda: this build has no CUDA backend (nvcc was not found when it was built)\n");
         param_table_free(&table);
+        run_config_free(&rc);
         return 2;
 #endif
     }
+    run_config_free(&rc);
     printf("%-44s %-20s %12s  %s\n", "name", "shape", "elements", "class");
     for (int i = 0; i < table.n; i++) {
         const ParamEntry *e = &table.entries[i];

@@ -7,7 +7,10 @@
 #      data paths and model.vocab_size;
 #  (b) reference.yaml loads, validates and trains one step;
 #  (c) each bad config, override or data file gives a non-zero exit, a
-#      message naming the key (YAML errors also FILE:LINE), and no run_dir.
+#      message naming the key (YAML errors also FILE:LINE; errors an override
+#      causes "command line: --key=value"), and no run_dir: among them keys,
+#      sections and documents given twice, integers out of range and
+#      products that overflow.
 set -u
 cd "$(dirname "$0")/.."
 bin=build/moecore
@@ -115,7 +118,8 @@ train:
 EOF
 base_lines=$(wc -l < "$tmp/base.yaml")
 run_dir=$tmp/err_run
-# expect_error NAME CONFIG PATTERN... -- ARGS...: every PATTERN (fixed string) in stderr.
+# expect_error NAME CONFIG PATTERN... -- ARGS...: every PATTERN (fixed string) in stderr,
+# except that a PATTERN !TEXT must not be there.
 expect_error() {
   local name=$1 config=$2; shift 2
   local patterns=()
@@ -127,17 +131,36 @@ expect_error() {
   local ok=1
   if [ $rc -eq 0 ]; then fail "$name: exit 0"; ok=0; fi
   for p in "${patterns[@]}"; do
-    grep -qF -- "$p" <<<"$out" || { fail "$name: message lacks '$p': $out"; ok=0; }
+    case $p in
+      !*) ! grep -qF -- "${p#!}" <<<"$out" || { fail "$name: message has '${p#!}': $out"; ok=0; } ;;
+      *) grep -qF -- "$p" <<<"$out" || { fail "$name: message lacks '$p': $out"; ok=0; } ;;
+    esac
   done
   if [ -e "$run_dir" ]; then fail "$name: $run_dir was written: $(ls -A "$run_dir" | tr '\n' ' ')"; ok=0; fi
   [ $ok = 1 ] && echo "ok: $name -> rc $rc: $out"
 }
 # bad_yaml NAME LINE TEXT PATTERN...: base.yaml plus TEXT, whose LINE-th line (from 1)
-# the message must name.
+# the message must name. TEXT opens with a section: one that base.yaml has
+# gets TEXT's keys at the end of its own block (a section may appear only once).
 bad_yaml() {
   local name=$1 line=$2 text=$3; shift 3
-  { cat "$tmp/base.yaml"; printf '%s\n' "$text"; } > "$tmp/bad.yaml"
-  expect_error "$name" "$tmp/bad.yaml" "$tmp/bad.yaml:$((base_lines + line)):" "$@"
+  local at
+  at=$(python3 - "$tmp/base.yaml" "$tmp/bad.yaml" "$text" <<'PY'
+import sys
+base = open(sys.argv[1]).read().splitlines()
+text = sys.argv[3].split("\n")
+head = text[0]
+if head in base:
+    end = base.index(head) + 1
+    while end < len(base) and base[end].startswith(" "): end += 1
+    out, at = base[:end] + text[1:] + base[end:], end - 1   # TEXT's line 2 lands at line end + 1
+else:
+    out, at = base + text, len(base)
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print(at)
+PY
+)
+  expect_error "$name" "$tmp/bad.yaml" "$tmp/bad.yaml:$((at + line)):" "$@"
 }
 
 # the base config itself is valid: it fails only on an invalid override
@@ -146,15 +169,15 @@ expect_error "train.steps and train.tokens both 0" "$tmp/base.yaml" train.steps 
 bad_yaml "unknown key" 2 $'model:\n  d_modle: 64' model.d_modle "did you mean model.d_model"
 bad_yaml "unknown key (train)" 2 $'train:\n  stpes: 3' train.stpes "did you mean train.steps"
 bad_yaml "unknown section" 1 $'modle:\n  d_model: 64' "unknown section 'modle'" "did you mean model"
-bad_yaml "wrong type int" 2 $'model:\n  d_model: abc' model.d_model abc
-bad_yaml "wrong type i64" 2 $'train:\n  steps: 1.5' train.steps 1.5
+bad_yaml "wrong type int" 2 $'model:\n  n_kv_heads: abc' model.n_kv_heads abc
+bad_yaml "wrong type i64" 2 $'train:\n  tokens: 1.5' train.tokens 1.5
 bad_yaml "wrong type float" 2 $'optim:\n  lr: fast' optim.lr fast
 bad_yaml "wrong type bool" 2 $'optim:\n  decay_norms: maybe' optim.decay_norms maybe
-bad_yaml "list for scalar" 2 $'train:\n  steps: [1, 2]' train.steps "expected a single value"
-bad_yaml "list for model scalar" 2 $'model:\n  d_model: [64]' model.d_model "expected a single value"
+bad_yaml "list for scalar" 2 $'train:\n  eval_batches: [1, 2]' train.eval_batches "expected a single value"
+bad_yaml "list for model scalar" 2 $'model:\n  head_dim: [64]' model.head_dim "expected a single value"
 bad_yaml "bad enum" 2 $'train:\n  lr_schedule: exponential' train.lr_schedule exponential cosine
 bad_yaml "bad model enum" 2 $'model:\n  norm: middle' model.norm middle pre
-bad_yaml "mapping for scalar" 2 $'train:\n  steps: {a: 1}' train.steps nested
+bad_yaml "mapping for scalar" 2 $'train:\n  eval_batches: {a: 1}' train.eval_batches nested
 bad_yaml "bad device.cuda enum" 3 $'device:\n  cuda:\n    grouped_gemm: cublas' device.cuda.grouped_gemm cublas mma_sync
 bad_yaml "unknown device.cuda key" 3 $'device:\n  cuda:\n    gemm_tme: false' device.cuda.gemm_tme "did you mean device.cuda.gemm_tma"
 bad_yaml "mapping three levels down" 3 $'device:\n  cuda:\n    gemm_tma: {a: 1}' device.cuda.gemm_tma nested
@@ -164,7 +187,8 @@ expect_error "bad device.cuda override" "$tmp/base.yaml" device.cuda.gemm_tma ma
 bad_yaml "YAML syntax error" 3 $'optim:\n  lr: 1\n  beta1: 0.9: 3' "YAML syntax error"
 expect_error "unknown override key" "$tmp/base.yaml" train.stpes "did you mean train.steps" -- --train.stpes=5
 expect_error "unknown override section" "$tmp/base.yaml" trian.steps -- --trian.steps=5
-expect_error "bad override value" "$tmp/base.yaml" train.steps ten -- --train.steps=ten
+expect_error "bad override value" "$tmp/base.yaml" "command line: --train.steps=ten: train.steps" ten \
+  -- --train.steps=ten
 expect_error "bad override enum" "$tmp/base.yaml" data.dtype int8 -- --data.dtype=int8
 expect_error "bad override model value" "$tmp/base.yaml" model.top_k x -- --model.top_k=x
 expect_error "missing config file" "$tmp/nope.yaml" "$tmp/nope.yaml"
@@ -172,6 +196,57 @@ expect_error "missing data file" "$tmp/base.yaml" data.train "$tmp/missing.bin" 
 expect_error "missing eval file" "$tmp/base.yaml" data.eval "$tmp/missing.bin" -- --data.eval="$tmp/missing.bin"
 expect_error "no data" "$tmp/base.yaml" data.train -- --data.train=
 expect_error "invalid value" "$tmp/base.yaml" train.global_batch -- --train.global_batch=6
+
+# Strict YAML: a key, a list key, a section or a mapping given twice, and a
+# second document, are refused at the line of the second one.
+bad_yaml "duplicate key" 2 $'train:\n  steps: 3' "train.steps is given twice (first at line 15)"
+bad_yaml "duplicate list key" 2 $'data:\n  train: [a.bin]' "data.train is given twice (first at line 11)"
+bad_yaml "duplicate model key" 2 $'model:\n  d_model: 64' "model.d_model is given twice (first at line 3)"
+raw_yaml() { # NAME TEXT LINE PATTERN...: base.yaml with TEXT appended as it is
+  local name=$1 text=$2 line=$3; shift 3
+  { cat "$tmp/base.yaml"; printf '%s\n' "$text"; } > "$tmp/raw.yaml"
+  expect_error "$name" "$tmp/raw.yaml" "$tmp/raw.yaml:$((base_lines + line)):" "$@"
+}
+raw_yaml "duplicate section" $'train:\n  seed: 3' 1 "section 'train' is given twice (first at line 12)"
+raw_yaml "duplicate empty section" $'optim:\noptim:\n  lr: 1' 2 "section 'optim' is given twice"
+raw_yaml "second document" $'---\noptim:\n  lr: 0.1' 1 "a second YAML document"
+raw_yaml "duplicate device.cuda" $'device:\n  cuda:\n    gemm_tma: false\n  cuda:\n    grouped_gemm: wgmma' 4 \
+  "device.cuda is given twice (first at line $((base_lines + 2)))"
+# one document with its explicit markers is fine: the error is the override's
+{ echo ---; cat "$tmp/base.yaml"; echo ...; } > "$tmp/doc.yaml"
+expect_error "explicit document markers" "$tmp/doc.yaml" "command line: --train.seed=-1" -- --train.seed=-1
+
+# Where a validation error comes from: the override that set a key it names
+# (not the YAML file), else the YAML line of the key.
+expect_error "validation error of an override" "$tmp/base.yaml" \
+  "command line: --train.global_batch=6: train.global_batch (6) must be a multiple of train.micro_batch (4)" \
+  "!$tmp/base.yaml" -- --train.global_batch=6
+expect_error "validation error of an override and a YAML key" "$tmp/base.yaml" \
+  "command line: --train.micro_batch=3: train.global_batch (4) must be a multiple of train.micro_batch (3)" \
+  "or --train.micro_batch=2" "!$tmp/base.yaml" -- --train.micro_batch=3
+expect_error "validation error of a model override" "$tmp/base.yaml" \
+  "command line: --model.n_heads=3: model.d_model (32) must be divisible by model.n_heads (3)" "!$tmp/base.yaml" \
+  -- --model.n_heads=3
+bad_yaml "validation error of a YAML key" 2 $'train:\n  warmup_steps: -1' "train.warmup_steps must be >= 0"
+printf 'train:\n  steps: 1\n' > "$tmp/nodata.yaml"
+expect_error "validation error of a default" "$tmp/nodata.yaml" "$tmp/nodata.yaml: data.train: no training data"
+# integers out of range, and products that overflow
+expect_error "seq_len above 2^31 (override)" "$tmp/base.yaml" \
+  "command line: --model.seq_len=3000000000: model.seq_len: 3000000000 is out of range (a 32-bit integer" \
+  -- --model.seq_len=3000000000
+expect_error "int above 2^31 (override)" "$tmp/base.yaml" \
+  "command line: --train.eval_batches=3000000000: train.eval_batches: 3000000000 is out of range (a 32-bit integer" \
+  -- --train.eval_batches=3000000000
+bad_yaml "int above 2^31 (YAML)" 2 $'model:\n  head_dim: 2147483648' "model.head_dim: 2147483648 is out of range"
+bad_yaml "int64 out of range (YAML)" 2 $'train:\n  tokens: 99999999999999999999' \
+  "train.tokens: 99999999999999999999 is out of range (a 64-bit integer"
+expect_error "uint64 out of range" "$tmp/base.yaml" "train.seed: 99999999999999999999 is out of range" \
+  -- --train.seed=99999999999999999999
+expect_error "tokens per micro-batch above 2^31" "$tmp/base.yaml" \
+  "train.micro_batch (100000) x model.seq_len (100000) = 10000000000 tokens per micro-batch" \
+  -- --train.micro_batch=100000 --train.global_batch=100000 --model.seq_len=100000
+expect_error "negative data.eos_id" "$tmp/base.yaml" "command line: --data.eos_id=-1: data.eos_id must be >= 0" \
+  -- --data.eos_id=-1
 expect_error "parallel.dp on one process" "$tmp/base.yaml" parallel.dp -- --parallel.dp=2
 # what the CUDA kernels cannot run is refused at validation, before anything
 # is allocated or written, with the keys and the limit named (no GPU needed)

@@ -1,8 +1,9 @@
 // Tests for src/data: instance cutting, targets, the seeded shuffle (every
 // epoch a permutation, deterministic per seed), random access by global
-// index, both token widths, globs, the mixture rule of data.h, the eval
-// order, and one test per error, each checking that the message says what
-// and where. Token files live in a mkdtemp directory removed after each test.
+// index, both token widths, .npy files of every format version, globs, the
+// mixture rule of data.h, the eval order, and one test per error (malformed
+// .npy headers, a width that is not data.dtype's, ...), each checking that
+// the message says what and where. Token files live in a mkdtemp directory removed after each test.
 //
 // Most files hold token value 1000*f + p at token p of file f, so a token
 // read back says where it came from.
@@ -67,6 +68,31 @@ static const char *write_tokens(const char *name, int width, const uint32_t *v, 
     return path;
 }
 
+// An .npy file as np.save writes it: format version major.0, the dict
+// literal dict padded with spaces and '\n' to a multiple of 64 bytes, then n
+// tokens of width bytes (n_write of them: fewer makes a truncated file).
+static const char *write_npy(const char *name, int major, const char *dict, int width, const uint32_t *v,
+                             int64_t n_write)
+{
+    const char *path = path_of(name);
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    int pre = major == 1 ? 10 : 12;
+    size_t len = strlen(dict) + 1;
+    while ((pre + len) % 64) len++;
+    fwrite("\x93NUMPY", 1, 6, fp);
+    fputc(major, fp);
+    fputc(0, fp);
+    for (int b = 0; b < pre - 8; b++) fputc((int)((len >> (8 * b)) & 0xff), fp);
+    fputs(dict, fp);
+    for (size_t i = strlen(dict) + 1; i < len; i++) fputc(' ', fp);
+    fputc('\n', fp);
+    for (int64_t i = 0; i < n_write; i++)
+        for (int b = 0; b < width; b++) fputc((int)((v[i] >> (8 * b)) & 0xff), fp);
+    ck_assert_int_eq(fclose(fp), 0);
+    return path;
+}
+
 // File f with n uint16 tokens 1000*f + p.
 static const char *write_tagged(const char *name, int f, int64_t n)
 {
@@ -87,6 +113,15 @@ static DataLoader *open1(const char *const *paths, int n, int seq_len, uint64_t 
 }
 
 // Expects data_open to fail with a message containing want.
+static void expect_open_error_vocab(const DataSource *s, int n, TokenDtype dt, int seq_len, int vocab,
+                                    const char *want)
+{
+    char err[512] = "";
+    DataLoader *d = data_open(s, n, dt, seq_len, vocab, 1, 1, err, sizeof err);
+    ck_assert_msg(d == NULL, "data_open accepted a bad input (want '%s')", want);
+    ck_assert_msg(strstr(err, want) != NULL, "message '%s' lacks '%s'", err, want);
+}
+
 static void expect_open_error(const DataSource *s, int n, TokenDtype dt, int seq_len, const char *want)
 {
     char err[512] = "";
@@ -208,6 +243,142 @@ START_TEST(test_uint32)
     ck_assert_int_eq(x[0], (int)(v[1] & 0xffff));
     ck_assert_int_eq(x[1], (int)(v[1] >> 16));
     data_close(d);
+}
+END_TEST
+
+START_TEST(test_npy_files)
+{
+    // np.save files of both widths and every format version: the header gives
+    // the length, the tokens start after it.
+    uint32_t v[12];
+    for (int i = 0; i < 12; i++) v[i] = 70000u + 17u * (uint32_t)i;
+    const char *p = write_npy("wide.npy", 1, "{'descr': '<u4', 'fortran_order': False, 'shape': (12,), }", 4, v, 12);
+    DataSource s = {.patterns = &p, .n_patterns = 1};
+    char err[512];
+    int x[12], file;
+    int64_t tok;
+    DataLoader *d = data_open(&s, 1, TOKENS_U32, 4, 100278, 1, 0, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    ck_assert_int_eq(data_summary(d)->n_tokens, 12);
+    ck_assert_int_eq(data_read(d, 0, 3, x, NULL, err, sizeof err), 0);
+    for (int i = 0; i < 12; i++) ck_assert_int_eq(x[i], (int)v[i]);
+    data_locate(d, 2, &file, &tok);
+    ck_assert_int_eq(tok, 8);
+    data_close(d);
+
+    const char *dicts[] = {"{'descr': '<u2', 'fortran_order': False, 'shape': (12,), }",
+                           "{\"descr\": \"<u2\", \"shape\": (12L,), \"fortran_order\": False}"};
+    for (int major = 1; major <= 3; major++)
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < 12; i++) v[i] = 1000u * (uint32_t)major + (uint32_t)(11 - i);
+            p = write_npy("narrow.npy", major, dicts[k], 2, v, 12);
+            d = data_open(&s, 1, TOKENS_U16, 6, VOCAB, 1, 0, err, sizeof err);
+            ck_assert_msg(d != NULL, "version %d: %s", major, err);
+            ck_assert_int_eq(data_summary(d)->n_tokens, 12);
+            ck_assert_int_eq(data_read(d, 0, 2, x, NULL, err, sizeof err), 0);
+            for (int i = 0; i < 12; i++) ck_assert_int_eq(x[i], (int)v[i]);
+            data_close(d);
+        }
+}
+END_TEST
+
+START_TEST(test_npy_errors)
+{
+    uint32_t v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    struct {
+        int major, width, n_write;
+        TokenDtype dt;
+        const char *dict, *want;
+    } cases[] = {
+        {1, 4, 8, TOKENS_U16, "{'descr': '<u4', 'fortran_order': False, 'shape': (8,), }",
+         "its .npy header says dtype '<u4' (uint32) but data.dtype is uint16: set data.dtype: uint32"},
+        {1, 2, 8, TOKENS_U32, "{'descr': '<u2', 'fortran_order': False, 'shape': (8,), }",
+         "its .npy header says dtype '<u2' (uint16) but data.dtype is uint32: set data.dtype: uint16"},
+        {1, 4, 8, TOKENS_U32, "{'descr': '<i4', 'fortran_order': False, 'shape': (8,), }",
+         ".npy dtype '<i4' is not a token dtype moecore reads: save the tokens as uint16 ('<u2') or uint32 ('<u4')"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '>u2', 'fortran_order': False, 'shape': (8,), }",
+         ".npy dtype '>u2' is big-endian: moecore reads little-endian tokens; save tokens.astype('<u2')"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 4), }",
+         ".npy shape (2, 4) is not 1-D"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '<u2', 'fortran_order': True, 'shape': (8,), }", "fortran_order is True"},
+        {1, 2, 6, TOKENS_U16, "{'descr': '<u2', 'fortran_order': False, 'shape': (8,), }",
+         "its .npy header says 8 tokens (16 bytes after the 128-byte header) but the file holds 12 bytes after it"},
+        {4, 2, 8, TOKENS_U16, "{'descr': '<u2', 'fortran_order': False, 'shape': (8,), }",
+         ".npy format version 4.0 is not one moecore reads"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '<u2', 'fortran_order': False, 'shape': (8,) ", "malformed dict"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '<u2', 'shape': (8,), }", "descr, fortran_order or shape is missing"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '<u2', 'fortran_order': False, 'shape': (8,), 'x': 1}",
+         "unexpected key 'x'"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '<u2', 'descr': '<u2', 'fortran_order': False, 'shape': (8,)}",
+         "key 'descr' given twice"},
+        {1, 2, 8, TOKENS_U16, "{'descr': [('a', '<u2')], 'fortran_order': False, 'shape': (8,)}",
+         "descr is not a dtype string"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '<u2', 'fortran_order': 0, 'shape': (8,)}", "neither True nor False"},
+        {1, 2, 8, TOKENS_U16, "{'descr': '<u2', 'fortran_order': False, 'shape': (-8,)}", "shape is not a tuple"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *p = write_npy("bad.npy", cases[c].major, cases[c].dict, cases[c].width, v, cases[c].n_write);
+        DataSource s = {.patterns = &p, .n_patterns = 1};
+        expect_open_error(&s, 1, cases[c].dt, 2, p);
+        expect_open_error(&s, 1, cases[c].dt, 2, cases[c].want);
+    }
+    // a header length past the end of the file
+    const char *p = path_of("short.npy");
+    FILE *fp = fopen(p, "wb");
+    fwrite("\x93NUMPY\x01\x00\xff\x00{'descr'", 1, 18, fp);
+    fclose(fp);
+    DataSource s = {.patterns = &p, .n_patterns = 1};
+    expect_open_error(&s, 1, TOKENS_U16, 2, "its .npy header is 265 bytes long but the file holds 18");
+}
+END_TEST
+
+// Tokens of one width read at the other, found in the first MiB at open
+// (the rule in data.h), with the key to change.
+START_TEST(test_dtype_mismatch)
+{
+    enum { N = 2048 };
+    uint32_t *v = malloc(N * sizeof *v);
+    char err[512];
+    const char *p;
+    DataSource s = {.patterns = &p, .n_patterns = 1};
+    // uint16 tokens read as uint32: ids of 65536 and more
+    for (int i = 0; i < N; i++) v[i] = (uint32_t)(i * 37 % 50000) + 1;
+    p = write_tokens("u16.bin", 2, v, N);
+    expect_open_error_vocab(&s, 1, TOKENS_U32, 8, 100278, "the file looks like uint16 tokens; set data.dtype: uint16");
+    DataLoader *d = data_open(&s, 1, TOKENS_U16, 8, 100278, 1, 0, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    data_close(d);
+    // uint32 tokens read as uint16: dolma2 (vocab 100278) and gpt-neox (50280)
+    // ids, whose high halves are 0 or 1, and 0
+    int vocabs[2] = {100278, 50280};
+    const char *bound[2] = {"is <= 1 and the others are not", "is <= 0 and the others are not"};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < N; i++) v[i] = (uint32_t)((int64_t)i * 7919 % vocabs[k]);
+        p = write_tokens("u32.npy", 4, v, N);
+        expect_open_error_vocab(&s, 1, TOKENS_U16, 8, vocabs[k], "the file looks like uint32 tokens; set data.dtype: uint32");
+        expect_open_error_vocab(&s, 1, TOKENS_U16, 8, vocabs[k], bound[k]);
+        d = data_open(&s, 1, TOKENS_U32, 8, vocabs[k], 1, 0, err, sizeof err);
+        ck_assert_msg(d != NULL, "%s", err);
+        data_close(d);
+    }
+    // ids too large at either width: the vocabulary is named
+    for (int i = 0; i < N; i++) v[i] = 60000u + (uint32_t)i;
+    p = write_tokens("big.bin", 2, v, N);
+    expect_open_error_vocab(&s, 1, TOKENS_U16, 8, 50280, "set model.vocab_size to the tokenizer's vocabulary (ids here go up to 62047)");
+
+    // only the first file of a pattern is sampled at open; data.validate
+    // checks the width of every file
+    for (int i = 0; i < N; i++) v[i] = (uint32_t)(i * 37 % 50000) + 1;
+    write_tokens("part-0.bin", 2, v, N);
+    for (int i = 0; i < N; i++) v[i] = (uint32_t)((int64_t)i * 7919 % 50280);
+    const char *second = write_tokens("part-1.bin", 4, v, N);
+    p = path_of("part-*.bin");
+    d = data_open(&s, 1, TOKENS_U16, 8, 50280, 1, 0, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    ck_assert_int_eq(data_validate_all(d, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, second) && strstr(err, "set data.dtype: uint32"), "%s", err);
+    data_close(d);
+    free(v);
 }
 END_TEST
 
@@ -568,28 +739,43 @@ END_TEST
 
 START_TEST(test_error_token_out_of_range)
 {
-    // Token 7 of bad.bin (byte offset 14) is 60001 >= VOCAB;
-    // token 9 (in the dropped remainder) only the full scan sees.
+    // In the first MiB of the first file of a path or pattern, an id >=
+    // vocab_size is refused at open: token 7 of bad.bin (byte offset 14).
     uint32_t v[10] = {1, 2, 3, 4, 5, 6, 7, 60001, 9, 60002};
     write_tagged("a.bin", 0, 8);
     const char *paths[2] = {path_of("a.bin"), write_tokens("bad.bin", 2, v, 10)};
+    DataSource s = {.patterns = paths, .n_patterns = 2};
+    expect_open_error(&s, 1, TOKENS_U16, 4, "bad.bin: token 60001 at byte offset 14 is >= model.vocab_size 60000");
+    expect_open_error(&s, 1, TOKENS_U16, 4, "set model.vocab_size to the tokenizer's vocabulary (ids here go up to 60002)");
+
+    // Past the first MiB the read of an instance finds it: token 524295 (byte
+    // offset 1048590) of big.bin; token 524297, in the dropped remainder, only
+    // the full scan sees.
+    const int64_t n = 524298;
+    uint32_t *w = malloc((size_t)n * sizeof *w);
+    for (int64_t i = 0; i < n; i++) w[i] = (uint32_t)(i % 1000) + 1;
+    w[524295] = 60001;
+    w[524297] = 60002;
+    paths[1] = write_tokens("big.bin", 2, w, n);
     DataLoader *d = open1(paths, 2, 4, 0, 0);
     int x[4];
     char err[512];
-    ck_assert_int_eq(data_read(d, 2, 1, x, NULL, err, sizeof err), 0);
-    ck_assert_int_eq(data_read(d, 3, 1, x, NULL, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, paths[1]) && strstr(err, "byte offset 14") && strstr(err, "60001"), "%s", err);
+    int64_t g = 2 + 524292 / 4;   // a.bin holds 2 instances
+    ck_assert_int_eq(data_read(d, g - 1, 1, x, NULL, err, sizeof err), 0);
+    ck_assert_int_eq(data_read(d, g, 1, x, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, paths[1]) && strstr(err, "byte offset 1048590") && strstr(err, "60001"), "%s", err);
     ck_assert_int_eq(data_validate_all(d, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, paths[1]) && strstr(err, "byte offset 14"), "%s", err);
+    ck_assert_msg(strstr(err, paths[1]) && strstr(err, "byte offset 1048590"), "%s", err);
     data_close(d);
 
-    v[7] = 8;
-    paths[1] = write_tokens("bad.bin", 2, v, 10);
+    w[524295] = 8;
+    paths[1] = write_tokens("big.bin", 2, w, n);
     d = open1(paths, 2, 4, 0, 0);
-    ck_assert_int_eq(data_read(d, 0, 4, (int[16]){0}, NULL, err, sizeof err), 0);
+    ck_assert_int_eq(data_read(d, g, 1, x, NULL, err, sizeof err), 0);
     ck_assert_int_eq(data_validate_all(d, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, paths[1]) && strstr(err, "token 60002 at byte offset 18"), "%s", err);
+    ck_assert_msg(strstr(err, paths[1]) && strstr(err, "token 60002 at byte offset 1048594"), "%s", err);
     data_close(d);
+    free(w);
 }
 END_TEST
 
@@ -631,6 +817,7 @@ static Suite *data_suite(void)
     tcase_add_test(tc, test_cutting_and_targets);
     tcase_add_test(tc, test_seq_len_one);
     tcase_add_test(tc, test_uint32);
+    tcase_add_test(tc, test_npy_files);
     tcase_add_test(tc, test_determinism);
     tcase_add_test(tc, test_epochs_are_permutations);
     tcase_add_test(tc, test_permutation_sizes);
@@ -651,6 +838,8 @@ static Suite *data_suite(void)
     tcase_add_test(te, test_error_no_instances);
     tcase_add_test(te, test_error_bad_args);
     tcase_add_test(te, test_error_token_out_of_range);
+    tcase_add_test(te, test_npy_errors);
+    tcase_add_test(te, test_dtype_mismatch);
     tcase_add_test(te, test_error_file_changed);
     suite_add_tcase(s, te);
     return s;

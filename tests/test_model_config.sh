@@ -46,5 +46,26 @@ out=$("$bin" params configs/olmoe-1b-7b.yaml --model.n_layers=2 | tail -n 1)
 case $out in *"parameters: 1045186560 total"*) echo "ok: config + override: $out" ;;
   *) echo "FAIL: params of OLMoE-1B-7B with 2 layers: $out"; fails=$((fails+1)) ;; esac
 "$bin" params /nonexistent.yaml > /dev/null 2>&1 && { echo "FAIL: accepted a missing config"; fails=$((fails+1)); }
+
+# Shapes whose products overflow: each field within its bound, the table's
+# counts and the layout's int widths not, refused with the keys named; an
+# integer beyond 32 bits is out of range, not "not an integer".
+expect_error "more than the 2^48" --model.d_model=1048576 --model.n_layers=65536 --model.n_experts=65536 \
+  --model.expert_hidden=4194304
+expect_error "model.n_heads (65536) x model.head_dim (65536) = 4294967296 is more than 2147483647" \
+  --model.n_heads=65536 --model.head_dim=65536 --model.n_kv_heads=1
+expect_error "model.n_shared (1024) x model.shared_hidden (4194304) = 4294967296 is more than 2147483647" \
+  --model.n_shared=1024 --model.shared_hidden=4194304
+expect_error "model.seq_len: 3000000000 is out of range (a 32-bit integer: at most 2147483647)" --model.seq_len=3000000000
+# errors name the argument that set the key, or the config file and line
+expect_error "command line: --model.d_model=65, --model.n_heads=4: model.d_model (65)" --model.d_model=65 --model.n_heads=4
+expect_error "command line: --model.d_model=x: model.d_model: expected an integer" --model.d_model=x
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+printf 'model:\n  d_model: 1048576\n  n_layers: 65536\n  vocab_size: 1073741824\n' > "$tmp/huge.yaml"
+expect_error "$tmp/huge.yaml:4: model: these shapes give" "$tmp/huge.yaml"   # vocab_size is named first
+expect_error "command line: --model.n_layers=65536: model: these shapes give" "$tmp/huge.yaml" --model.n_layers=65536
+printf 'model:\n  d_model: 64\n  d_model: 32\n' > "$tmp/dup.yaml"
+expect_error "$tmp/dup.yaml:3: model.d_model is given twice" "$tmp/dup.yaml"
 echo "$fails failures"
 [ $fails -eq 0 ]

@@ -2,7 +2,8 @@
 # `moecore tokenize` and `moecore detokenize` on small files of known
 # contents: the exact uint16 little-endian ids written, EOS after each
 # document, the separator and the eval split, byte-exact round trips, and
-# errors that name the path and leave existing outputs untouched.
+# errors that name the path and leave existing outputs untouched, and
+# outputs that are inputs refused.
 # MOECORE=path tests another binary than build/moecore.
 set -u
 cd "$(dirname "$0")/.."
@@ -78,6 +79,23 @@ if [ $rc -ne 0 ] && grep -q "no-such-dir/x.bin" <<<"$msg"; then ok "unwritable o
 else fail "unwritable output: rc $rc, message: $msg"; fi
 msg=$("$bin" tokenize --out x.bin . 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ ! -e x.bin ]; then ok "directory as input: rc $rc: $msg"; else fail "directory as input accepted"; fi
+# An output that is also an input is refused (rc 2), the input left as it was:
+# the same path, another name of it (./, a symlink to it), --eval-out, and an
+# input named like the output's temporary PATH.tmp. An output that is itself a
+# symlink to an input only has its link replaced: allowed.
+cp a.txt in.txt; ln -sf in.txt in-link.txt; cp a.txt out.tmp
+for args in "--out in.txt in.txt" "--out ./in.txt b.txt in.txt" "--out in.txt in-link.txt" \
+            "--out x.bin --eval-out in.txt in.txt" "--out out out.tmp"; do
+  # shellcheck disable=SC2086
+  msg=$("$bin" tokenize $args 2>&1); rc=$?
+  if [ $rc -eq 2 ] && grep -q "would overwrite its own input" <<<"$msg" && cmp -s in.txt a.txt && cmp -s out.tmp a.txt
+  then ok "output is an input: tokenize $args: $msg"
+  else fail "output is an input: tokenize $args: rc $rc, $msg; in.txt now $(od -c in.txt | head -1)"; fi
+done
+ln -sf a.txt link-out.bin
+if "$bin" tokenize --out link-out.bin a.txt >/dev/null 2>&1 && [ ! -L link-out.bin ] && cmp -s a.txt in.txt
+then ok "an output that is a symlink to an input replaces the link"; else fail "symlink output"; fi
+
 printf 'abc' > odd.bin
 msg=$("$bin" detokenize odd.bin 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "odd.bin" <<<"$msg"; then ok "odd-sized token file: rc $rc: $msg"

@@ -3,7 +3,9 @@
 
 #include "config/config.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +34,7 @@ static const char *const gemm_kernel_names[] = {"wgmma", "mma_sync", NULL}; // C
 #define FE(field, names) {#field, T_ENUM, offsetof(RunConfig, field), names}
 static const Key table[] = {
     F(data.train, T_LIST), F(data.train_weights, T_LIST), F(data.eval, T_LIST),
-    FE(data.dtype, dtype_names), F(data.validate, T_BOOL), F(data.synthetic, T_BOOL),
+    FE(data.dtype, dtype_names), F(data.validate, T_BOOL), F(data.synthetic, T_BOOL), F(data.eos_id, T_INT),
     F(train.global_batch, T_INT), F(train.micro_batch, T_INT), F(train.steps, T_I64),
     F(train.tokens, T_I64), FE(train.lr_schedule, sched_names), F(train.warmup_steps, T_I64),
     F(train.decay_fraction, T_DOUBLE), F(train.min_lr_ratio, T_DOUBLE), F(train.clip_grad, T_DOUBLE),
@@ -73,6 +75,7 @@ void run_config_defaults(RunConfig *c) {
     model_config_defaults(&c->model);
     optim_config_defaults(&c->optim);
     c->data.dtype = 0;
+    c->data.eos_id = 256;   // the byte tokenizer's EOS (src/data/tokenizer.h)
     c->train.global_batch = 8;
     c->train.micro_batch = 8;
     c->train.steps = 100;
@@ -108,6 +111,69 @@ void run_config_free(RunConfig *c) {
     list_clear(&c->data.train);
     list_clear(&c->data.train_weights);
     list_clear(&c->data.eval);
+    for (int i = 0; i < c->n_origins; i++) free(c->origins[i].arg);
+    free(c->origins);
+    c->origins = NULL;
+    c->n_origins = 0;
+}
+
+// ---- where values came from -------------------------------------------------------------
+
+static KeyOrigin *origin_find(const RunConfig *c, const char *key) {
+    for (int i = 0; i < c->n_origins; i++)
+        if (!strcmp(c->origins[i].key, key)) return &c->origins[i];
+    return NULL;
+}
+
+// Records that key was last set at YAML line (> 0) or by arg.
+static void origin_set(RunConfig *c, const char *key, int line, const char *arg) {
+    KeyOrigin *o = origin_find(c, key);
+    if (!o) {
+        c->origins = reallocCheck(c->origins, (size_t)(c->n_origins + 1) * sizeof *c->origins);
+        o = &c->origins[c->n_origins++];
+        snprintf(o->key, sizeof o->key, "%s", key);
+        o->arg = NULL;
+    }
+    free(o->arg);
+    o->line = line;
+    o->arg = arg ? strdup(arg) : NULL;
+}
+
+// Where msg mentions key as a whole word (not inside data.train_weights for
+// data.train); -1 if nowhere.
+static long mention(const char *msg, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = strstr(msg, key); p; p = strstr(p + 1, key)) {
+        int before = p > msg && (isalnum((unsigned char)p[-1]) || p[-1] == '_' || p[-1] == '.');
+        int after = isalnum((unsigned char)p[n]) || p[n] == '_';
+        if (!before && !after) return p - msg;
+    }
+    return -1;
+}
+
+void run_config_blame(const RunConfig *c, const char *msg, char *err, size_t errlen) {
+    // the origins of the keys msg names, in the order it names them
+    const KeyOrigin *named[CFG_MAX_LIST];
+    long at[CFG_MAX_LIST];
+    int n = 0;
+    for (int i = 0; i < c->n_origins && n < CFG_MAX_LIST; i++) {
+        long pos = mention(msg, c->origins[i].key);
+        if (pos < 0) continue;
+        int j = n++;
+        for (; j > 0 && at[j - 1] > pos; j--) { at[j] = at[j - 1]; named[j] = named[j - 1]; }
+        at[j] = pos;
+        named[j] = &c->origins[i];
+    }
+    char where[1200] = "";
+    size_t k = 0;
+    for (int i = 0; i < n && k < sizeof where; i++)
+        if (named[i]->arg)
+            k += (size_t)snprintf(where + k, sizeof where - k, "%s%s", k ? ", " : "command line: ", named[i]->arg);
+    for (int i = 0; i < n && !k; i++)
+        if (named[i]->line > 0) k = (size_t)snprintf(where, sizeof where, "%s:%d", c->source, named[i]->line);
+    if (!k && c->source[0]) snprintf(where, sizeof where, "%s", c->source);
+    if (where[0]) snprintf(err, errlen, "%s: %s", where, msg);
+    else snprintf(err, errlen, "%s", msg);
 }
 
 static const Key *find(const char *key) {
@@ -144,8 +210,13 @@ static int set_key(RunConfig *c, const char *key, const char *value, int append,
     switch (k->type) {
     case T_INT: case T_I64: {
         long long v = strtoll(value, &end, 10);
-        if (end == value || *end || errno || (k->type == T_INT && (v > 2147483647LL || v < -2147483647LL))) {
+        if (end == value || *end) {
             snprintf(err, errlen, "%s: expected an integer, got '%s'", key, value);
+            return -1;
+        }
+        if (errno == ERANGE || (k->type == T_INT && (v > INT_MAX || v < -INT_MAX))) {
+            snprintf(err, errlen, "%s: %s is out of range (a %d-bit integer: at most %lld)", key, value,
+                     k->type == T_INT ? 32 : 64, k->type == T_INT ? (long long)INT_MAX : LLONG_MAX);
             return -1;
         }
         if (k->type == T_INT) *(int *)p = (int)v; else *(int64_t *)p = v;
@@ -153,8 +224,13 @@ static int set_key(RunConfig *c, const char *key, const char *value, int append,
     }
     case T_U64: {
         unsigned long long v = strtoull(value, &end, 10);
-        if (end == value || *end || errno || value[0] == '-') {
+        if (end == value || *end || value[0] == '-') {
             snprintf(err, errlen, "%s: expected a non-negative integer, got '%s'", key, value);
+            return -1;
+        }
+        if (errno == ERANGE) {
+            snprintf(err, errlen, "%s: %s is out of range (an unsigned 64-bit integer: at most %llu)", key, value,
+                     ULLONG_MAX);
             return -1;
         }
         *(uint64_t *)p = v;
@@ -206,7 +282,25 @@ static int set_key(RunConfig *c, const char *key, const char *value, int append,
 }
 
 int run_config_set(RunConfig *c, const char *key, const char *value, char *err, size_t errlen) {
-    return set_key(c, key, value, 0, err, errlen);
+    if (set_key(c, key, value, 0, err, errlen)) return -1;
+    origin_set(c, key, 0, NULL);
+    return 0;
+}
+
+int run_config_override(RunConfig *c, const char *arg, char *err, size_t errlen) {
+    const char *eq = strchr(arg, '=');
+    char key[256], msg[1024];
+    if (strncmp(arg, "--", 2) || !eq || eq - arg - 2 >= (long)sizeof key) {
+        snprintf(err, errlen, "command line: %s: expected --section.key=value", arg);
+        return -1;
+    }
+    snprintf(key, sizeof key, "%.*s", (int)(eq - arg - 2), arg + 2);
+    if (set_key(c, key, eq + 1, 0, msg, sizeof msg)) {
+        snprintf(err, errlen, "command line: %s: %s", arg, msg);
+        return -1;
+    }
+    origin_set(c, key, 0, arg);
+    return 0;
 }
 
 // ---- YAML -------------------------------------------------------------------------------
@@ -220,10 +314,24 @@ static int is_mapping_key(const char *section, const char *name) {
     return 0;
 }
 
-// Accepts a two-level document: sections mapping keys to scalars or to
+// A key the YAML sets at line: an error if the file set it before.
+static int yaml_key_once(const RunConfig *c, const char *key, size_t line, const char *name, char *err,
+                         size_t errlen) {
+    const KeyOrigin *o = origin_find(c, key);
+    if (!o || o->line <= 0) return 0;
+    snprintf(err, errlen, "%s:%zu: %s is given twice (first at line %d); give each key once", name, line, key,
+             o->line);
+    return -1;
+}
+
+static const char *const sections[] = {"model", "data", "train", "optim", "checkpoint", "logging", "parallel",
+                                       "device", NULL};
+
+// Accepts one two-level document: sections mapping keys to scalars or to
 // sequences of scalars (list keys), and where the table has keys
 // section.mapping.key (device.cuda.*), mappings of those inside a section.
-// Anything else is an error with its line.
+// Anything else, a key, mapping or section given twice included, is an
+// error with its line.
 int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, const char *name,
                                 char *err, size_t errlen) {
     yaml_parser_t parser;
@@ -238,7 +346,13 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
     // sub: the mapping inside a section ("cuda" of device.cuda.*), keys
     // one level further down
     char section[128] = "", sub[128] = "", key[256] = "", full[520], msg[512];
-    int have_key = 0, list_started = 0;
+    int have_key = 0, list_started = 0, documents = 0;
+    size_t key_line = 0, section_line[sizeof sections / sizeof *sections] = {0};
+    // the mappings inside sections seen so far ("device.cuda") and their lines
+    char subs[8][520];
+    size_t sub_line[8];
+    int n_subs = 0;
+    snprintf(c->source, sizeof c->source, "%s", name);
     while (!done && !rc) {
         if (!yaml_parser_parse(&parser, &ev)) {
             snprintf(err, errlen, "%s:%zu: YAML syntax error: %s", name, parser.problem_mark.line + 1,
@@ -249,7 +363,13 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
         size_t line = ev.start_mark.line + 1;
         switch (ev.type) {
         case YAML_STREAM_END_EVENT: done = 1; break;
-        case YAML_STREAM_START_EVENT: case YAML_DOCUMENT_START_EVENT: case YAML_DOCUMENT_END_EVENT: break;
+        case YAML_STREAM_START_EVENT: case YAML_DOCUMENT_END_EVENT: break;
+        case YAML_DOCUMENT_START_EVENT:
+            if (++documents > 1) {
+                rc = -1;
+                snprintf(err, errlen, "%s:%zu: a second YAML document ('---'); a config is one document", name, line);
+            }
+            break;
         case YAML_MAPPING_START_EVENT:
             depth++;
             if (depth == 2 && !section[0]) { rc = -1; snprintf(err, errlen, "%s:%zu: expected a section name", name, line); }
@@ -257,6 +377,14 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
             else if (depth == 3 && state == IN_SECTION && have_key && !sub[0] && is_mapping_key(section, key)) {
                 snprintf(sub, sizeof sub, "%s", key);
                 have_key = 0;
+                snprintf(full, sizeof full, "%s.%s", section, sub);
+                for (int i = 0; i < n_subs && !rc; i++)
+                    if (!strcmp(subs[i], full)) {
+                        rc = -1;
+                        snprintf(err, errlen, "%s:%zu: %s is given twice (first at line %zu); give each mapping once",
+                                 name, key_line, full, sub_line[i]);
+                    }
+                if (!rc && n_subs < 8) { snprintf(subs[n_subs], sizeof subs[n_subs], "%s", full); sub_line[n_subs++] = key_line; }
             } else if (depth > 2) {
                 rc = -1;
                 snprintf(err, errlen, "%s:%zu: %s.%s%s%s: nested mappings are not supported", name, line, section, sub,
@@ -284,7 +412,9 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
                     model_key |= !strcmp(full + 6, model_config_keys[i]);
                 if (!k && !model_key) { rc = unknown_key(full, msg, sizeof msg); snprintf(err, errlen, "%s:%zu: %s", name, line, msg); break; }
                 if (!k || k->type != T_LIST) { rc = -1; snprintf(err, errlen, "%s:%zu: %s: expected a single value, got a list", name, line, full); break; }
+                if ((rc = yaml_key_once(c, full, key_line, name, err, errlen))) break;
                 list_clear((StrList *)((char *)c + k->offset));
+                origin_set(c, full, (int)key_line, NULL);
             }
             break;
         case YAML_SEQUENCE_END_EVENT:
@@ -302,10 +432,16 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
                 // a section name; an empty section ("optim:" alone) is a null scalar next
                 if (!section[0]) {
                     if (strlen(v) >= sizeof section) { rc = -1; snprintf(err, errlen, "%s:%zu: section name too long", name, line); break; }
-                    static const char *const sections[] = {"model", "data", "train", "optim", "checkpoint", "logging", "parallel", "device", NULL};
-                    int ok = 0;
-                    for (int i = 0; sections[i]; i++) ok |= !strcmp(v, sections[i]);
-                    if (!ok) {
+                    int ok = -1;
+                    for (int i = 0; sections[i]; i++) if (!strcmp(v, sections[i])) ok = i;
+                    if (ok >= 0 && section_line[ok]) {
+                        rc = -1;
+                        snprintf(err, errlen, "%s:%zu: section '%s' is given twice (first at line %zu); give each "
+                                 "section once", name, line, v, section_line[ok]);
+                        break;
+                    }
+                    if (ok >= 0) section_line[ok] = line;
+                    if (ok < 0) {
                         const char *hint = nearest_key(v, sections);
                         rc = -1;
                         snprintf(err, errlen, "%s:%zu: unknown section '%s'%s%s%s", name, line, v,
@@ -331,11 +467,14 @@ int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, cons
                 if (strlen(v) >= sizeof key) { rc = -1; snprintf(err, errlen, "%s:%zu: key too long", name, line); break; }
                 snprintf(key, sizeof key, "%s", v);
                 have_key = 1;
+                key_line = line;
                 break;
             }
             snprintf(full, sizeof full, "%s.%s%s%s", section, sub, sub[0] ? "." : "", key);
+            if ((rc = yaml_key_once(c, full, key_line, name, err, errlen))) break;
             rc = set_key(c, full, v, 0, msg, sizeof msg);
             if (rc) snprintf(err, errlen, "%s:%zu: %s", name, line, msg);
+            else origin_set(c, full, (int)key_line, NULL);
             have_key = 0;
             break;
         }
@@ -372,8 +511,16 @@ int run_config_load_yaml(RunConfig *c, const char *path, char *err, size_t errle
 
 // ---- validation ----------------------------------------------------------------------------
 
+// The largest micro-batch that divides the global batch's share of one of dp
+// ranks and is at most mb (0 if none), for the hint of the batch-size error.
+static int micro_batch_hint(int global_batch, int dp, int mb) {
+    if (global_batch % dp) return 0;
+    for (int m = mb; m > 0; m--)
+        if ((global_batch / dp) % m == 0) return m;
+    return 0;
+}
 
-int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
+static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     char msg[400];
     if (model_config_validate(&c->model, msg, sizeof msg)) FAIL("%s", msg);
     TrainSection *t = &c->train;
@@ -388,6 +535,10 @@ int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
     }
     if (t->global_batch <= 0) FAIL("train.global_batch must be positive, got %d", t->global_batch);
     if (t->micro_batch <= 0) FAIL("train.micro_batch must be positive, got %d", t->micro_batch);
+    if ((int64_t)t->micro_batch * c->model.seq_len > INT_MAX)
+        FAIL("train.micro_batch (%d) x model.seq_len (%d) = %lld tokens per micro-batch is more than %d",
+             t->micro_batch, c->model.seq_len, (long long)t->micro_batch * c->model.seq_len, INT_MAX);
+    if (c->data.eos_id < 0) FAIL("data.eos_id must be >= 0, got %d", c->data.eos_id);
     if (t->steps < 0) FAIL("train.steps must be >= 0, got %lld", (long long)t->steps);
     if (t->tokens < 0) FAIL("train.tokens must be >= 0, got %lld", (long long)t->tokens);
     if (t->steps == 0 && t->tokens == 0) FAIL("train.steps or train.tokens must be set");
@@ -430,13 +581,26 @@ int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
              (long long)p->dp * p->pp, world);
     if (c->model.n_experts > 0 && c->model.n_experts % p->ep)
         FAIL("parallel.ep (%d) must divide model.n_experts (%d)", p->ep, c->model.n_experts);
-    if (t->global_batch % (t->micro_batch * p->dp))
-        FAIL("train.global_batch (%d) must be a multiple of train.micro_batch (%d) x parallel.dp (%d)",
-             t->global_batch, t->micro_batch, p->dp);
+    int64_t per_step = (int64_t)t->micro_batch * p->dp;  // instances of one micro-batch on every rank
+    if (t->global_batch % per_step) {
+        int hint = micro_batch_hint(t->global_batch, p->dp, t->micro_batch);
+        char also[96] = "";
+        if (hint) snprintf(also, sizeof also, " or --train.micro_batch=%d", hint);
+        FAIL("train.global_batch (%d) must be a multiple of train.micro_batch (%d) x parallel.dp (%d): "
+             "e.g. --train.global_batch=%lld%s", t->global_batch, t->micro_batch, p->dp,
+             (long long)((t->global_batch + per_step - 1) / per_step * per_step), also);
+    }
     if (c->device.peak_tflops < 0) FAIL("device.peak_tflops must be >= 0");
     if (c->device.cuda.attention_ds_mib < 0)
         FAIL("device.cuda.attention_ds_mib must be >= 0 (0 turns the dS scratch off), got %d", c->device.cuda.attention_ds_mib);
     return 0;
+}
+
+int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {
+    char msg[1024];
+    if (!validate(c, world, msg, sizeof msg)) return 0;
+    run_config_blame(c, msg, err, errlen);
+    return -1;
 }
 
 // ---- writing ----------------------------------------------------------------------------------

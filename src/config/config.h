@@ -31,6 +31,7 @@ typedef struct {
     int dtype;              // TokenDtype: uint16 | uint32
     int validate;           // scan every token of every file at start
     int synthetic;          // uniformly random tokens instead of files (benchmarks)
+    int eos_id;             // the token that ends each document (byte tokenizer: 256)
 } DataSection;
 
 typedef struct {
@@ -79,6 +80,14 @@ typedef struct {
     CudaSettings cuda;       // device.cuda.*: the CUDA backend's kernel choices
 } DeviceSection;
 
+// Where a key's value came from, for messages (run_config_blame): a line of
+// the YAML file or a command-line argument.
+typedef struct {
+    char key[64];           // "section.key"
+    int line;               // YAML line, from 1; 0 when not set from YAML
+    char *arg;              // the argument "--section.key=value" that set it, or NULL
+} KeyOrigin;
+
 typedef struct {
     ModelConfig model;
     DataSection data;
@@ -89,19 +98,31 @@ typedef struct {
     LoggingSection logging;
     ParallelSection parallel;
     DeviceSection device;
+    char source[CFG_PATH_MAX];  // the YAML file read, "" if none
+    KeyOrigin *origins;         // every key set, by YAML or argument
+    int n_origins;
 } RunConfig;
 
 void run_config_defaults(RunConfig *c);
 void run_config_free(RunConfig *c);
-// Reads a YAML file into c. Errors name the file, the line and the key.
+// Reads a YAML file into c. Errors name the file, the line and the key. A
+// key or a section given twice, and a second document, are errors.
 int run_config_load_yaml(RunConfig *c, const char *path, char *err, size_t errlen);
 // Same from a string (tests and the fuzz target); name appears in messages.
 int run_config_load_yaml_string(RunConfig *c, const char *text, size_t len, const char *name,
                                 char *err, size_t errlen);
 // Applies "section.key=value" (a list value is comma-separated).
 int run_config_set(RunConfig *c, const char *key, const char *value, char *err, size_t errlen);
-// Cross-field checks and derived values; world is the number of ranks.
+// Applies the command-line argument "--section.key=value" and remembers it;
+// errors read "command line: ARG: ...".
+int run_config_override(RunConfig *c, const char *arg, char *err, size_t errlen);
+// Cross-field checks and derived values; world is the number of ranks. The
+// message says where the keys it names were set (run_config_blame).
 int run_config_validate(RunConfig *c, int world, char *err, size_t errlen);
+// Writes msg into err prefixed with where the keys it names came from: the
+// arguments "command line: --a=1, --b=2: " when any was set on the command
+// line, else "FILE:LINE: " of the first one set in the YAML, else "FILE: ".
+void run_config_blame(const RunConfig *c, const char *msg, char *err, size_t errlen);
 // The resolved config as YAML (written to the run directory).
 void run_config_write_yaml(const RunConfig *c, FILE *f);
 // All keys "section.key", NULL-terminated.

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <json-c/json.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,8 +92,13 @@ int model_config_set(ModelConfig *c, const char *key, const char *value, char *e
     switch (k->type) {
     case K_INT: {
         long v = strtol(value, &end, 10);
-        if (end == value || *end || errno || v < -2147483647L || v > 2147483647L) {
+        if (end == value || *end) {
             snprintf(err, errlen, "model.%s: expected an integer, got '%s'", k->name, value);
+            return -1;
+        }
+        if (errno == ERANGE || v < -INT_MAX || v > INT_MAX) {
+            snprintf(err, errlen, "model.%s: %s is out of range (a 32-bit integer: at most %d)", k->name, value,
+                     INT_MAX);
             return -1;
         }
         *(int *)p = (int)v;
@@ -121,6 +127,32 @@ int model_config_set(ModelConfig *c, const char *key, const char *value, char *e
         return -1;
     }
     return -1;
+}
+
+// The int widths of the layout (model_q_dim, the shared experts' hidden
+// size) and the parameter table's element counts, checked for overflow on a
+// validated config. Counted in double, exact far beyond MODEL_MAX_PARAMS.
+#define MODEL_MAX_PARAMS (1ll << 48)
+static int model_config_check_sizes(const ModelConfig *c, char *err, size_t errlen) {
+    double D = c->d_model, qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+    double Fs = (double)c->n_shared * c->shared_hidden;
+    if (qd > INT_MAX)
+        FAIL("model.n_heads (%d) x model.head_dim (%d) = %.0f is more than %d", c->n_heads, c->head_dim, qd, INT_MAX);
+    if (Fs > INT_MAX)
+        FAIL("model.n_shared (%d) x model.shared_hidden (%d) = %.0f is more than %d", c->n_shared, c->shared_hidden,
+             Fs, INT_MAX);
+    // matrices and norms, as in params/layout.c
+    double attn = 2 * qd * D + 2 * kvd * D + 4 * D + qd + kvd;
+    double dense = 3 * D * c->dense_hidden;
+    double moe = (double)c->n_experts * D + 3.0 * c->n_experts * c->expert_hidden * D + 3 * Fs * D;
+    int n_moe = model_moe_layers(c);
+    double total = 2.0 * c->padded_vocab * D + D + (double)c->n_layers * attn + (double)(c->n_layers - n_moe) * dense +
+                   (double)n_moe * moe;
+    if (total > (double)MODEL_MAX_PARAMS)
+        FAIL("model: these shapes give %.3g parameters (model.vocab_size %d, model.d_model %d, model.n_layers %d, "
+             "model.n_experts %d, model.expert_hidden %d), more than the 2^48 = %.3g a parameter table counts",
+             total, c->vocab_size, c->d_model, c->n_layers, c->n_experts, c->expert_hidden, (double)MODEL_MAX_PARAMS);
+    return 0;
 }
 
 #define POSITIVE(f) do { if (c->f <= 0) FAIL("model." #f " must be positive, got %d", c->f); } while (0)
@@ -188,7 +220,7 @@ int model_config_validate(ModelConfig *c, char *err, size_t errlen) {
         if (c->n_experts == 0) c->dense_layers = c->n_layers;
     }
     c->padded_vocab = (c->vocab_size + 127) / 128 * 128;
-    return 0;
+    return model_config_check_sizes(c, err, errlen);
 }
 
 char *model_config_to_json(const ModelConfig *c) {

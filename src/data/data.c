@@ -14,11 +14,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/npy.h"
 #include "util/check.h"
+
+#define SAMPLE_BYTES (1 << 20)   // the start of a file whose ids are checked at open
 
 typedef struct {
     char *path;
     int64_t bytes, n_tokens;
+    int64_t offset;          // bytes before the first token: the .npy header, 0 for a raw file
+    int npy;                 // has a .npy header (which says its dtype)
     int64_t first, n_inst;   // native instances
     int source;
     int fd;                  // -1 until first read
@@ -137,14 +142,75 @@ void data_locate(const DataLoader *d, int64_t g, int *file, int64_t *token)
 // ---------------------------------------------------------------------------
 // opening
 
+// Reads n bytes at off, retrying short reads: the bytes read (< n at the
+// end of the file), or -1 with errno.
+static int64_t pread_full(int fd, void *buf, size_t n, int64_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + (int64_t)got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (int64_t)got;
+}
+
+// The .npy header of the file open as fd, if it has one: *offset and
+// *n_tokens from it (data.h). 0 for a raw file, 1 for an .npy file, -1 on
+// error: a bad header, or a dtype that is not data.dtype.
+static int read_npy_header(const DataLoader *d, const char *path, int fd, int64_t bytes, int64_t *offset,
+                           int64_t *n_tokens, char *err, size_t errlen)
+{
+    unsigned char pre[NPY_PREAMBLE];
+    size_t n = bytes < NPY_PREAMBLE ? (size_t)bytes : NPY_PREAMBLE;
+    if (pread_full(fd, pre, n, 0) != (int64_t)n)
+        return errorf(err, errlen, "data file %s: read: %s", path, strerror(errno));
+    if (!npy_has_magic(pre, n)) return 0;
+    char msg[400];
+    int64_t len = npy_header_size(pre, n, msg, sizeof msg);
+    if (len < 0) return errorf(err, errlen, "data file %s: %s", path, msg);
+    if (len > bytes)
+        return errorf(err, errlen, "data file %s: its .npy header is %lld bytes long but the file holds %lld",
+                      path, (long long)len, (long long)bytes);
+    unsigned char *buf = mallocCheck((size_t)len);
+    NpyHeader h;
+    int rc = pread_full(fd, buf, (size_t)len, 0) != len ? errorf(err, errlen, "data file %s: read: %s", path, strerror(errno))
+           : npy_parse(buf, (size_t)len, &h, msg, sizeof msg) ? errorf(err, errlen, "data file %s: %s", path, msg)
+           : 1;
+    free(buf);
+    if (rc < 0) return rc;
+    TokenDtype dt = h.item_size == 2 ? TOKENS_U16 : TOKENS_U32;
+    if (dt != d->dtype)
+        return errorf(err, errlen, "data file %s: its .npy header says dtype '%s' (%s) but data.dtype is %s: "
+                      "set data.dtype: %s", path, h.descr, tokens_dtype_name(dt), tokens_dtype_name(d->dtype),
+                      tokens_dtype_name(dt));
+    if (bytes - len != h.n_items * h.item_size)
+        return errorf(err, errlen, "data file %s: its .npy header says %lld tokens (%lld bytes after the %lld-byte "
+                      "header) but the file holds %lld bytes after it: truncated, or not written by np.save",
+                      path, (long long)h.n_items, (long long)(h.n_items * h.item_size), (long long)len,
+                      (long long)(bytes - len));
+    *offset = len;
+    *n_tokens = h.n_items;
+    return 1;
+}
+
 static int add_file(DataLoader *d, const char *path, int source, char *err, size_t errlen)
 {
     struct stat st;
     if (stat(path, &st) != 0) return errorf(err, errlen, "data file %s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return errorf(err, errlen, "data file %s: not a regular file", path);
-    if ((uint64_t)st.st_size % d->tsize != 0)
-        return errorf(err, errlen, "data file %s: size %lld bytes is not a multiple of %zu (%s tokens)",
-                    path, (long long)st.st_size, d->tsize, tokens_dtype_name(d->dtype));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "data file %s: open: %s", path, strerror(errno));
+    int64_t offset = 0, n_tokens = st.st_size / (int64_t)d->tsize;
+    int npy = read_npy_header(d, path, fd, st.st_size, &offset, &n_tokens, err, errlen);
+    close(fd);
+    if (npy < 0) return -1;
+    if (!npy && (uint64_t)st.st_size % d->tsize != 0)
+        return errorf(err, errlen, "data file %s: size %lld bytes is not a multiple of %zu (%s tokens)%s",
+                    path, (long long)st.st_size, d->tsize, tokens_dtype_name(d->dtype),
+                    d->dtype == TOKENS_U32 && st.st_size % 2 == 0 ? ": if it holds uint16 tokens, set data.dtype: uint16" : "");
     if (d->n_files == d->cap_files) {
         d->cap_files = d->cap_files ? 2 * d->cap_files : 16;
         d->files = reallocCheck(d->files, (size_t)d->cap_files * sizeof *d->files);
@@ -152,7 +218,9 @@ static int add_file(DataLoader *d, const char *path, int source, char *err, size
     DataFile *f = &d->files[d->n_files++];
     f->path = dup_str(path);
     f->bytes = st.st_size;
-    f->n_tokens = st.st_size / (int64_t)d->tsize;
+    f->offset = offset;
+    f->npy = npy;
+    f->n_tokens = n_tokens;
     f->n_inst = f->n_tokens / d->seq_len;
     f->source = source;
     f->fd = -1;
@@ -166,7 +234,7 @@ static int cmp_str(const void *a, const void *b)
 
 // A pattern without glob characters is a plain path, so a missing one is
 // reported as a missing file rather than an empty match.
-static int add_pattern(DataLoader *d, const char *pattern, int source, char *err, size_t errlen)
+static int add_matches(DataLoader *d, const char *pattern, int source, char *err, size_t errlen)
 {
     if (!strpbrk(pattern, "*?[")) return add_file(d, pattern, source, err, errlen);
     glob_t g;
@@ -188,6 +256,16 @@ static int add_pattern(DataLoader *d, const char *pattern, int source, char *err
         }
     globfree(&g);
     return 0;
+}
+
+static int check_sample(DataLoader *d, int i, char *err, size_t errlen);
+
+// Adds the files of a path or pattern and checks the start of the first.
+static int add_pattern(DataLoader *d, const char *pattern, int source, char *err, size_t errlen)
+{
+    int first = d->n_files;
+    if (add_matches(d, pattern, source, err, errlen) != 0) return -1;
+    return first < d->n_files ? check_sample(d, first, err, errlen) : 0;
 }
 
 static uint64_t fingerprint(const DataLoader *d)
@@ -356,38 +434,106 @@ static int pread_all(DataLoader *d, int i, void *buf, size_t n, int64_t off, cha
 {
     int fd = file_fd(d, i, err, errlen);
     if (fd < 0) return -1;
-    for (size_t got = 0; got < n;) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + (int64_t)got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0)
-            return errorf(err, errlen, "data file %s: pread at byte offset %lld: %s", d->files[i].path,
-                        (long long)(off + (int64_t)got), strerror(errno));
-        if (r == 0)
-            return errorf(err, errlen, "data file %s: unexpected end of file at byte offset %lld", d->files[i].path,
-                        (long long)(off + (int64_t)got));
-        got += (size_t)r;
-    }
+    int64_t got = pread_full(fd, buf, n, off);
+    if (got < 0)
+        return errorf(err, errlen, "data file %s: pread at byte offset %lld: %s", d->files[i].path, (long long)off,
+                      strerror(errno));
+    if (got < (int64_t)n)
+        return errorf(err, errlen, "data file %s: unexpected end of file at byte offset %lld", d->files[i].path,
+                      (long long)(off + got));
     return 0;
 }
 
-// Decodes n stored tokens into out, checking each against vocab_size;
-// off is the byte offset of buf[0] in file i, for the message.
+static uint32_t token_at(const unsigned char *p, size_t size)
+{
+    return size == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8
+                     : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+// Whether nbytes of stored tokens, read size bytes at a time, are all < vocab.
+static int all_below(const unsigned char *buf, size_t nbytes, size_t size, uint32_t vocab)
+{
+    for (size_t b = 0; b + size <= nbytes; b += size)
+        if (token_at(buf + b, size) >= vocab) return 0;
+    return 1;
+}
+
+// What to change when stored tokens of file f hold an id >= vocab_size,
+// max the largest (the rule in data.h).
+static void mismatch_hint(const DataLoader *d, const DataFile *f, const unsigned char *buf, size_t nbytes,
+                          uint32_t max, char *hint, size_t len)
+{
+    uint32_t vocab = (uint32_t)d->vocab_size;
+    int whole32 = (f->bytes - f->offset) % 4 == 0 && nbytes % 4 == 0;
+    if (!f->npy && d->dtype == TOKENS_U32 && all_below(buf, nbytes, 2, vocab))
+        snprintf(hint, len, "read as uint16 all its ids here are < model.vocab_size: the file looks like uint16 "
+                 "tokens; set data.dtype: uint16");
+    else if (!f->npy && d->dtype == TOKENS_U16 && whole32 && all_below(buf, nbytes, 4, vocab))
+        snprintf(hint, len, "read as uint32 all its ids here are < model.vocab_size: the file looks like uint32 "
+                 "tokens; set data.dtype: uint32");
+    else
+        snprintf(hint, len, "set model.vocab_size to the tokenizer's vocabulary (ids here go up to %u)%s", max,
+                 f->npy ? "" : ", or data.dtype to the file's token width");
+}
+
+// Decodes n stored tokens into out (out may be NULL), checking each against
+// vocab_size; off is the byte offset of buf[0] in file i, for the message.
 static int decode(const DataLoader *d, int i, const unsigned char *buf, int64_t n, int64_t off,
                   int *out, char *err, size_t errlen)
 {
-    uint32_t bad = 0;
+    uint32_t bad = 0, max = 0;
     int64_t bad_at = -1;
     for (int64_t t = 0; t < n; t++) {
-        const unsigned char *p = buf + t * (int64_t)d->tsize;
-        uint32_t v = d->dtype == TOKENS_U16 ? (uint32_t)p[0] | (uint32_t)p[1] << 8
-                   : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        uint32_t v = token_at(buf + t * (int64_t)d->tsize, d->tsize);
         if (v >= (uint32_t)d->vocab_size && bad_at < 0) { bad = v; bad_at = t; }
+        if (v > max) max = v;
         if (out) out[t] = (int)v;
     }
-    if (bad_at >= 0)
-        return errorf(err, errlen, "data file %s: token %u at byte offset %lld is >= vocab_size %d",
-                    d->files[i].path, bad, (long long)(off + bad_at * (int64_t)d->tsize), d->vocab_size);
-    return 0;
+    if (bad_at < 0) return 0;
+    char hint[300];
+    mismatch_hint(d, &d->files[i], buf, (size_t)n * d->tsize, max, hint, sizeof hint);
+    return errorf(err, errlen, "data file %s: token %u at byte offset %lld is >= model.vocab_size %d: %s",
+                  d->files[i].path, bad, (long long)(off + bad_at * (int64_t)d->tsize), d->vocab_size, hint);
+}
+
+// Rule (b) of data.h over nbytes stored at the start of raw file i read as
+// uint16: uint32 tokens read as uint16 make every second id (the high
+// halves) at most (vocab_size - 1) >> 16 while the others are not all that
+// small.
+static int check_width(const DataLoader *d, int i, const unsigned char *buf, size_t nbytes, char *err, size_t errlen)
+{
+    const DataFile *f = &d->files[i];
+    if (f->npy || d->dtype != TOKENS_U16 || (f->bytes - f->offset) % 4 != 0) return 0;
+    uint32_t vocab = (uint32_t)d->vocab_size, hi_max = (vocab - 1) >> 16;
+    size_t pairs = nbytes / 4;
+    if (pairs < 256) return 0;
+    int low_big = 0;
+    for (size_t p = 0; p < pairs; p++) {
+        uint32_t lo = token_at(buf + 4 * p, 2), hi = token_at(buf + 4 * p + 2, 2);
+        if (hi > hi_max || token_at(buf + 4 * p, 4) >= vocab) return 0;
+        low_big |= lo > hi_max;
+    }
+    if (!low_big) return 0;
+    return errorf(err, errlen, "data file %s: read as uint16 (data.dtype), every second id of its first %zu bytes is "
+                  "<= %u and the others are not: the file looks like uint32 tokens; set data.dtype: uint32",
+                  f->path, pairs * 4, hi_max);
+}
+
+// Checks at open: the first SAMPLE_BYTES of file i (data.h).
+static int check_sample(DataLoader *d, int i, char *err, size_t errlen)
+{
+    DataFile *f = &d->files[i];
+    int64_t n = f->n_tokens < SAMPLE_BYTES / (int64_t)d->tsize ? f->n_tokens : SAMPLE_BYTES / (int64_t)d->tsize;
+    if (n == 0) return 0;
+    unsigned char *buf = mallocCheck((size_t)n * d->tsize);
+    int rc = pread_all(d, i, buf, (size_t)n * d->tsize, f->offset, err, errlen);
+    if (rc == 0) rc = decode(d, i, buf, n, f->offset, NULL, err, errlen);
+    if (rc == 0) rc = check_width(d, i, buf, (size_t)n * d->tsize, err, errlen);
+    free(buf);
+    // the first read opens it again and sees whether its size changed since
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    return rc;
 }
 
 int data_read(DataLoader *d, int64_t g_start, int count, int *tokens, int *targets, char *err, size_t errlen)
@@ -401,7 +547,7 @@ int data_read(DataLoader *d, int64_t g_start, int count, int *tokens, int *targe
         int f;
         int64_t tok;
         data_locate(d, g_start + b, &f, &tok);
-        int64_t off = tok * (int64_t)d->tsize;
+        int64_t off = d->files[f].offset + tok * (int64_t)d->tsize;
         int *x = tokens + (size_t)b * T;
         if (pread_all(d, f, d->scratch, nbytes, off, err, errlen) != 0) return -1;
         if (decode(d, f, d->scratch, T, off, x, err, errlen) != 0) return -1;
@@ -422,9 +568,11 @@ int data_validate_all(DataLoader *d, char *err, size_t errlen)
     for (int i = 0; i < d->n_files && rc == 0; i++)
         for (int64_t t = 0; t < d->files[i].n_tokens && rc == 0; t += chunk) {
             int64_t n = d->files[i].n_tokens - t < chunk ? d->files[i].n_tokens - t : chunk;
-            int64_t off = t * (int64_t)d->tsize;
-            rc = pread_all(d, i, buf, (size_t)n * d->tsize, off, err, errlen);
+            int64_t off = d->files[i].offset + t * (int64_t)d->tsize;
+            size_t nbytes = (size_t)n * d->tsize;
+            rc = pread_all(d, i, buf, nbytes, off, err, errlen);
             if (rc == 0) rc = decode(d, i, buf, n, off, NULL, err, errlen);
+            if (rc == 0 && t == 0) rc = check_width(d, i, buf, nbytes < SAMPLE_BYTES ? nbytes : SAMPLE_BYTES, err, errlen);
         }
     free(buf);
     return rc;

@@ -2,11 +2,28 @@
 // addressed by a global instance index so that resuming and data-parallel
 // slicing are arithmetic (Olmo-core / Dolma conventions).
 //
-// Files. Flat little-endian uint16 or uint32 token arrays, no header,
-// documents separated by EOS (the loader does not look at EOS). Paths may be
+// Files. Flat little-endian uint16 or uint32 token arrays, documents
+// separated by EOS (the loader does not look at EOS): either raw, with no
+// header (Olmo-core's np.memmap files, usually named *.npy), or written by
+// np.save, whose header (npy.h) must say the dtype data.dtype names and a
+// 1-D shape; tokens then start after the header. A file is an .npy file
+// when it starts with the magic "\x93NUMPY", whatever its name. Paths may be
 // glob(3) patterns; each pattern's matches are sorted bytewise (strcmp), and
 // patterns keep their given order. A file of n tokens gives floor(n/seq_len)
 // instances at token offsets 0, seq_len, 2*seq_len, ...; the rest is dropped.
+//
+// Checks at open. The first MiB of tokens of the first file of every path or
+// pattern is read and (a) every id in it must be < vocab_size, else an error
+// that says what to change: data.dtype when the bytes read at the other
+// width are all < vocab_size (a uint16 file read as uint32 gives ids of
+// 65536 and more), otherwise model.vocab_size; (b) read as uint16 from a raw
+// file whose size is a multiple of 4, at least 256 pairs of ids where every
+// second one (the high halves of uint32 ids) is <= (vocab_size - 1) >> 16
+// while the others are not all that small is a uint32 file read as uint16
+// (its ids are all in range, so (a) cannot see it): an error naming
+// data.dtype: uint32. Real uint16 text never has half of its ids 0 or 1 in
+// alternating positions. Other files meet (a) as each instance is read, and
+// data.validate checks (a) on every token and (b) on every file.
 // An instance is exactly seq_len tokens x[0..T-1]; its targets are
 // y[t] = x[t+1] for t < T-1 and y[T-1] = -1 (masked).
 //
@@ -101,7 +118,7 @@ int data_read(DataLoader *d, int64_t g_start, int count, int *tokens, int *targe
               char *err, size_t errlen);
 
 // Where global instance g (>= 0) comes from: file index and its first token's
-// index in that file (byte offset = token * dtype size).
+// index in that file (byte offset = .npy header + token * dtype size).
 void data_locate(const DataLoader *d, int64_t g, int *file, int64_t *token);
 const char *data_file_path(const DataLoader *d, int file);   // NULL if out of range
 int data_file_source(const DataLoader *d, int file);         // -1 if out of range

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +237,29 @@ static int tokenize_files(char **files, int nfiles, const char *separator, const
     return rc;
 }
 
+// An output that is also an input would be replaced (the rename of PATH.tmp
+// over PATH) or truncated (opening PATH.tmp, which follows symlinks) by
+// what is read from it: refused, with a message. An input is PATH when it
+// resolves to PATH's own directory entry, and PATH.tmp when it resolves to
+// the same file. 0 when no output is an input.
+static int output_is_input(const char *option, const char *out, char **files, int nfiles) {
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    const char *paths[2] = {out, tmp};
+    for (int k = 0; k < 2; k++) {
+        struct stat so, si;
+        if (k ? stat(paths[k], &so) : lstat(paths[k], &so)) continue;   // not there: not an input
+        for (int i = 0; i < nfiles; i++)
+            if (!stat(files[i], &si) && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+                fprintf(stderr, "moecore: error: %s '%s'%s%s%s is the input file '%s': tokenize would overwrite its "
+                        "own input; write to another path\n", option, out, k ? " writes '" : "", k ? tmp : "",
+                        k ? "' first, which" : "", files[i]);
+                return -1;
+            }
+    }
+    return 0;
+}
+
 static void tokenize_usage(FILE *f) {
     fprintf(f,
             "usage: moecore tokenize [--separator LINE] --out TRAIN.bin\n"
@@ -257,8 +281,9 @@ static void tokenize_usage(FILE *f) {
             "  --help             this text\n"
             "\n"
             "Outputs are written to PATH.tmp and renamed when complete, so a failure\n"
-            "leaves an existing PATH untouched. Prints the documents, bytes and tokens\n"
-            "written to each file.\n");
+            "leaves an existing PATH untouched; an output (or its PATH.tmp) that is also\n"
+            "an input is refused. Prints the documents, bytes and tokens written to\n"
+            "each file.\n");
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -302,6 +327,9 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "moecore: error: --out and --eval-out are the same path '%s'\n", out_path);
     } else if (separator && strchr(separator, '\n')) {
         fprintf(stderr, "moecore: error: --separator must be a single line\n");
+    } else if (output_is_input("--out", out_path, files, nfiles) ||
+               (eval_path && output_is_input("--eval-out", eval_path, files, nfiles))) {
+        // message printed
     } else {
         rc = tokenize_files(files, nfiles, separator, out_path, eval_path, eval_every) ? 1 : 0;
     }

@@ -205,10 +205,8 @@ static int parse_args(Trainer *tr, int argc, char **argv) {
             if (train_rank0) fprintf(stderr, "moecore: error: argument '%s': expected --section.key=value or --resume\n%s", a, train_usage);
             return 2;
         }
-        char key[256];
-        snprintf(key, sizeof key, "%.*s", (int)(eq - a - 2), a + 2);
-        if (run_config_set(cfg, key, eq + 1, err, sizeof err)) {
-            if (train_rank0) fprintf(stderr, "moecore: error: command line: %s\n", err);
+        if (run_config_override(cfg, a, err, sizeof err)) {
+            if (train_rank0) fprintf(stderr, "moecore: error: %s\n", err);
             return 2;
         }
     }
@@ -218,7 +216,7 @@ static int parse_args(Trainer *tr, int argc, char **argv) {
         return 2;
     }
     if (run_config_validate(cfg, train_world_size, err, sizeof err)) {
-        if (train_rank0) fprintf(stderr, "moecore: error: %s: %s\n", tr->config_path, err);
+        if (train_rank0) fprintf(stderr, "moecore: error: %s\n", err);
         return 2;
     }
     return -1;
@@ -244,9 +242,10 @@ static int pick_backend(Trainer *tr) {
         return 2;
     }
     // what the kernels cannot run is refused here, before any allocation
-    char err[600];
-    if (model_config_check_backend(&cfg->model, tr->ops, cfg->train.micro_batch, cfg->parallel.ep, err, sizeof err)) {
-        if (train_rank0) fprintf(stderr, "moecore: error: %s: %s\n", tr->config_path, err);
+    char msg[600], err[1800];
+    if (model_config_check_backend(&cfg->model, tr->ops, cfg->train.micro_batch, cfg->parallel.ep, msg, sizeof msg)) {
+        run_config_blame(cfg, msg, err, sizeof err);
+        if (train_rank0) fprintf(stderr, "moecore: error: %s\n", err);
         return 2;
     }
     return -1;

@@ -345,7 +345,7 @@ static void cpu_router_count(float *counts, const int *idx, int N, int E, int k)
     for (size_t i = 0; i < (size_t)N * k; i++) counts[idx[i]] += 1;
 }
 
-static void cpu_router_bias_update(float *bias, const float *counts, int L, int E, float rate) {
+static inline void cpu_router_bias_update(float *bias, const float *counts, int L, int E, float rate) {
     for (int l = 0; l < L; l++) {
         const float *cnt = counts + (size_t)l * E;
         float *b = bias + (size_t)l * E;
