@@ -29,6 +29,7 @@ typedef struct {
     int dtype;              // TokenDtype: uint16 | uint32
     int validate;           // scan every token of every file at start
     int synthetic;          // uniformly random tokens instead of files (benchmarks)
+    int doc_mask;           // attention within EOS-delimited documents only (docs/model.md)
 } DataSection;
 
 typedef struct {
