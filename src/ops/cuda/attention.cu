@@ -126,6 +126,17 @@ __device__ int doc_query_end(const int *ds, int kmax, int T, int lane) {
     }
     return hi;
 }
+// How a query-block kernel runs a tile: M_CAUSAL without documents;
+// M_UNIFORM when every row of the tile is in one document, starting at key
+// L: causal attention from L, with nothing per row; else M_DOCS, each row
+// with its own first key (in the mask of the tiles a boundary crosses).
+enum { M_CAUSAL, M_UNIFORM, M_DOCS };
+// The mode of the tile of rows q0 .. q0 + BR - 1, and L = ds[q0] (its smallest).
+__device__ __forceinline__ int doc_tile_mode(const int *ds, int q0, int BR, int T, int *L) {
+    int a = ds[q0], z = ds[min(q0 + BR, T) - 1];
+    *L = a;
+    return a == z ? M_UNIFORM : M_DOCS;
+}
 
 // ---- tile helpers -----------------------------------------------------------
 // A shared tile holds rows of HD bf16 at a stride of HD + 8 elements.
@@ -262,11 +273,11 @@ struct FwdCfg {
     static constexpr size_t SMEM = (size_t)(BR + 4 * BC) * Tile<HD>::STRIDE * sizeof(bf16);
 };
 
-// grid (H, B, query blocks), heaviest (last) query blocks first.
-template <int HD, bool DOC>
-__global__ void __launch_bounds__(FwdCfg<HD>::NT)
-    attention_forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
-                             const int *doc_start, int T, int H, int KV, float scale_log2) {
+// One query block in mode MODE (L: the tile's first key, doc_tile_mode).
+template <int HD, int MODE>
+__device__ __forceinline__ void forward_tile(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
+                                             const int *doc_start, int T, int H, int KV, float scale_log2, int L) {
+    constexpr bool DOC = MODE == M_DOCS, UNI = MODE == M_UNIFORM;
     using Cfg = FwdCfg<HD>;
     constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -285,12 +296,12 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
     int nkb = div_up(min(T, q0 + BR), BC);
 
     load_rows<HD, BR, NT>(Qs, qg, q0, T, qstride);
-    // DOC: keys from the block of the tile's first document; lo: rows g, g+8;
-    // wlo, whi: the warp's first and last row
+    // documents: keys from the block of L; DOC: lo, the first key of rows g,
+    // g+8; wlo, whi: of the warp's first and last row
     int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0;
+    if (MODE != M_CAUSAL) j0 = L / BC;
     if (DOC) {
         const int *ds = doc_start + (size_t)b * T;
-        j0 = ds[q0] / BC;
         lo[0] = doc_lo(ds, wrow + g, T), lo[1] = doc_lo(ds, wrow + g + 8, T);
         wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
     }
@@ -328,14 +339,15 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
             for (int i = 0; i < BC / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
             mma_abt_regs<HD, BC / 8>(s, qf, Kt, 0, lane);
 
-            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi);
+            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi) || (UNI && k0 < L);
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = s[nt][e] * scale_log2;
                     if (mask && (k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8 ||
-                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1])))
+                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1]) ||
+                                 (UNI && k0 + nt * 8 + 2 * c4 + (e & 1) < L)))
                         x = -INFINITY;
                     s[nt][e] = x;
                 }
@@ -381,6 +393,22 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
     stage_acc<HD>(Qs, warp * 16, o, inv[0], inv[1], lane);
     __syncwarp();
     store_rows16<HD>(out + ((size_t)b * T * H + h) * HD, qstride, wrow, T, Qs, warp * 16, lane);
+}
+
+// grid (H, B, query blocks), heaviest (last) query blocks first.
+template <int HD, bool DOC>
+__global__ void __launch_bounds__(FwdCfg<HD>::NT)
+    attention_forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
+                             const int *doc_start, int T, int H, int KV, float scale_log2) {
+    if (!DOC) {
+        forward_tile<HD, M_CAUSAL>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, 0);
+        return;
+    }
+    int L, q0 = (gridDim.z - 1 - blockIdx.z) * FwdCfg<HD>::BR;
+    if (doc_tile_mode(doc_start + (size_t)blockIdx.y * T, q0, FwdCfg<HD>::BR, T, &L) == M_UNIFORM)
+        forward_tile<HD, M_UNIFORM>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, L);
+    else
+        forward_tile<HD, M_DOCS>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, L);
 }
 
 // ---- backward: D = rowsum(dout * out) -----------------------------------------
@@ -545,12 +573,13 @@ struct BwdQCfg {
     static constexpr size_t SMEM = (size_t)(2 * BR + 4 * BC) * Tile<HD>::STRIDE * sizeof(bf16);
 };
 
-// grid (H, B, query blocks), heaviest (last) query blocks first.
-template <int HD, bool DOC>
-__global__ void __launch_bounds__(BwdQCfg<HD>::NT)
-    attention_backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
-                                 const float *lse2, const float *D, const int *doc_start, int T, int H, int KV,
-                                 float scale_log2, float scale) {
+// One query block in mode MODE (as forward_tile).
+template <int HD, int MODE>
+__device__ __forceinline__ void backward_dq_tile(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                 const bf16 *dout, const float *lse2, const float *D,
+                                                 const int *doc_start, int T, int H, int KV, float scale_log2,
+                                                 float scale, int L) {
+    constexpr bool DOC = MODE == M_DOCS, UNI = MODE == M_UNIFORM;
     using Cfg = BwdQCfg<HD>;
     constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -571,10 +600,10 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 
     load_rows<HD, BR, NT>(Qs, q + qoff, q0, T, qstride);
     load_rows<HD, BR, NT>(dOs, dout + qoff, q0, T, qstride);
-    int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0; // DOC: as in the forward
+    int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0; // as in forward_tile
+    if (MODE != M_CAUSAL) j0 = L / BC;
     if (DOC) {
         const int *ds = doc_start + (size_t)b * T;
-        j0 = ds[q0] / BC;
         lo[0] = doc_lo(ds, wrow + g, T), lo[1] = doc_lo(ds, wrow + g + 8, T);
         wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
     }
@@ -621,14 +650,15 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 #pragma unroll
                 for (int e = 0; e < 4; e++) p[i][e] = ds[i][e] = 0.f;
             mma_abt_regs<HD, BC / 8>(p, qf, Kt, 0, lane);
-            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi);
+            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi) || (UNI && k0 < L);
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = fast_exp2(p[nt][e] * scale_log2 - lrow[e >> 1]);
                     if (mask && (k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8 ||
-                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1])))
+                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1]) ||
+                                 (UNI && k0 + nt * 8 + 2 * c4 + (e & 1) < L)))
                         x = 0.f;
                     p[nt][e] = x;
                 }
@@ -645,6 +675,23 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
     stage_acc<HD>(Qs, warp * 16, dqa, scale, scale, lane);
     __syncwarp();
     store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 16, lane);
+}
+
+// grid (H, B, query blocks), heaviest (last) query blocks first.
+template <int HD, bool DOC>
+__global__ void __launch_bounds__(BwdQCfg<HD>::NT)
+    attention_backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                                 const float *lse2, const float *D, const int *doc_start, int T, int H, int KV,
+                                 float scale_log2, float scale) {
+    if (!DOC) {
+        backward_dq_tile<HD, M_CAUSAL>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, 0);
+        return;
+    }
+    int L, q0 = (gridDim.z - 1 - blockIdx.z) * BwdQCfg<HD>::BR;
+    if (doc_tile_mode(doc_start + (size_t)blockIdx.y * T, q0, BwdQCfg<HD>::BR, T, &L) == M_UNIFORM)
+        backward_dq_tile<HD, M_UNIFORM>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, L);
+    else
+        backward_dq_tile<HD, M_DOCS>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, L);
 }
 
 // ---- variant 2, head dim 128 ----------------------------------------------------
@@ -768,16 +815,18 @@ __device__ __forceinline__ void zero(float (&x)[2][N][4]) {
 }
 
 // Sets x of the keys k0.. (accumulator layout, two 16-row tiles) that precede
-// their row's document (lo: the doc_start of the warp's 32 rows) to masked;
-// a pass of its own, one row's lo live at a time (registers are short).
-template <int NT8>
-__device__ __forceinline__ void mask_doc(float (&x)[2][NT8][4], const int *lo, int k0, float masked, int lane) {
+// their row's first key to masked: M_DOCS, lo the doc_start of the warp's 32
+// rows (a pass of its own, one row's lo live at a time: registers are
+// short); M_UNIFORM, L for every row.
+template <int MODE, int NT8>
+__device__ __forceinline__ void mask_doc(float (&x)[2][NT8][4], const int *lo, int L, int k0, float masked,
+                                         int lane) {
     int g = lane >> 2, c4 = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            int first = lo[mt * 16 + g + r * 8] - k0 - 2 * c4; // columns nt * 8 + c below it are masked
+            int first = (MODE == M_DOCS ? lo[mt * 16 + g + r * 8] : L) - k0 - 2 * c4; // columns nt * 8 + c below
 #pragma unroll
             for (int nt = 0; nt < NT8; nt++)
 #pragma unroll
@@ -796,18 +845,17 @@ struct Fwd {
 
 // One key block for the warp's 32 rows (wrow.., at rows qr.. of Qs): the
 // online-softmax step of attention_forward_kernel, for two 16-row tiles.
-// MASK: the causal mask, and with DOC the documents' (lo: the doc_start of
-// the warp's rows, in shared memory: registers are short here).
-template <bool MASK, bool DOC>
+// MASK: the causal mask, and with documents the documents' (mask_doc).
+template <bool MASK, int MODE>
 __device__ __forceinline__ void fwd_block(float (&o)[2][HD / 8][4], float (&m)[2][2], float (&l)[2][2],
                                           const bf16 *Qs, int qr, const bf16 *Kt, const bf16 *Vt, int wrow,
-                                          int k0, const int *lo, float scale_log2, int lane) {
+                                          int k0, const int *lo, int L, float scale_log2, int lane) {
     constexpr int BC = Fwd::BC;
     int g = lane >> 2, c4 = lane & 3;
     float s[2][BC / 8][4];
     zero(s);
     abt32<BC / 8>(s, Qs, qr, Kt, 0, lane);
-    if (MASK && DOC) mask_doc(s, lo, k0, -INFINITY, lane);
+    if (MASK && MODE != M_CAUSAL) mask_doc<MODE>(s, lo, L, k0, -INFINITY, lane);
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -847,11 +895,11 @@ __device__ __forceinline__ void fwd_block(float (&o)[2][HD / 8][4], float (&m)[2
     pv32<BC>(o, s, Vt, lane);
 }
 
-// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
-template <bool DOC>
-__global__ void __launch_bounds__(Fwd::NT, 2)
-    forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, const int *doc_start, int T,
-                   int H, int KV, float scale_log2) {
+// One query block of 128 in mode MODE (L: doc_tile_mode's).
+template <int MODE>
+__device__ __forceinline__ void forward_tile(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
+                                             const int *doc_start, int T, int H, int KV, float scale_log2, int L) {
+    constexpr bool DOC = MODE == M_DOCS;
     constexpr int BR = Fwd::BR, BC = Fwd::BC, NT = Fwd::NT;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem;    // [BR][S]
@@ -870,13 +918,9 @@ __global__ void __launch_bounds__(Fwd::NT, 2)
     int nkb = div_up(min(T, q0 + BR), BC);
 
     load_tile<BR, NT>(Qs, qg, q0, T, qstride);
-    // DOC: keys from the block of the tile's first document
-    int j0 = 0;
-    if (DOC) {
-        const int *ds = doc_start + (size_t)b * T;
-        j0 = ds[q0] / BC;
-        load_words<BR, NT>(Ls, ds, q0, T);
-    }
+    // documents: keys from the block of L; DOC: the rows' doc_start
+    int j0 = MODE != M_CAUSAL ? L / BC : 0;
+    if (DOC) load_words<BR, NT>(Ls, doc_start + (size_t)b * T, q0, T);
     load_tile<BC, NT>(Ks + (j0 & 1) * BC * S, kg, j0 * BC, T, kstride);
     load_tile<BC, NT>(Vs + (j0 & 1) * BC * S, vg, j0 * BC, T, kstride);
     cp_async_commit();
@@ -899,10 +943,10 @@ __global__ void __launch_bounds__(Fwd::NT, 2)
         // some key of this block is visible to some row of this warp
         if (k0 <= wrow + 31 && (!DOC || k0 + BC - 1 >= lo[0])) {
             const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
-            if (k0 + BC - 1 > wrow || (DOC && k0 < lo[min(31, T - 1 - wrow)]))
-                fwd_block<true, DOC>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, lo, scale_log2, lane);
+            if (k0 + BC - 1 > wrow || (DOC && k0 < lo[min(31, T - 1 - wrow)]) || (MODE == M_UNIFORM && k0 < L))
+                fwd_block<true, MODE>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, lo, L, scale_log2, lane);
             else
-                fwd_block<false, DOC>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, lo, scale_log2, lane);
+                fwd_block<false, MODE>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, lo, L, scale_log2, lane);
         }
     }
 
@@ -928,6 +972,22 @@ __global__ void __launch_bounds__(Fwd::NT, 2)
     store_rows16<HD>(og, qstride, wrow + 16, T, Qs, warp * 32 + 16, lane);
 }
 
+// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
+template <bool DOC>
+__global__ void __launch_bounds__(Fwd::NT, 2)
+    forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, const int *doc_start, int T,
+                   int H, int KV, float scale_log2) {
+    if (!DOC) {
+        forward_tile<M_CAUSAL>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, 0);
+        return;
+    }
+    int L, q0 = (gridDim.z - 1 - blockIdx.z) * Fwd::BR;
+    if (doc_tile_mode(doc_start + (size_t)blockIdx.y * T, q0, Fwd::BR, T, &L) == M_UNIFORM)
+        forward_tile<M_UNIFORM>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, L);
+    else
+        forward_tile<M_DOCS>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, L);
+}
+
 // ---- backward: dQ ----
 
 struct BwdQ {
@@ -936,10 +996,10 @@ struct BwdQ {
     static constexpr size_t SMEM_DOC = SMEM + BR * sizeof(int);                   // and the rows' doc_start
 };
 
-template <bool MASK, bool DOC>
+template <bool MASK, int MODE>
 __device__ __forceinline__ void dq_block(float (&dqa)[2][HD / 8][4], const bf16 *Qs, const bf16 *dOs, int qr,
                                          const bf16 *Kt, const bf16 *Vt, const float (&lrow)[2][2],
-                                         const float (&drow)[2][2], int wrow, int k0, const int *lo,
+                                         const float (&drow)[2][2], int wrow, int k0, const int *lo, int L,
                                          float scale_log2, int lane) {
     constexpr int BC = BwdQ::BC;
     int g = lane >> 2, c4 = lane & 3;
@@ -947,6 +1007,7 @@ __device__ __forceinline__ void dq_block(float (&dqa)[2][HD / 8][4], const bf16 
     zero(p);
     zero(ds);
     abt32<BC / 8>(p, Qs, qr, Kt, 0, lane); // S = Q K^T
+    if (MASK && MODE != M_CAUSAL) mask_doc<MODE>(p, lo, L, k0, -INFINITY, lane); // exp2(-inf) = 0 below
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -957,7 +1018,6 @@ __device__ __forceinline__ void dq_block(float (&dqa)[2][HD / 8][4], const bf16 
                 if (MASK && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + mt * 16 + g + (e >> 1) * 8) x = 0.f;
                 p[mt][nt][e] = x;
             }
-    if (MASK && DOC) mask_doc(p, lo, k0, 0.f, lane);
     abt32<BC / 8>(ds, dOs, qr, Vt, 0, lane); // dP = dO V^T
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -968,11 +1028,13 @@ __device__ __forceinline__ void dq_block(float (&dqa)[2][HD / 8][4], const bf16 
     pv32<BC>(dqa, ds, Kt, lane); // dQ += dS K
 }
 
-// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
-template <bool DOC>
-__global__ void __launch_bounds__(BwdQ::NT, 2)
-    backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse2,
-                       const float *D, const int *doc_start, int T, int H, int KV, float scale_log2, float scale) {
+// One query block of 128 in mode MODE (as forward_tile).
+template <int MODE>
+__device__ __forceinline__ void backward_dq_tile(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                 const bf16 *dout, const float *lse2, const float *D,
+                                                 const int *doc_start, int T, int H, int KV, float scale_log2,
+                                                 float scale, int L) {
+    constexpr bool DOC = MODE == M_DOCS;
     constexpr int BR = BwdQ::BR, BC = BwdQ::BC, NT = BwdQ::NT;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem;    // [BR][S]
@@ -993,12 +1055,8 @@ __global__ void __launch_bounds__(BwdQ::NT, 2)
 
     load_tile<BR, NT>(Qs, q + qoff, q0, T, qstride);
     load_tile<BR, NT>(dOs, dout + qoff, q0, T, qstride);
-    int j0 = 0; // DOC: as in forward_kernel
-    if (DOC) {
-        const int *ds = doc_start + (size_t)b * T;
-        j0 = ds[q0] / BC;
-        load_words<BR, NT>(Ls, ds, q0, T);
-    }
+    int j0 = MODE != M_CAUSAL ? L / BC : 0; // as in forward_tile
+    if (DOC) load_words<BR, NT>(Ls, doc_start + (size_t)b * T, q0, T);
     load_tile<BC, NT>(Ks + (j0 & 1) * BC * S, kg, j0 * BC, T, kstride);
     load_tile<BC, NT>(Vs + (j0 & 1) * BC * S, vg, j0 * BC, T, kstride);
     cp_async_commit();
@@ -1028,10 +1086,10 @@ __global__ void __launch_bounds__(BwdQ::NT, 2)
         const int *lo = Ls + warp * 32;
         if (k0 <= wrow + 31 && (!DOC || k0 + BC - 1 >= lo[0])) {
             const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
-            if (k0 + BC - 1 > wrow || (DOC && k0 < lo[min(31, T - 1 - wrow)]))
-                dq_block<true, DOC>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, lo, scale_log2, lane);
+            if (k0 + BC - 1 > wrow || (DOC && k0 < lo[min(31, T - 1 - wrow)]) || (MODE == M_UNIFORM && k0 < L))
+                dq_block<true, MODE>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, lo, L, scale_log2, lane);
             else
-                dq_block<false, DOC>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, lo, scale_log2, lane);
+                dq_block<false, MODE>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, lo, L, scale_log2, lane);
         }
     }
 
@@ -1041,6 +1099,22 @@ __global__ void __launch_bounds__(BwdQ::NT, 2)
     __syncwarp();
     store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 32, lane);
     store_rows16<HD>(dq + qoff, qstride, wrow + 16, T, Qs, warp * 32 + 16, lane);
+}
+
+// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
+template <bool DOC>
+__global__ void __launch_bounds__(BwdQ::NT, 2)
+    backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse2,
+                       const float *D, const int *doc_start, int T, int H, int KV, float scale_log2, float scale) {
+    if (!DOC) {
+        backward_dq_tile<M_CAUSAL>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, 0);
+        return;
+    }
+    int L, q0 = (gridDim.z - 1 - blockIdx.z) * BwdQ::BR;
+    if (doc_tile_mode(doc_start + (size_t)blockIdx.y * T, q0, BwdQ::BR, T, &L) == M_UNIFORM)
+        backward_dq_tile<M_UNIFORM>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, L);
+    else
+        backward_dq_tile<M_DOCS>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, L);
 }
 
 // ---- dS^T in device memory (dQ as a matmul after the dK/dV kernel) ----
