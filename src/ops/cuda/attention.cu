@@ -41,6 +41,10 @@
 // smallest), a key block's queries end where the document of its last key
 // ends (doc_query_end), warps skip the tiles their documents do not reach,
 // and tiles that a document boundary crosses are masked element by element.
+// Variant 2's query-block kernels run a tile whose rows share one document
+// as causal attention from its first key (M_UNIFORM), with none of the
+// per-row code, which cost them 3-4% on a sequence without EOS; the first
+// set keeps the per-row code throughout (the split measured slower there).
 // With every doc_start 0 a DOC kernel computes what its causal twin does, in
 // the same order: the same bits.
 //
@@ -126,10 +130,11 @@ __device__ int doc_query_end(const int *ds, int kmax, int T, int lane) {
     }
     return hi;
 }
-// How a query-block kernel runs a tile: M_CAUSAL without documents;
-// M_UNIFORM when every row of the tile is in one document, starting at key
-// L: causal attention from L, with nothing per row; else M_DOCS, each row
-// with its own first key (in the mask of the tiles a boundary crosses).
+// How variant 2's query-block kernels run a tile: M_CAUSAL without
+// documents; M_UNIFORM when every row of the tile is in one document,
+// starting at key L: causal attention from L, with nothing per row; else
+// M_DOCS, each row with its own first key (in the mask of the tiles a
+// boundary crosses).
 enum { M_CAUSAL, M_UNIFORM, M_DOCS };
 // The mode of the tile of rows q0 .. q0 + BR - 1, and L = ds[q0] (its smallest).
 __device__ __forceinline__ int doc_tile_mode(const int *ds, int q0, int BR, int T, int *L) {
@@ -273,11 +278,11 @@ struct FwdCfg {
     static constexpr size_t SMEM = (size_t)(BR + 4 * BC) * Tile<HD>::STRIDE * sizeof(bf16);
 };
 
-// One query block in mode MODE (L: the tile's first key, doc_tile_mode).
-template <int HD, int MODE>
-__device__ __forceinline__ void forward_tile(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
-                                             const int *doc_start, int T, int H, int KV, float scale_log2, int L) {
-    constexpr bool DOC = MODE == M_DOCS, UNI = MODE == M_UNIFORM;
+// grid (H, B, query blocks), heaviest (last) query blocks first.
+template <int HD, bool DOC>
+__global__ void __launch_bounds__(FwdCfg<HD>::NT)
+    attention_forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
+                             const int *doc_start, int T, int H, int KV, float scale_log2) {
     using Cfg = FwdCfg<HD>;
     constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -296,12 +301,12 @@ __device__ __forceinline__ void forward_tile(bf16 *out, float *lse2, const bf16 
     int nkb = div_up(min(T, q0 + BR), BC);
 
     load_rows<HD, BR, NT>(Qs, qg, q0, T, qstride);
-    // documents: keys from the block of L; DOC: lo, the first key of rows g,
-    // g+8; wlo, whi: of the warp's first and last row
+    // DOC: keys from the block of the tile's first document; lo: rows g, g+8;
+    // wlo, whi: the warp's first and last row
     int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0;
-    if (MODE != M_CAUSAL) j0 = L / BC;
     if (DOC) {
         const int *ds = doc_start + (size_t)b * T;
+        j0 = ds[q0] / BC;
         lo[0] = doc_lo(ds, wrow + g, T), lo[1] = doc_lo(ds, wrow + g + 8, T);
         wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
     }
@@ -339,15 +344,14 @@ __device__ __forceinline__ void forward_tile(bf16 *out, float *lse2, const bf16 
             for (int i = 0; i < BC / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
             mma_abt_regs<HD, BC / 8>(s, qf, Kt, 0, lane);
 
-            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi) || (UNI && k0 < L);
+            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi);
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = s[nt][e] * scale_log2;
                     if (mask && (k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8 ||
-                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1]) ||
-                                 (UNI && k0 + nt * 8 + 2 * c4 + (e & 1) < L)))
+                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1])))
                         x = -INFINITY;
                     s[nt][e] = x;
                 }
@@ -393,22 +397,6 @@ __device__ __forceinline__ void forward_tile(bf16 *out, float *lse2, const bf16 
     stage_acc<HD>(Qs, warp * 16, o, inv[0], inv[1], lane);
     __syncwarp();
     store_rows16<HD>(out + ((size_t)b * T * H + h) * HD, qstride, wrow, T, Qs, warp * 16, lane);
-}
-
-// grid (H, B, query blocks), heaviest (last) query blocks first.
-template <int HD, bool DOC>
-__global__ void __launch_bounds__(FwdCfg<HD>::NT)
-    attention_forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
-                             const int *doc_start, int T, int H, int KV, float scale_log2) {
-    if (!DOC) {
-        forward_tile<HD, M_CAUSAL>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, 0);
-        return;
-    }
-    int L, q0 = (gridDim.z - 1 - blockIdx.z) * FwdCfg<HD>::BR;
-    if (doc_tile_mode(doc_start + (size_t)blockIdx.y * T, q0, FwdCfg<HD>::BR, T, &L) == M_UNIFORM)
-        forward_tile<HD, M_UNIFORM>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, L);
-    else
-        forward_tile<HD, M_DOCS>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, L);
 }
 
 // ---- backward: D = rowsum(dout * out) -----------------------------------------
@@ -573,13 +561,12 @@ struct BwdQCfg {
     static constexpr size_t SMEM = (size_t)(2 * BR + 4 * BC) * Tile<HD>::STRIDE * sizeof(bf16);
 };
 
-// One query block in mode MODE (as forward_tile).
-template <int HD, int MODE>
-__device__ __forceinline__ void backward_dq_tile(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v,
-                                                 const bf16 *dout, const float *lse2, const float *D,
-                                                 const int *doc_start, int T, int H, int KV, float scale_log2,
-                                                 float scale, int L) {
-    constexpr bool DOC = MODE == M_DOCS, UNI = MODE == M_UNIFORM;
+// grid (H, B, query blocks), heaviest (last) query blocks first.
+template <int HD, bool DOC>
+__global__ void __launch_bounds__(BwdQCfg<HD>::NT)
+    attention_backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                                 const float *lse2, const float *D, const int *doc_start, int T, int H, int KV,
+                                 float scale_log2, float scale) {
     using Cfg = BwdQCfg<HD>;
     constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -600,10 +587,10 @@ __device__ __forceinline__ void backward_dq_tile(bf16 *dq, const bf16 *q, const 
 
     load_rows<HD, BR, NT>(Qs, q + qoff, q0, T, qstride);
     load_rows<HD, BR, NT>(dOs, dout + qoff, q0, T, qstride);
-    int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0; // as in forward_tile
-    if (MODE != M_CAUSAL) j0 = L / BC;
+    int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0; // DOC: as in the forward
     if (DOC) {
         const int *ds = doc_start + (size_t)b * T;
+        j0 = ds[q0] / BC;
         lo[0] = doc_lo(ds, wrow + g, T), lo[1] = doc_lo(ds, wrow + g + 8, T);
         wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
     }
@@ -650,15 +637,14 @@ __device__ __forceinline__ void backward_dq_tile(bf16 *dq, const bf16 *q, const 
 #pragma unroll
                 for (int e = 0; e < 4; e++) p[i][e] = ds[i][e] = 0.f;
             mma_abt_regs<HD, BC / 8>(p, qf, Kt, 0, lane);
-            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi) || (UNI && k0 < L);
+            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi);
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = fast_exp2(p[nt][e] * scale_log2 - lrow[e >> 1]);
                     if (mask && (k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8 ||
-                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1]) ||
-                                 (UNI && k0 + nt * 8 + 2 * c4 + (e & 1) < L)))
+                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1])))
                         x = 0.f;
                     p[nt][e] = x;
                 }
@@ -675,23 +661,6 @@ __device__ __forceinline__ void backward_dq_tile(bf16 *dq, const bf16 *q, const 
     stage_acc<HD>(Qs, warp * 16, dqa, scale, scale, lane);
     __syncwarp();
     store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 16, lane);
-}
-
-// grid (H, B, query blocks), heaviest (last) query blocks first.
-template <int HD, bool DOC>
-__global__ void __launch_bounds__(BwdQCfg<HD>::NT)
-    attention_backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
-                                 const float *lse2, const float *D, const int *doc_start, int T, int H, int KV,
-                                 float scale_log2, float scale) {
-    if (!DOC) {
-        backward_dq_tile<HD, M_CAUSAL>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, 0);
-        return;
-    }
-    int L, q0 = (gridDim.z - 1 - blockIdx.z) * BwdQCfg<HD>::BR;
-    if (doc_tile_mode(doc_start + (size_t)blockIdx.y * T, q0, BwdQCfg<HD>::BR, T, &L) == M_UNIFORM)
-        backward_dq_tile<HD, M_UNIFORM>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, L);
-    else
-        backward_dq_tile<HD, M_DOCS>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, L);
 }
 
 // ---- variant 2, head dim 128 ----------------------------------------------------
