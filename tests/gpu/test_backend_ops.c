@@ -29,7 +29,9 @@
 // checked for written, finite outputs and between kernel choices.
 // Checks that are not one op call stay named special checks (specials[]):
 // a CUDA graph of the ops with scratch buffers, attention causality, the
-// T = 4096 heads, and that every compute op of Ops has a case.
+// T = 4096 heads (also with documents), intra-document masking (no leak
+// across documents, all-0 doc_start = NULL), and that every compute op of
+// Ops has a case.
 //
 // Perf mode (--perf): each case marked PERF (OLMoE-1B-7B's shapes), after
 // its checks, is timed under every kernel choice: CUDA events on the

@@ -143,6 +143,18 @@ __device__ __forceinline__ int doc_tile_mode(const int *ds, int q0, int BR, int 
     return a == z ? M_UNIFORM : M_DOCS;
 }
 
+// The first set's query-block kernels (a warp owns rows wrow .. wrow + 15 of
+// the tile q0..): the key block (of BC) the tile starts at, j0; the first key
+// of the thread's rows g, g + 8 (lo) and of the warp's first and last row
+// (wlo, whi).
+template <int BC>
+__device__ __forceinline__ void doc_rows16(const int *ds, int T, int q0, int wrow, int g, int &j0, int (&lo)[2],
+                                           int &wlo, int &whi) {
+    j0 = ds[q0] / BC;
+    lo[0] = doc_lo(ds, wrow + g, T), lo[1] = doc_lo(ds, wrow + g + 8, T);
+    wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
+}
+
 // ---- tile helpers -----------------------------------------------------------
 // A shared tile holds rows of HD bf16 at a stride of HD + 8 elements.
 
@@ -301,15 +313,8 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
     int nkb = div_up(min(T, q0 + BR), BC);
 
     load_rows<HD, BR, NT>(Qs, qg, q0, T, qstride);
-    // DOC: keys from the block of the tile's first document; lo: rows g, g+8;
-    // wlo, whi: the warp's first and last row
     int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0;
-    if (DOC) {
-        const int *ds = doc_start + (size_t)b * T;
-        j0 = ds[q0] / BC;
-        lo[0] = doc_lo(ds, wrow + g, T), lo[1] = doc_lo(ds, wrow + g + 8, T);
-        wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
-    }
+    if (DOC) doc_rows16<BC>(doc_start + (size_t)b * T, T, q0, wrow, g, j0, lo, wlo, whi);
     load_rows<HD, BC, NT>(Ks + (j0 & 1) * BC * S, kg, j0 * BC, T, kstride);
     load_rows<HD, BC, NT>(Vs + (j0 & 1) * BC * S, vg, j0 * BC, T, kstride);
     cp_async_commit();
@@ -587,13 +592,8 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 
     load_rows<HD, BR, NT>(Qs, q + qoff, q0, T, qstride);
     load_rows<HD, BR, NT>(dOs, dout + qoff, q0, T, qstride);
-    int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0; // DOC: as in the forward
-    if (DOC) {
-        const int *ds = doc_start + (size_t)b * T;
-        j0 = ds[q0] / BC;
-        lo[0] = doc_lo(ds, wrow + g, T), lo[1] = doc_lo(ds, wrow + g + 8, T);
-        wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
-    }
+    int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0;
+    if (DOC) doc_rows16<BC>(doc_start + (size_t)b * T, T, q0, wrow, g, j0, lo, wlo, whi);
     load_rows<HD, BC, NT>(Ks + (j0 & 1) * BC * S, kg, j0 * BC, T, kstride);
     load_rows<HD, BC, NT>(Vs + (j0 & 1) * BC * S, vg, j0 * BC, T, kstride);
     cp_async_commit();
@@ -1435,15 +1435,11 @@ static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, con
     using Cfg = v2::Fwd;
     static int smem_set[2];
     bool doc = doc_start != NULL;
-    const void *fn = doc ? (const void *)v2::forward_kernel<true> : (const void *)v2::forward_kernel<false>;
-    cuda_allow_smem(fn, &smem_set[doc], (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM));
+    int smem = (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM);
+    auto fn = doc ? v2::forward_kernel<true> : v2::forward_kernel<false>;
+    cuda_allow_smem((const void *)fn, &smem_set[doc], smem);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
-    if (doc)
-        v2::forward_kernel<true><<<grid, Cfg::NT, Cfg::SMEM_DOC, cuda_stream()>>>(out, lse2, q, k, v, doc_start, T, H,
-                                                                                  KV, log2e_scale(128));
-    else
-        v2::forward_kernel<false><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, NULL, T, H, KV,
-                                                                               log2e_scale(128));
+    fn<<<grid, Cfg::NT, smem, cuda_stream()>>>(out, lse2, q, k, v, doc_start, T, H, KV, log2e_scale(128));
     cudaLaunchCheck();
 }
 
@@ -1452,16 +1448,12 @@ static void backward_dq_v2(bf16 *dq, const bf16 *dout, const float *lse2, const 
     using Cfg = v2::BwdQ;
     static int smem_set[2];
     bool doc = doc_start != NULL;
-    const void *fn = doc ? (const void *)v2::backward_dq_kernel<true> : (const void *)v2::backward_dq_kernel<false>;
-    cuda_allow_smem(fn, &smem_set[doc], (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM));
+    int smem = (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM);
+    auto fn = doc ? v2::backward_dq_kernel<true> : v2::backward_dq_kernel<false>;
+    cuda_allow_smem((const void *)fn, &smem_set[doc], smem);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
-    float sl2 = log2e_scale(128), scale = (float)(1.0 / sqrt(128.0));
-    if (doc)
-        v2::backward_dq_kernel<true><<<grid, Cfg::NT, Cfg::SMEM_DOC, cuda_stream()>>>(dq, q, k, v, dout, lse2, D,
-                                                                                      doc_start, T, H, KV, sl2, scale);
-    else
-        v2::backward_dq_kernel<false><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, q, k, v, dout, lse2, D, NULL,
-                                                                                   T, H, KV, sl2, scale);
+    fn<<<grid, Cfg::NT, smem, cuda_stream()>>>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, log2e_scale(128),
+                                               (float)(1.0 / sqrt(128.0)));
     cudaLaunchCheck();
 }
 
@@ -1473,32 +1465,13 @@ static void backward_dkv_v2(bf16 *dk, bf16 *dv, bf16 *dsT, const bf16 *dout, con
     static int smem_set[4];
     bool doc = doc_start != NULL;
     int smem = (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM), which = (dsT != NULL) + 2 * doc;
-    const void *fns[4] = {(const void *)v2::backward_dkv_kernel<false, false>,
-                          (const void *)v2::backward_dkv_kernel<true, false>,
-                          (const void *)v2::backward_dkv_kernel<false, true>,
-                          (const void *)v2::backward_dkv_kernel<true, true>};
-    cuda_allow_smem(fns[which], &smem_set[which], smem);
+    decltype(&v2::backward_dkv_kernel<false, false>) fns[4] = {
+        v2::backward_dkv_kernel<false, false>, v2::backward_dkv_kernel<true, false>,
+        v2::backward_dkv_kernel<false, true>, v2::backward_dkv_kernel<true, true>};
+    cuda_allow_smem((const void *)fns[which], &smem_set[which], smem);
     dim3 grid(KV, B, ceil_div(T, Cfg::BC));
-    float sl2 = log2e_scale(128), scale = (float)(1.0 / sqrt(128.0));
-    cudaStream_t st = cuda_stream();
-    switch (which) {
-    case 0:
-        v2::backward_dkv_kernel<false, false><<<grid, Cfg::NT, smem, st>>>(dk, dv, dsT, q, k, v, dout, lse2, D,
-                                                                          doc_start, T, H, KV, sl2, scale);
-        break;
-    case 1:
-        v2::backward_dkv_kernel<true, false><<<grid, Cfg::NT, smem, st>>>(dk, dv, dsT, q, k, v, dout, lse2, D,
-                                                                         doc_start, T, H, KV, sl2, scale);
-        break;
-    case 2:
-        v2::backward_dkv_kernel<false, true><<<grid, Cfg::NT, smem, st>>>(dk, dv, dsT, q, k, v, dout, lse2, D,
-                                                                         doc_start, T, H, KV, sl2, scale);
-        break;
-    case 3:
-        v2::backward_dkv_kernel<true, true><<<grid, Cfg::NT, smem, st>>>(dk, dv, dsT, q, k, v, dout, lse2, D,
-                                                                        doc_start, T, H, KV, sl2, scale);
-        break;
-    }
+    fns[which]<<<grid, Cfg::NT, smem, cuda_stream()>>>(dk, dv, dsT, q, k, v, dout, lse2, D, doc_start, T, H, KV,
+                                                       log2e_scale(128), (float)(1.0 / sqrt(128.0)));
     cudaLaunchCheck();
 }
 
@@ -1507,14 +1480,10 @@ static void backward_dq_ds(bf16 *dq, const bf16 *dsT, const bf16 *k, const int *
     using Cfg = v2::DqDs;
     static int smem_set[2];
     bool doc = doc_start != NULL;
-    const void *fn = doc ? (const void *)v2::dq_ds_kernel<true> : (const void *)v2::dq_ds_kernel<false>;
-    cuda_allow_smem(fn, &smem_set[doc], (int)Cfg::SMEM);
+    auto fn = doc ? v2::dq_ds_kernel<true> : v2::dq_ds_kernel<false>;
+    cuda_allow_smem((const void *)fn, &smem_set[doc], (int)Cfg::SMEM);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
-    float scale = (float)(1.0 / sqrt(128.0));
-    if (doc)
-        v2::dq_ds_kernel<true><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, dsT, k, doc_start, T, H, KV, scale);
-    else
-        v2::dq_ds_kernel<false><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, dsT, k, NULL, T, H, KV, scale);
+    fn<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, dsT, k, doc_start, T, H, KV, (float)(1.0 / sqrt(128.0)));
     cudaLaunchCheck();
 }
 
@@ -1548,16 +1517,10 @@ static void forward_hd(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, con
     using Cfg = FwdCfg<HD>;
     static int smem_set[2];
     bool doc = doc_start != NULL;
-    const void *fn = doc ? (const void *)attention_forward_kernel<HD, true>
-                         : (const void *)attention_forward_kernel<HD, false>;
-    cuda_allow_smem(fn, &smem_set[doc], (int)Cfg::SMEM);
+    auto fn = doc ? attention_forward_kernel<HD, true> : attention_forward_kernel<HD, false>;
+    cuda_allow_smem((const void *)fn, &smem_set[doc], (int)Cfg::SMEM);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
-    if (doc)
-        attention_forward_kernel<HD, true><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, doc_start,
-                                                                                       T, H, KV, log2e_scale(HD));
-    else
-        attention_forward_kernel<HD, false><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, NULL, T,
-                                                                                        H, KV, log2e_scale(HD));
+    fn<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, doc_start, T, H, KV, log2e_scale(HD));
     cudaLaunchCheck();
 }
 
@@ -1589,16 +1552,10 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
     } else {
         using Cfg = BwdQCfg<HD>;
         static int smem_set[2];
-        const void *fn = doc ? (const void *)attention_backward_dq_kernel<HD, true>
-                             : (const void *)attention_backward_dq_kernel<HD, false>;
-        cuda_allow_smem(fn, &smem_set[doc], (int)Cfg::SMEM);
+        auto fn = doc ? attention_backward_dq_kernel<HD, true> : attention_backward_dq_kernel<HD, false>;
+        cuda_allow_smem((const void *)fn, &smem_set[doc], (int)Cfg::SMEM);
         dim3 grid(H, B, ceil_div(T, Cfg::BR));
-        if (doc)
-            attention_backward_dq_kernel<HD, true><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
-                dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, sl2, scale);
-        else
-            attention_backward_dq_kernel<HD, false><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
-                dq, q, k, v, dout, lse2, D, NULL, T, H, KV, sl2, scale);
+        fn<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, sl2, scale);
         cudaLaunchCheck();
     }
     if (HD == 128 && H == KV) {
@@ -1606,17 +1563,11 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
     } else {
         using Cfg = BwdKVCfg<HD>;
         static int smem_set[2];
-        const void *fn = doc ? (const void *)attention_backward_dkv_kernel<HD, true>
-                             : (const void *)attention_backward_dkv_kernel<HD, false>;
+        auto fn = doc ? attention_backward_dkv_kernel<HD, true> : attention_backward_dkv_kernel<HD, false>;
         int smem = (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM);
-        cuda_allow_smem(fn, &smem_set[doc], smem);
+        cuda_allow_smem((const void *)fn, &smem_set[doc], smem);
         dim3 grid(KV, B, ceil_div(T, Cfg::BC));
-        if (doc)
-            attention_backward_dkv_kernel<HD, true><<<grid, Cfg::NT, smem, cuda_stream()>>>(
-                dk, dv, q, k, v, dout, lse2, D, doc_start, T, H, KV, sl2, scale);
-        else
-            attention_backward_dkv_kernel<HD, false><<<grid, Cfg::NT, smem, cuda_stream()>>>(
-                dk, dv, q, k, v, dout, lse2, D, NULL, T, H, KV, sl2, scale);
+        fn<<<grid, Cfg::NT, smem, cuda_stream()>>>(dk, dv, q, k, v, dout, lse2, D, doc_start, T, H, KV, sl2, scale);
         cudaLaunchCheck();
     }
 }
