@@ -268,10 +268,15 @@ END_TEST
 
 // ==== attention =========================================================================
 
-typedef struct { const double *q, *k, *v, *dout; double *out, *att; int B, T, H, KV, hd; } AttnCtx;
+typedef struct {
+    const double *q, *k, *v, *dout;
+    double *out, *att;
+    int B, T, H, KV, hd;
+    const int *doc_start;
+} AttnCtx;
 static double attention_loss(void *p) {
     AttnCtx *c = p;
-    cpu_attention_forward(c->out, c->att, c->q, c->k, c->v, c->B, c->T, c->H, c->KV, c->hd);
+    cpu_attention_forward(c->out, c->att, c->q, c->k, c->v, c->doc_start, c->B, c->T, c->H, c->KV, c->hd);
     return dot(c->dout, c->out, (size_t)c->B * c->T * c->H * c->hd);
 }
 
@@ -286,7 +291,7 @@ START_TEST(test_attention) {
         size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
         double *q = randn(&r, nq, 1), *k = randn(&r, nk, 1), *v = randn(&r, nk, 1);
         double *dout = randn(&r, nq, 1);
-        AttnCtx c = {q, k, v, dout, dbuf(nq), dbuf(cpu_attention_saved_floats(B, T, H, hd)), B, T, H, KV, hd};
+        AttnCtx c = {q, k, v, dout, dbuf(nq), dbuf(cpu_attention_saved_floats(B, T, H, hd)), B, T, H, KV, hd, NULL};
 
         // forward against a direct computation: softmax(q k^T / sqrt(hd) + causal) v
         attention_loss(&c);
@@ -324,7 +329,7 @@ START_TEST(test_attention) {
                     k2[((size_t)b * T + s) * KV * hd + j] += 1 + rng_normal(&r);
                     v2[((size_t)b * T + s) * KV * hd + j] += 1 + rng_normal(&r);
                 }
-            cpu_attention_forward(out2, att2, q, k2, v2, B, T, H, KV, hd);
+            cpu_attention_forward(out2, att2, q, k2, v2, NULL, B, T, H, KV, hd);
             for (int b = 0; b < B; b++) {
                 size_t row = (size_t)H * hd, at_s = 0;
                 double ch = 0;
@@ -343,7 +348,100 @@ START_TEST(test_attention) {
 
         double *dq = filled(nq, 123), *dk = filled(nk, 123), *dv = filled(nk, 123);
         double *scratch = dbuf(cpu_attention_scratch_floats(B, T, H, KV, hd));
-        cpu_attention_backward(dq, dk, dv, dout, att, q, k, v, scratch, B, T, H, KV, hd);
+        cpu_attention_backward(dq, dk, dv, dout, att, q, k, v, NULL, scratch, B, T, H, KV, hd);
+        check_grad(op, "q", attention_loss, &c, q, nq, dq);
+        check_grad(op, "k", attention_loss, &c, k, nk, dk);
+        check_grad(op, "v", attention_loss, &c, v, nk, dv);
+    }
+}
+END_TEST
+
+// Intra-document masking (ops.h: query t sees keys doc_start[t] .. t). Sequence 0
+// holds documents of lengths 3, 1, 4, 1, 2 (two of length 1, the last one cut
+// by the end of the sequence), sequence 1 has no EOS (one document). Forward
+// against softmax(q k^T / sqrt(hd) + block-diagonal causal mask) v, written
+// from the document ids; no leak across documents; every doc_start 0 is the
+// NULL (causal) result, bit for bit; backward by finite differences.
+START_TEST(test_attention_doc) {
+    static const int kvs[] = {2, 4}, lens[] = {3, 1, 4, 1, 2};
+    Rng r = {45};
+    int B = 2, T = 11, H = 4, hd = 8;
+    int *ds = ibuf((size_t)B * T), *doc = ibuf((size_t)B * T), *zeros = ibuf((size_t)B * T);
+    for (int i = 0, t = 0; i < 5; t += lens[i++])
+        for (int j = 0; j < lens[i]; j++) ds[t + j] = t, doc[t + j] = i;
+    for (int t = 0; t < T; t++) ds[T + t] = 0, doc[T + t] = 0;
+    for (int ki = 0; ki < 2; ki++) {
+        int KV = kvs[ki], group = H / KV;
+        char op[64];
+        snprintf(op, sizeof op, "attention docs B=2 T=11 H=4 KV=%d hd=8", KV);
+        size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
+        size_t na = cpu_attention_saved_floats(B, T, H, hd);
+        double *q = randn(&r, nq, 1), *k = randn(&r, nk, 1), *v = randn(&r, nk, 1);
+        double *dout = randn(&r, nq, 1);
+        AttnCtx c = {q, k, v, dout, dbuf(nq), dbuf(na), B, T, H, KV, hd, ds};
+
+        attention_loss(&c);
+        double *ref = dbuf(nq), *att = dcopy(c.att, na), att_err = 0;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    int g = h / group;
+                    double e[16], sum = 0;
+                    for (int s = 0; s < T; s++) {
+                        e[s] = 0;
+                        if (s > t || doc[b * T + s] != doc[b * T + t]) continue; // the block-diagonal causal mask
+                        double d = 0;
+                        for (int i = 0; i < hd; i++)
+                            d += q[(((size_t)b * T + t) * H + h) * hd + i] * k[(((size_t)b * T + s) * KV + g) * hd + i];
+                        sum += e[s] = exp(d / sqrt((double)hd));
+                    }
+                    const double *arow = att + (((size_t)b * H + h) * T + t) * T;
+                    for (int s = 0; s < T; s++) att_err = fmax(att_err, fabs(arow[s] - e[s] / sum));
+                    for (int i = 0; i < hd; i++) {
+                        double o = 0;
+                        for (int s = 0; s < T; s++) o += e[s] / sum * v[(((size_t)b * T + s) * KV + g) * hd + i];
+                        ref[(((size_t)b * T + t) * H + h) * hd + i] = o;
+                    }
+                }
+        expect_close(op, "forward vs block-diag mask", c.out, ref, nq, EXACT_TOL);
+        expect_err(op, "saved att (max abs err)", att_err, EXACT_TOL);
+
+        // a length-1 document sees only itself: out = v
+        double one = 0;
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < hd; i++)
+                one = fmax(one, fabs(c.out[((size_t)3 * H + h) * hd + i] - v[((size_t)3 * KV + h / group) * hd + i]));
+        expect_err(op, "length-1 doc: out = v", one, EXACT_TOL);
+
+        // no leak: new k/v at every position of document 2 (positions 4..7) leave
+        // the other documents' outputs unchanged, and change document 2's
+        double *k2 = dcopy(k, nk), *v2 = dcopy(v, nk), *out2 = dbuf(nq), *att2 = dbuf(na);
+        for (int t = 4; t < 8; t++)
+            for (int j = 0; j < KV * hd; j++) {
+                k2[(size_t)t * KV * hd + j] += 1 + rng_normal(&r);
+                v2[(size_t)t * KV * hd + j] += 1 + rng_normal(&r);
+            }
+        cpu_attention_forward(out2, att2, q, k2, v2, ds, B, T, H, KV, hd);
+        double leak = 0, change = INFINITY;
+        for (int t = 0; t < 2 * T; t++) {
+            double ch = 0;
+            for (size_t j = 0; j < (size_t)H * hd; j++) ch = fmax(ch, fabs(out2[t * H * hd + j] - c.out[t * H * hd + j]));
+            if (t >= 4 && t < 8) change = fmin(change, ch);
+            else leak = fmax(leak, ch);
+        }
+        expect_err(op, "no leak across docs (max)", leak, 0);
+        ck_assert_msg(change > 1e-3, "%s: new k/v in a document do not change its outputs", op);
+
+        // every doc_start 0: the causal result, bit for bit
+        double *out0 = dbuf(nq), *att0 = dbuf(na), *outc = dbuf(nq), *attc = dbuf(na);
+        cpu_attention_forward(out0, att0, q, k, v, zeros, B, T, H, KV, hd);
+        cpu_attention_forward(outc, attc, q, k, v, NULL, B, T, H, KV, hd);
+        ck_assert_msg(!memcmp(out0, outc, nq * sizeof(double)) && !memcmp(att0, attc, na * sizeof(double)),
+                      "%s: doc_start all 0 differs from NULL", op);
+
+        double *dq = filled(nq, 123), *dk = filled(nk, 123), *dv = filled(nk, 123);
+        double *scratch = filled(cpu_attention_scratch_floats(B, T, H, KV, hd), NAN); // unread where masked
+        cpu_attention_backward(dq, dk, dv, dout, att, q, k, v, ds, scratch, B, T, H, KV, hd);
         check_grad(op, "q", attention_loss, &c, q, nq, dq);
         check_grad(op, "k", attention_loss, &c, k, nk, dk);
         check_grad(op, "v", attention_loss, &c, v, nk, dv);
@@ -960,6 +1058,7 @@ static Suite *ops_grad_suite(void) {
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_attention_doc);
     tcase_add_test(tc, test_swiglu);
     tcase_add_test(tc, test_router);
     tcase_add_test(tc, test_lb_loss);

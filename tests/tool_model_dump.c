@@ -3,13 +3,18 @@
 // PyTorch. Format: see the header of tests/torch_ref.py.
 //
 // usage: tool_model_dump OUT.safetensors [--model.KEY=V ...] [--batch=B] [--seq=T]
-//        [--steps=S] [--seed=N] [--optim.KEY=V ...]
+//        [--steps=S] [--seed=N] [--optim.KEY=V ...] [--tokens=FILE [--dtype=uint16|uint32]]
+//        [--doc_mask=EOS]
+//   --tokens: the batch is the first B instances of a token file, read by the
+//             training data loader (targets: the next token, the last masked)
+//   --doc_mask: intra-document attention masking, documents ending with EOS
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt/safetensors.h"
+#include "data/data.h"
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "util/check.h"
@@ -62,8 +67,10 @@ int main(int argc, char **argv) {
     OptimConfig oc;
     optim_config_defaults(&oc);
     oc.lr = 1e-3f;
-    int B = 2, T = 16, steps = 10;
+    int B = 2, T = 16, steps = 10, doc_eos = -1;
     uint64_t seed = 1;
+    const char *token_file = NULL;
+    TokenDtype dtype = TOKENS_U16;
     char err[256];
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *eq = strchr(a, '=');
@@ -77,6 +84,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(key, "seq")) T = atoi(v);
         else if (!strcmp(key, "steps")) steps = atoi(v);
         else if (!strcmp(key, "seed")) seed = strtoull(v, NULL, 10);
+        else if (!strcmp(key, "tokens")) token_file = v;
+        else if (!strcmp(key, "dtype")) { if (tokens_dtype_parse(v, &dtype)) die("bad --dtype '%s'", v); }
+        else if (!strcmp(key, "doc_mask")) doc_eos = atoi(v);
         else if (!strcmp(key, "optim.lr")) oc.lr = strtof(v, NULL);
         else if (!strcmp(key, "optim.weight_decay")) oc.weight_decay = strtof(v, NULL);
         else die("unknown argument '%s'", key);
@@ -92,13 +102,21 @@ int main(int argc, char **argv) {
         float *p = param_store_main(&m.store, i);
         for (size_t j = 0; j < e->numel; j++) p[j] = (float)(0.8 + 0.4 * urand());
     }
+    if (doc_eos >= 0) { m.doc_mask = 1; m.doc_eos = doc_eos; }
     model_alloc_acts(&m, B, T);
     int N = B * T;
     int *tokens = mallocCheck(N * sizeof(int)), *targets = mallocCheck(N * sizeof(int));
-    for (int n = 0; n < N; n++) tokens[n] = (int)(urand() * m.cfg.vocab_size);
-    for (int n = 0; n < N; n++) {
-        int t = n % T;
-        targets[n] = t == T - 1 || urand() < 0.1 ? -1 : tokens[n + 1];
+    if (token_file) {
+        DataSource src = {NULL, &token_file, 1, 0};
+        DataLoader *dl = data_open(&src, 1, dtype, T, m.cfg.vocab_size, 0, 0, err, sizeof err);
+        if (!dl || data_read(dl, 0, B, tokens, targets, err, sizeof err)) die("%s", err);
+        data_close(dl);
+    } else {
+        for (int n = 0; n < N; n++) tokens[n] = (int)(urand() * m.cfg.vocab_size);
+        for (int n = 0; n < N; n++) {
+            int t = n % T;
+            targets[n] = t == T - 1 || urand() < 0.1 ? -1 : tokens[n + 1];
+        }
     }
 
     Dump d = {0};
@@ -112,6 +130,9 @@ int main(int argc, char **argv) {
              oc.decay_embeddings ? "true" : "false", steps);
     if (st_set_meta(&d.st, "config", cj, err, sizeof err) || st_set_meta(&d.st, "optim", oj, err, sizeof err))
         die("%s", err);
+    char dj[64];
+    snprintf(dj, sizeof dj, "{\"eos_id\": %d}", doc_eos);
+    if (doc_eos >= 0 && st_set_meta(&d.st, "doc_mask", dj, err, sizeof err)) die("%s", err);
     int64_t bt[2] = {B, T};
     dump_add(&d, "tokens", ST_I32, 2, bt, tokens);
     dump_add(&d, "targets", ST_I32, 2, bt, targets);

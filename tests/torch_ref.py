@@ -13,6 +13,8 @@ Dump format (safetensors: u64 LE header length, JSON header, data):
   __metadata__ config   model config JSON (model_config_to_json)
   __metadata__ optim    {lr, beta1, beta2, eps, weight_decay, decay_norms,
                          decay_embeddings, steps}
+  __metadata__ doc_mask {eos_id}, when the dump masks attention to documents
+                         (each ends with an eos_id token; docs/model.md)
   tokens, targets       I32 [B, T]; target -1 = masked
   param.NAME            F32 initial parameters (names: docs/model.md)
   logits                F32 [B*T, padded_vocab], first forward
@@ -157,8 +159,15 @@ def rope(x, theta):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def attention(c, P, pre, u):
-    """Causal GQA attention on u [B, T, D]."""
+def document_ids(tokens, eos):
+    """[B, T] index of each position's document: a document ends with its EOS."""
+    ends = (tokens == eos).long().cumsum(-1)
+    return F.pad(ends[:, :-1], (1, 0))
+
+
+def attention(c, P, pre, u, docs=None):
+    """Causal GQA attention on u [B, T, D]; docs [B, T] (document_ids) or None:
+    the block-diagonal causal mask, a query sees the keys of its own document."""
     B, T, _ = u.shape
     H, KV, hd = c.n_heads, c.n_kv_heads, c.head_dim
     q = u @ P[pre + "wq"].T
@@ -176,8 +185,11 @@ def attention(c, P, pre, u):
     k = k.repeat_interleave(H // KV, dim=2)
     v = v.repeat_interleave(H // KV, dim=2)
     s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)
-    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
-    s = s.masked_fill(causal, float("-inf"))
+    masked = torch.ones(T, T, dtype=torch.bool).triu(1)                 # [T, T]: s > t
+    if docs is not None:
+        masked = masked | (docs[:, :, None] != docs[:, None, :])       # [B, T, T]: other documents
+        masked = masked[:, None]                                        # [B, 1, T, T]
+    s = s.masked_fill(masked, float("-inf"))
     o = torch.einsum("bhts,bshd->bthd", s.softmax(-1), v).reshape(B, T, H * hd)
     return o @ P[pre + "wo"].T
 
@@ -224,7 +236,7 @@ def moe(c, P, pre, u, stats=None):
     return y, lb, z
 
 
-def block(c, P, l, x, stats=None):
+def block(c, P, l, x, docs=None, stats=None):
     """One transformer block on x [B, T, D]. Returns (y, lb, z) (None if dense)."""
     B, T, D = x.shape
     p = f"layers.{l}."
@@ -232,7 +244,7 @@ def block(c, P, l, x, stats=None):
     has_post = c.norm in ("post", "peri")
 
     u = rmsnorm(x, P[p + "attn_norm"], c.norm_eps) if has_pre else x
-    a = attention(c, P, p + "attn.", u)
+    a = attention(c, P, p + "attn.", u, docs)
     if has_post:
         a = rmsnorm(a, P[p + "attn_post_norm"], c.norm_eps)
     h = x + a
@@ -249,13 +261,14 @@ def block(c, P, l, x, stats=None):
     return h + f, lb, z
 
 
-def forward(c, P, tokens, targets, stats=None):
+def forward(c, P, tokens, targets, docs=None, stats=None):
     """Returns (logits [N, Vp], ce, [lb per MoE layer], [z per MoE layer]).
+    docs: document ids [B, T] for intra-document masking, or None.
     stats, if a list, receives the min top-k prob gap of each MoE layer."""
     x = P["embed"][tokens.long()]
     lbs, zs = [], []
     for l in range(c.n_layers):
-        x, lb, z = block(c, P, l, x, stats)
+        x, lb, z = block(c, P, l, x, docs, stats)
         if lb is not None:
             lbs.append(lb)
             zs.append(z)
@@ -469,7 +482,14 @@ def check_file(path, verbose):
         return r.failures
 
     init = {n: torch.from_numpy(dump["param." + n]).to(DT) for n, _ in names_shapes}
-    batch = (torch.from_numpy(dump["tokens"]).long(), torch.from_numpy(dump["targets"]).long())
+    tokens = torch.from_numpy(dump["tokens"]).long()
+    docs = None
+    if "doc_mask" in meta:
+        docs = document_ids(tokens, int(json.loads(meta["doc_mask"])["eos_id"]))
+        lens = [int(n) for row in docs for n in torch.bincount(row)]
+        print(f"  doc_mask: {len(lens)} documents of {min(lens)}..{max(lens)} tokens "
+              f"({sum(1 for n in lens if n == 1)} of length 1)")
+    batch = (tokens, torch.from_numpy(dump["targets"]).long(), docs)
     check_first_step(r, c, dump, init, batch)
     check_training(r, c, dump, init, batch, opt)
     return r.failures

@@ -32,6 +32,7 @@ typedef struct {
     int validate;           // scan every token of every file at start
     int synthetic;          // uniformly random tokens instead of files (benchmarks)
     int eos_id;             // the token that ends each document (byte tokenizer: 256)
+    int doc_mask;           // attention within EOS-delimited documents only (docs/model.md)
 } DataSection;
 
 typedef struct {

@@ -161,6 +161,7 @@ static void carve(Model *m, Carver *cv) {
     m->xf = take(cv, N * D); m->xf_rstd = ftake(cv, N);
     m->logits = take(cv, N * Vp); m->losses = ftake(cv, N);
     m->tokens = itake(cv, N); m->targets = itake(cv, N);
+    m->doc_start = m->doc_mask ? itake(cv, N) : NULL;
     m->rope_cos = ftake(cv, (size_t)m->T * c->head_dim / 2);
     m->rope_sin = ftake(cv, (size_t)m->T * c->head_dim / 2);
     // backward scratch, shared by all layers
@@ -189,6 +190,8 @@ void model_alloc_acts(Model *m, int B, int T) {
     free(m->plan_sizes);
     m->plan_sizes = mallocCheck((size_t)m->cfg.n_layers * 2 * m->par.ep_size * sizeof(size_t));
     m->resid = mallocCheck((m->cfg.n_layers + 1) * sizeof(void *));
+    free(m->doc_start_host);
+    m->doc_start_host = m->doc_mask ? mallocCheck((size_t)B * T * sizeof(int)) : NULL;
     Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes};
     carve(m, &cv);
     m->arena_bytes = cv.used;
@@ -208,7 +211,7 @@ void model_free(Model *m) {
     param_store_free(&m->store);
     if (m->arena) ops->free(m->arena);
     free(m->layers); free(m->acts); free(m->resid); free(m->lb); free(m->z); free(m->plan_sizes);
-    free(m->step_dropped); free(m->step_rows);
+    free(m->step_dropped); free(m->step_rows); free(m->doc_start_host);
     float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
     ops->free(m->ce_acc);
@@ -268,7 +271,7 @@ static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, cons
     }
     ops->rope_forward(a->qr, a->qn, m->rope_cos, m->rope_sin, B, T, H, hd);
     ops->rope_forward(a->kr, a->kn, m->rope_cos, m->rope_sin, B, T, KV, hd);
-    ops->attention_forward(a->ao, a->att, a->qr, a->kr, a->v, B, T, H, KV, hd);
+    ops->attention_forward(a->ao, a->att, a->qr, a->kr, a->v, m->doc_start, B, T, H, KV, hd);
     ops->matmul_forward(a->o, a->ao, P(L->wo), N, qd, D);
 }
 
@@ -354,6 +357,18 @@ void model_set_batch(Model *m, const int *tokens, const int *targets) {
     m->ops->to_device(m->tokens, tokens, N * sizeof(int));
     m->ops->to_device(m->targets, targets, N * sizeof(int));
     m->n_valid = (int)model_count_valid(targets, N);
+    if (m->doc_start) {
+        model_doc_starts(m->doc_start_host, tokens, m->B, m->T, m->doc_eos);
+        m->ops->to_device(m->doc_start, m->doc_start_host, N * sizeof(int));
+    }
+}
+
+void model_doc_starts(int *doc_start, const int *tokens, int B, int T, int eos) {
+    for (int b = 0; b < B; b++) {
+        const int *x = tokens + (size_t)b * T;
+        int *ds = doc_start + (size_t)b * T;
+        for (int t = 0; t < T; t++) ds[t] = t == 0 ? 0 : x[t - 1] == eos ? t : ds[t - 1];
+    }
 }
 
 int64_t model_count_valid(const int *targets, size_t n) {
@@ -510,7 +525,7 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
     int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
     int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
     ops->matmul_backward(m->dao, G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
-    ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao,
+    ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao, m->doc_start,
                             m->att_scratch, B, T, H, KV, hd);
     // RoPE back into dq2/dk2 (grads w.r.t. the QK-normed q, k)
     ops->rope_backward(m->dq2, m->dq, m->rope_cos, m->rope_sin, B, T, H, hd);

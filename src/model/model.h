@@ -79,12 +79,19 @@ typedef struct {
     // capacity), and the backward recomputes them (a gather and a SwiGLU);
     // 2 (gather) only the routed-rows buffer (the gather is redone).
     int recompute;
+    // Intra-document attention masking (docs/model.md), set before
+    // model_alloc_acts: with doc_mask, a position attends only to the
+    // positions of its own document, the documents of a sequence each ending
+    // with a doc_eos token. model_set_batch computes the ops' doc_start from
+    // the tokens on the host and uploads it with them.
+    int doc_mask, doc_eos;
     char *arena;                      // one backend allocation, carved
     size_t arena_bytes;
     LayerActs *acts;
     void **resid;                     // [L+1] residual stream [N,D]
     void *xf, *logits; float *xf_rstd, *losses;
     int *tokens, *targets;
+    int *doc_start, *doc_start_host;  // [B*T] (ops.h), with doc_mask; else NULL
     float *rope_cos, *rope_sin;
     // backward scratch
     void *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao;
@@ -150,6 +157,10 @@ void model_forward_async(Model *m, uint64_t route_seed);
 // without the host code).
 void model_count_micro_batch(Model *m);
 float model_forward(Model *m, const int *tokens, const int *targets, uint64_t route_seed);
+// doc_start[B*T] of the ops' attention (ops.h) for the documents of tokens
+// [B,T]: a document ends with its eos token (or at the end of the sequence),
+// so the next position starts a new one.
+void model_doc_starts(int *doc_start, const int *tokens, int B, int T, int eos);
 // Targets >= 0 among n (masked ones are -1): what the CE is normalised by.
 int64_t model_count_valid(const int *targets, size_t n);
 // The auxiliary part of the loss, lb_coef sum_l LB_l + z_coef sum_l Z_l, from

@@ -104,12 +104,21 @@ typedef struct Ops {
     // Causal attention with GQA. q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd].
     // saved (f32, attention_saved_floats of them) is what backward needs:
     // the probabilities [B,H,T,T] on CPU, the log-sum-exp [B,H,T] on CUDA.
+    // doc_start (i32 [B,T]) or NULL: intra-document masking. doc_start[b*T+t]
+    // is the first position (0..t) of the document that holds position t of
+    // sequence b, and query t sees key s iff doc_start[b*T+t] <= s <= t.
+    // Documents are contiguous: doc_start[b*T+t] is t or doc_start[b*T+t-1]
+    // (t = 0: 0); the kernels rely on it to skip masked tiles. NULL is plain
+    // causal attention (every doc_start 0 computes the same numbers).
     void (*attention_forward)(void *out, float *saved, const void *q, const void *k,
-                              const void *v, int B, int T, int H, int KV, int hd);
+                              const void *v, const int *doc_start, int B, int T, int H, int KV,
+                              int hd);
     // dq, dk, dv assigned. scratch: attention_scratch_floats(B,T,H,KV,hd) f32.
+    // doc_start as given to the forward.
     void (*attention_backward)(void *dq, void *dk, void *dv, const void *dout,
                                const float *saved, const void *q, const void *k, const void *v,
-                               const void *out, float *scratch, int B, int T, int H, int KV, int hd);
+                               const void *out, const int *doc_start, float *scratch, int B, int T,
+                               int H, int KV, int hd);
     size_t (*attention_saved_floats)(int B, int T, int H, int hd);
     size_t (*attention_scratch_floats)(int B, int T, int H, int KV, int hd);
 

@@ -256,6 +256,9 @@ static int pick_backend(Trainer *tr) {
 }
 
 
+// The token that ends a document for data.doc_mask: data.eos_id.
+static int doc_eos_id(const RunConfig *c) { return c->data.eos_id; }
+
 // Model, data-parallel runtime, optimizer and the resumed state. Returns -1
 // to go on, else the exit code.
 static int setup_model(Trainer *tr) {
@@ -281,6 +284,8 @@ static int setup_model(Trainer *tr) {
         param_store_sync_weights(&m->store);
     }
     m->recompute = cfg->train.recompute;
+    m->doc_mask = cfg->data.doc_mask;
+    m->doc_eos = doc_eos_id(cfg);
     model_alloc_acts(m, tr->MB, tr->T);
     ddp_init(&tr->ddp, &m->store, tr->mesh.dp_comm, tr->mesh.ep_dp_comm, tr->world, cfg->optim_sharded,
              (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / 4));

@@ -790,12 +790,12 @@ typedef struct {
 
 static void attn_fwd(void *p, int s) {
     Attn *a = p;
-    cuda_attention_forward(a->out_t, a->lse_t, a->q[s], a->k[s], a->v[s], a->B, a->T, a->H, a->KV, a->hd);
+    cuda_attention_forward(a->out_t, a->lse_t, a->q[s], a->k[s], a->v[s], NULL, a->B, a->T, a->H, a->KV, a->hd);
 }
 static void attn_bwd(void *p, int s) {
     Attn *a = p;
-    cuda_attention_backward(a->dq, a->dk, a->dv, a->dout[s], a->lse[s], a->q[s], a->k[s], a->v[s], a->out[s], a->scr,
-                            a->B, a->T, a->H, a->KV, a->hd);
+    cuda_attention_backward(a->dq, a->dk, a->dv, a->dout[s], a->lse[s], a->q[s], a->k[s], a->v[s], a->out[s], NULL,
+                            a->scr, a->B, a->T, a->H, a->KV, a->hd);
 }
 
 // heads[] of x [T, NH, hd] (B = 1) as [T, nh, hd]
@@ -824,7 +824,7 @@ static void section_attention(void) {
         a.out[s] = dalloc(nq * 2);
         a.lse[s] = dalloc(ns * 4);
         // the backward's inputs out and lse come from the forward on the same set
-        cuda_attention_forward(a.out[s], a.lse[s], a.q[s], a.k[s], a.v[s], B, T, H, KV, hd);
+        cuda_attention_forward(a.out[s], a.lse[s], a.q[s], a.k[s], a.v[s], NULL, B, T, H, KV, hd);
         if (s == 0) { q0 = q; k0 = k; v0 = v; do0 = dout; }
     }
     a.out_t = dalloc(nq * 2);
@@ -844,8 +844,8 @@ static void section_attention(void) {
     size_t nh = (size_t)T * NH * hd;
     float *ro = hf(nh), *rdq = hf(nh), *rdk = hf(nh), *rdv = hf(nh);
     float *att = hf(ops_cpu.attention_saved_floats(1, T, NH, hd)), *cscr = hf(ops_cpu.attention_scratch_floats(1, T, NH, NH, hd));
-    ops_cpu.attention_forward(ro, att, qh, kh, vh, 1, T, NH, NH, hd);
-    ops_cpu.attention_backward(rdq, rdk, rdv, doh, att, qh, kh, vh, ro, cscr, 1, T, NH, NH, hd);
+    ops_cpu.attention_forward(ro, att, qh, kh, vh, NULL, 1, T, NH, NH, hd);
+    ops_cpu.attention_backward(rdq, rdk, rdv, doh, att, qh, kh, vh, ro, NULL, cscr, 1, T, NH, NH, hd);
     printf("   CPU reference (4 heads): %.1f s\n", now() - t0);
 
     char shape[64];

@@ -29,7 +29,9 @@
 // checked for written, finite outputs and between kernel choices.
 // Checks that are not one op call stay named special checks (specials[]):
 // a CUDA graph of the ops with scratch buffers, attention causality, the
-// T = 4096 heads, and that every compute op of Ops has a case.
+// T = 4096 heads (also with documents), intra-document masking (no leak
+// across documents, all-0 doc_start = NULL), and that every compute op of
+// Ops has a case.
 //
 // Perf mode (--perf): each case marked PERF (OLMoE-1B-7B's shapes), after
 // its checks, is timed under every kernel choice: CUDA events on the
@@ -83,7 +85,7 @@ static const Bound B_EXACT = {0, "gathers, copies, integer outputs and the BF16 
 
 // ---- cases -----------------------------------------------------------------------
 
-#define MAXT 10
+#define MAXT 12
 #define MAXCHOICE 4
 
 enum { ACT, F32, I32, F64 };                 // element types: ops.h's act, f32, i32; f64 accumulators
@@ -118,6 +120,7 @@ struct Case {
     Tensor t[MAXT];
     // the op's parameters (those it takes; the rest 0)
     int N, C, OC, E, k, V, R, B, T, H, KV, hd, acc, inplace, renorm, t_step, bwd, hot, ties, kind;
+    int doc;                   // attention: the tensor index of doc_start (0: NULL)
     Gating gating;
     RoutingMode mode;
     size_t n;
@@ -1214,26 +1217,54 @@ static void uneven_counts(int *counts, int E, int R, const int *zero, int nzero)
 // (device.cuda.attention_ds_mib > 0) or by its own kernel (0): the same
 // arithmetic in the same order, so 0 differing elements is expected; the
 // comparison allows rounding-level differences within 1e-2 per position.
+// Cases with documents (docs=..., intra-document masking) add doc_start
+// [B,T], an I32 input of the pattern named (make_doc_starts); their TFLOP/s
+// count the causal FLOPs, so that fewer masked tiles show as a higher rate.
+
+enum { DOCS_NONE, DOCS_ONE, DOCS_MANY, DOCS_TILE, DOCS_SHORT, DOCS_LONG };
+static const char *const docs_name[] = {"none", "one", "many", "tile", "short", "long"};
+// doc_start [B,T] (ops.h) of documents whose lengths follow the pattern:
+// one: no EOS, every doc_start 0; many: 1 in 5 of length 1, 3 in 10 of
+// 2..16, the rest 17..300; tile: lengths cycling through 1, 62, 1, 64, 63,
+// 2, 128, 127, 129, 31, 33, 17 (boundaries on, just before and just after
+// the 16- to 128-row tile edges); short: lengths 1 and 2 in turn; long: 1 to
+// 512 (about 16 documents in 4096). Each batch row draws its own.
+static void make_doc_starts(int *ds, int B, int T, int kind) {
+    static const int tile[] = {1, 62, 1, 64, 63, 2, 128, 127, 129, 31, 33, 17};
+    for (int b = 0; b < B; b++)
+        for (int t = 0, i = 5 * b; t < T;) {
+            int u = gt_irand(10), len = kind == DOCS_ONE ? T
+                                      : kind == DOCS_MANY ? (u < 2 ? 1 : u < 5 ? 2 + gt_irand(15) : 17 + gt_irand(284))
+                                      : kind == DOCS_TILE ? tile[i++ % 12]
+                                      : kind == DOCS_SHORT ? 1 + (i++ & 1)
+                                                           : 1 + gt_irand(512);
+            for (int j = 0; j < len && t < T; j++, t++) ds[(size_t)b * T + t] = t - j;
+        }
+}
+static void init_docs(const Case *c, void *const *h) { make_doc_starts(h[c->doc], c->B, c->T, c->kind); }
+static const int *att_docs(const Case *c, void *const *b) { return c->doc ? b[c->doc] : NULL; }
 
 static void run_att_fwd(const Case *c, const Ops *o, void *const *b) {
-    o->attention_forward(b[3], b[4], b[0], b[1], b[2], c->B, c->T, c->H, c->KV, c->hd);
+    o->attention_forward(b[3], b[4], b[0], b[1], b[2], att_docs(c, b), c->B, c->T, c->H, c->KV, c->hd);
 }
 static void prep_att_bwd(const Case *c, const Ops *o, void *const *b) {
-    o->attention_forward(b[4], b[5], b[0], b[1], b[2], c->B, c->T, c->H, c->KV, c->hd);
+    o->attention_forward(b[4], b[5], b[0], b[1], b[2], att_docs(c, b), c->B, c->T, c->H, c->KV, c->hd);
 }
 static void run_att_bwd(const Case *c, const Ops *o, void *const *b) {
-    o->attention_backward(b[6], b[7], b[8], b[3], b[5], b[0], b[1], b[2], b[4], b[9], c->B, c->T, c->H, c->KV, c->hd);
+    o->attention_backward(b[6], b[7], b[8], b[3], b[5], b[0], b[1], b[2], b[4], att_docs(c, b), b[9], c->B, c->T, c->H,
+                          c->KV, c->hd);
 }
 static size_t att_numel(const Case *c, const Ops *o, int i) {
     if (!strcmp(c->t[i].name, "scratch")) return o->attention_scratch_floats(c->B, c->T, c->H, c->KV, c->hd);
     return o->attention_saved_floats(c->B, c->T, c->H, c->hd);
 }
-// The GPU's saved statistic lse2[b,h,t] = log2 sum_{s<=t} exp(q.k_s * scale),
-// against its reference in double.
+// The GPU's saved statistic lse2[b,h,t] = log2 sum_{s<=t} exp(q.k_s * scale)
+// (s from doc_start[b,t] with documents), against its reference in double.
 static void extra_lse(const Run *r, const char *label) {
     const Case *c = r->c;
     int B = c->B, T = c->T, H = c->H, KV = c->KV, hd = c->hd;
     const float *q = r->h[0], *k = r->h[1], *lse = r->got[4];
+    const int *ds = c->doc ? r->h[c->doc] : NULL;
     size_t ns = r->ngpu[4];
     float *ref = gt_malloc(ns * 4);
     double scale = 1.0 / sqrt((double)hd);
@@ -1244,14 +1275,15 @@ static void extra_lse(const Run *r, const char *label) {
             for (int t = 0; t < T; t++) {
                 const float *qv = q + (((size_t)b * T + t) * H + h) * hd;
                 double mx = -INFINITY, sum = 0;
-                for (int s = 0; s <= t; s++) {
+                int lo = ds ? ds[(size_t)b * T + t] : 0;
+                for (int s = lo; s <= t; s++) {
                     const float *kv = k + (((size_t)b * T + s) * KV + h / (H / KV)) * hd;
                     double d = 0;
                     for (int i = 0; i < hd; i++) d += (double)qv[i] * kv[i];
                     sc[s] = d * scale;
                     if (sc[s] > mx) mx = sc[s];
                 }
-                for (int s = 0; s <= t; s++) sum += exp(sc[s] - mx);
+                for (int s = lo; s <= t; s++) sum += exp(sc[s] - mx);
                 ref[((size_t)b * H + h) * T + t] = (float)((mx + log(sum)) / log(2.0));
             }
             free(sc);
@@ -1260,9 +1292,18 @@ static void extra_lse(const Run *r, const char *label) {
     gt_check_diag(check_name(c, label, "saved lse2"), lse, ref, ns, B_LSE.tol, dims, NULL, 0);
     free(ref);
 }
-static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int flags) {
-    Case *c = bwd ? new_case("attention_backward", run_att_bwd, "B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd)
-                  : new_case("attention_forward", run_att_fwd, "B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
+// doc_start, after the case's other tensors (their indices stay those of the run functions)
+static void attention_docs_input(Case *c, int docs) {
+    c->kind = docs;
+    c->doc = c->nt;
+    c->init = init_docs;
+    dims2(tin(c, "doc_start", I32, (size_t)c->B * c->T, G_CUSTOM, 0), c->B, c->T);
+}
+static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int flags, int docs) {
+    char dn[32] = "";
+    if (docs) snprintf(dn, sizeof dn, " docs=%s", docs_name[docs]);
+    Case *c = bwd ? new_case("attention_backward", run_att_bwd, "B=%d T=%d H=%d KV=%d hd=%d%s", B, T, H, KV, hd, dn)
+                  : new_case("attention_forward", run_att_fwd, "B=%d T=%d H=%d KV=%d hd=%d%s", B, T, H, KV, hd, dn);
     c->B = B, c->T = T, c->H = H, c->KV = KV, c->hd = hd;
     c->flags = flags;
     c->numel = att_numel;
@@ -1276,6 +1317,7 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
         dims4(tout(c, "out", ACT, nq, &B_ATTN), B, T, H, hd)->row = (size_t)H * hd;
         tout(c, "saved", F32, 0, &B_LSE)->flags |= SIZED | NOCMP;
         if (!(flags & NOCPU)) c->extra = extra_lse;
+        if (docs) attention_docs_input(c, docs);
         return c;
     }
     c->prep = prep_att_bwd;
@@ -1292,13 +1334,15 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
         s.attention_ds_mib = 0;
         add_choice(c, "dQ kernel", s);
     }
+    if (docs) attention_docs_input(c, docs);
     return c;
 }
 // forward and backward; small_cap: the backward's dS^T under a 1 MiB cap
-// (batch rows go through it in slices) instead of the default
-static void add_attention(int B, int T, int H, int KV, int hd, int flags, int small_cap) {
-    attention_case(0, B, T, H, KV, hd, flags);
-    Case *c = attention_case(1, B, T, H, KV, hd, flags);
+// (batch rows go through it in slices) instead of the default; docs: the
+// documents' pattern (DOCS_NONE: doc_start NULL)
+static void add_attention(int B, int T, int H, int KV, int hd, int flags, int small_cap, int docs) {
+    attention_case(0, B, T, H, KV, hd, flags, docs);
+    Case *c = attention_case(1, B, T, H, KV, hd, flags, docs);
     if (small_cap) {
         c->choice[0].s.attention_ds_mib = 1;
         c->choice[0].label = "dQ via dS^T, attention_ds_mib=1";
@@ -1463,21 +1507,39 @@ static void make_cases(void) {
 
     section = "attention";
     // attention: T not a multiple of the tiles, GQA, every compiled head dim
-    add_attention(2, 37, 4, 2, 16, RERUN, 0);
-    add_attention(1, 128, 4, 4, 32, RERUN, 0);
-    add_attention(2, 200, 8, 2, 64, RERUN, 0);
-    add_attention(1, 512, 4, 1, 128, RERUN, 0);
-    add_attention(3, 1, 2, 1, 32, RERUN, 0);   // a single position: out = v
-    add_attention(1, 97, 6, 3, 128, RERUN, 0); // GQA groups of 2, a tail in every tile size
+    add_attention(2, 37, 4, 2, 16, RERUN, 0, DOCS_NONE);
+    add_attention(1, 128, 4, 4, 32, RERUN, 0, DOCS_NONE);
+    add_attention(2, 200, 8, 2, 64, RERUN, 0, DOCS_NONE);
+    add_attention(1, 512, 4, 1, 128, RERUN, 0, DOCS_NONE);
+    add_attention(3, 1, 2, 1, 32, RERUN, 0, DOCS_NONE);   // a single position: out = v
+    add_attention(1, 97, 6, 3, 128, RERUN, 0, DOCS_NONE); // GQA groups of 2, a tail in every tile size
     // H == KV at head dim 128: dQ through dS^T, tails of 64 and 128
-    add_attention(2, 200, 4, 4, 128, RERUN, 0);
-    add_attention(1, 333, 2, 2, 128, RERUN, 0);
-    add_attention(3, 200, 4, 4, 128, RERUN, 1); // dS^T of 2 batch rows of T=200, H=4 fit: slices of 2, 1
-    add_attention(1, 129, 2, 2, 128, 0, 0);
+    add_attention(2, 200, 4, 4, 128, RERUN, 0, DOCS_NONE);
+    add_attention(1, 333, 2, 2, 128, RERUN, 0, DOCS_NONE);
+    add_attention(3, 200, 4, 4, 128, RERUN, 1, DOCS_NONE); // dS^T of 2 batch rows of T=200, H=4 fit: slices of 2, 1
+    add_attention(1, 129, 2, 2, 128, 0, 0, DOCS_NONE);
     // OLMoE's attention (special check attention_heads validates two heads)
-    add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0);
-    add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0);
-    add_attention(2, 4096, 16, 16, 128, NOCPU | PERF, 0);
+    add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_NONE);
+    add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0, DOCS_NONE);
+    add_attention(2, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_NONE);
+    // intra-document masking: every kernel (both sets, dS^T and its slices,
+    // variant 2's query-block kernels at 17 x 8 blocks of 128 > 2 per SM),
+    // boundaries inside and on tiles, documents of length 1, a row without EOS
+    add_attention(2, 37, 4, 2, 16, RERUN, 0, DOCS_SHORT);
+    add_attention(1, 128, 4, 4, 32, RERUN, 0, DOCS_ONE);
+    add_attention(2, 200, 8, 2, 64, RERUN, 0, DOCS_MANY);
+    add_attention(1, 512, 4, 1, 128, RERUN, 0, DOCS_TILE);
+    add_attention(1, 97, 6, 3, 128, RERUN, 0, DOCS_TILE);
+    add_attention(2, 200, 4, 4, 128, RERUN, 0, DOCS_MANY);
+    add_attention(1, 333, 2, 2, 128, RERUN, 0, DOCS_TILE);
+    add_attention(3, 200, 4, 4, 128, RERUN, 1, DOCS_MANY); // slices of 2, 1 batch rows
+    add_attention(17, 256, 8, 8, 128, RERUN, 0, DOCS_TILE);
+    add_attention(17, 256, 8, 8, 128, 0, 0, DOCS_SHORT);
+    // OLMoE's attention without EOS (the causal speed) and with ~16 documents per sequence
+    add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_ONE);
+    add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_LONG);
+    add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0, DOCS_ONE);
+    add_attention(2, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_ONE);
 }
 
 // ==== special checks ============================================================================
@@ -1669,8 +1731,8 @@ static void causality(int B, int T, int H, int KV, int hd) {
         void *kd = dkeep(gt_dev_bf16(k, nk)), *vd = dkeep(gt_dev_bf16(v, nk));
         void *outd = dev_poison(nq * 2), *dqd = dev_poison(nq * 2), *dkd = dev_poison(nk * 2), *dvd = dev_poison(nk * 2);
         float *saved = dev_poison(ns * 4);
-        gpu->attention_forward(outd, saved, qd, kd, vd, B, T, H, KV, hd);
-        gpu->attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, scr, B, T, H, KV, hd);
+        gpu->attention_forward(outd, saved, qd, kd, vd, NULL, B, T, H, KV, hd);
+        gpu->attention_backward(dqd, dkd, dvd, dod, saved, qd, kd, vd, outd, NULL, scr, B, T, H, KV, hd);
         out[run] = gt_host_bytes(outd, nq * 2);
         dq[run] = gt_host_bytes(dqd, nq * 2);
         lse[run] = gt_host_f32(saved, ns);
@@ -1705,7 +1767,8 @@ static void special_causality(void) {
 
 // ---- attention_heads: OLMoE's attention (B=1 T=4096 H=KV=16 hd=128, the
 // NOCPU cases) against the CPU on two whole heads, each as a one-head
-// problem, and every element of every head written and finite
+// problem, and every element of every head written and finite; without
+// documents and with about 16 (docs=long)
 
 // head h of x [T, NH, hd] (B = 1) as [T, 1, hd]
 static float *head_slice(const float *x, int T, int NH, int hd, int h) {
@@ -1713,7 +1776,7 @@ static float *head_slice(const float *x, int T, int NH, int hd, int h) {
     for (int t = 0; t < T; t++) memcpy(r + (size_t)t * hd, x + ((size_t)t * NH + h) * hd, hd * 4);
     return r;
 }
-static void special_heads(void) {
+static void heads(int docs) {
     const int B = 1, T = 4096, H = 16, KV = 16, hd = 128;
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
     float *x[4]; // q, k, v, dout
@@ -1723,29 +1786,38 @@ static void special_heads(void) {
         gt_fill(x[i], nq, GT_NORMAL, 0, 1, 1, fill_seed++);
         xd[i] = dkeep(gt_dev_bf16(x[i], nq));
     }
+    int *ds = NULL, *dsd = NULL;
+    char dn[32] = "";
+    if (docs) {
+        ds = gt_malloc((size_t)T * 4);
+        make_doc_starts(ds, 1, T, docs);
+        dsd = dev_copy(ds, (size_t)T * 4);
+        snprintf(dn, sizeof dn, " docs=%s", docs_name[docs]);
+    }
     size_t ns = gpu->attention_saved_floats(B, T, H, hd), nscr = gpu->attention_scratch_floats(B, T, H, KV, hd);
     void *outd = dev_poison(nq * 2), *dqd = dev_poison(nq * 2), *dkd = dev_poison(nk * 2), *dvd = dev_poison(nk * 2);
     float *saved = dev_poison(ns * 4), *scr = dev_poison(nscr * 4);
-    gpu->attention_forward(outd, saved, xd[0], xd[1], xd[2], B, T, H, KV, hd);
-    gpu->attention_backward(dqd, dkd, dvd, xd[3], saved, xd[0], xd[1], xd[2], outd, scr, B, T, H, KV, hd);
+    gpu->attention_forward(outd, saved, xd[0], xd[1], xd[2], dsd, B, T, H, KV, hd);
+    gpu->attention_backward(dqd, dkd, dvd, xd[3], saved, xd[0], xd[1], xd[2], outd, dsd, scr, B, T, H, KV, hd);
     float *got[4] = {gt_host_bf16(outd, nq), gt_host_bf16(dqd, nq), gt_host_bf16(dkd, nk), gt_host_bf16(dvd, nk)};
     static const char *names[4] = {"out", "dq", "dk", "dv"};
-    int heads[2] = {0, H - 1}, dims[] = {1, T, 1, hd};
+    int hs[2] = {0, H - 1}, dims[] = {1, T, 1, hd};
     float *att = gt_malloc(ops_cpu.attention_saved_floats(1, T, 1, hd) * 4);
     float *cscr = gt_malloc(ops_cpu.attention_scratch_floats(1, T, 1, 1, hd) * 4);
     for (int i = 0; i < 2; i++) {
-        int h = heads[i];
+        int h = hs[i];
         float *xh[4], *ref[4];
         for (int j = 0; j < 4; j++) {
             xh[j] = head_slice(x[j], T, H, hd, h);
             ref[j] = gt_malloc((size_t)T * hd * 4);
         }
-        ops_cpu.attention_forward(ref[0], att, xh[0], xh[1], xh[2], 1, T, 1, 1, hd);
-        ops_cpu.attention_backward(ref[1], ref[2], ref[3], xh[3], att, xh[0], xh[1], xh[2], ref[0], cscr, 1, T, 1, 1, hd);
+        ops_cpu.attention_forward(ref[0], att, xh[0], xh[1], xh[2], ds, 1, T, 1, 1, hd);
+        ops_cpu.attention_backward(ref[1], ref[2], ref[3], xh[3], att, xh[0], xh[1], xh[2], ref[0], ds, cscr, 1, T, 1,
+                                   1, hd);
         for (int j = 0; j < 4; j++) {
             char nm[96];
             float *g = head_slice(got[j], T, H, hd, h);
-            snprintf(nm, sizeof nm, "attention B=1 T=4096 H=16 hd=128 head %d: %s", h, names[j]);
+            snprintf(nm, sizeof nm, "attention B=1 T=4096 H=16 hd=128%s head %d: %s", dn, h, names[j]);
             gt_check_diag(nm, g, ref[j], (size_t)T * hd, B_ATTN.tol, dims, NULL, 0);
             free(g); free(xh[j]); free(ref[j]);
         }
@@ -1753,10 +1825,122 @@ static void special_heads(void) {
     size_t bad = 0;
     for (size_t i = 0; i < nq; i++) bad += !isfinite(got[0][i]) + !isfinite(got[1][i]);
     for (size_t i = 0; i < nk; i++) bad += !isfinite(got[2][i]) + !isfinite(got[3][i]);
-    gt_ok(!bad, "%-48s %zu of %zu not finite", "attention T=4096: all heads finite", bad, 2 * nq + 2 * nk);
+    char nm[96];
+    snprintf(nm, sizeof nm, "attention T=4096%s: all heads finite", dn);
+    gt_ok(!bad, "%-48s %zu of %zu not finite", nm, bad, 2 * nq + 2 * nk);
     for (int i = 0; i < 4; i++) { free(x[i]); free(got[i]); }
-    free(att); free(cscr);
+    free(att); free(cscr); free(ds);
     dev_release();
+}
+static void special_heads(void) {
+    heads(DOCS_NONE);
+    heads(DOCS_LONG);
+}
+
+// ---- attention_docs: intra-document masking on the GPU alone, for shapes
+// that run every kernel: (1) every doc_start 0 gives the bits of doc_start
+// NULL (out, lse2, dq, dk, dv); (2) new k/v at every position of one
+// document per batch row (the one holding t = 2T/3) leave out, dq, dk, dv
+// and lse2 of every other position bit-identical, and change lse2 in it.
+
+// elements of rows t outside [lo[b], hi[b]) ([B,T,NH,w], elem bytes each) whose bits differ
+static size_t rows_differ(const void *a, const void *c, size_t elem, int B, int T, int NH, int w, const int *lo,
+                          const int *hi, size_t *total) {
+    size_t bad = 0, row = (size_t)NH * w * elem;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            if (t >= lo[b] && t < hi[b]) continue;
+            size_t off = ((size_t)b * T + t) * row;
+            bad += memcmp((const char *)a + off, (const char *)c + off, row) != 0;
+            (*total)++;
+        }
+    return bad;
+}
+static void docs_check(int B, int T, int H, int KV, int hd, int kind, int ds_mib) {
+    CudaSettings cs = cuda_settings_default();
+    if (ds_mib >= 0) cs.attention_ds_mib = ds_mib;
+    cuda_configure(&cs); // before sizing the scratch
+    char sh[128], nm[256];
+    snprintf(sh, sizeof sh, "B=%d T=%d H=%d KV=%d hd=%d docs=%s%s", B, T, H, KV, hd, docs_name[kind],
+             ds_mib == 0 ? " (dQ kernel)" : ds_mib > 0 ? " (dS^T slices)" : "");
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nt = (size_t)B * T;
+    size_t ns = gpu->attention_saved_floats(B, T, H, hd), nscr = gpu->attention_scratch_floats(B, T, H, KV, hd);
+    int *ds = gt_malloc(nt * 4), *zeros = calloc(nt, 4), lo[64], hi[64];
+    make_doc_starts(ds, B, T, kind);
+    for (int b = 0; b < B; b++) { // the document holding t = 2T/3
+        const int *d = ds + (size_t)b * T;
+        lo[b] = d[2 * T / 3];
+        for (hi[b] = 2 * T / 3 + 1; hi[b] < T && d[hi[b]] == lo[b]; hi[b]++) {}
+    }
+    float *k = gt_malloc(nk * 4), *v = gt_malloc(nk * 4);
+    gt_fill(k, nk, GT_NORMAL, 0, 1, 1, fill_seed++);
+    gt_fill(v, nk, GT_NORMAL, 0, 1, 1, fill_seed++);
+    void *qd = dev_act(nq, GT_NORMAL, 0, 1), *dod = dev_act(nq, GT_NORMAL, 0, 1);
+    void *dsd = dev_copy(ds, nt * 4), *zd = dev_copy(zeros, nt * 4);
+    float *scr = dev_poison(nscr * 4);
+    void *got[3][5]; // runs: doc_start NULL, zeros, ds; then ds with new k/v. out, lse2, dq, dk, dv
+    void *changed[5];
+    size_t bytes[5] = {nq * 2, ns * 4, nq * 2, nk * 2, nk * 2};
+    for (int run = 0; run < 4; run++) {
+        if (run == 3)
+            for (int b = 0; b < B; b++)
+                for (int t = lo[b]; t < hi[b]; t++)
+                    for (int j = 0; j < KV * hd; j++) {
+                        size_t at = ((size_t)b * T + t) * KV * hd + j;
+                        k[at] = bf2f(f2bf(3 * gt_randn()));
+                        v[at] = bf2f(f2bf(3 * gt_randn()));
+                    }
+        void *kd = dkeep(gt_dev_bf16(k, nk)), *vd = dkeep(gt_dev_bf16(v, nk));
+        void *o[5] = {dev_poison(bytes[0]), dev_poison(bytes[1]), dev_poison(bytes[2]), dev_poison(bytes[3]),
+                      dev_poison(bytes[4])};
+        const int *d = run == 0 ? NULL : run == 1 ? zd : dsd;
+        gpu->attention_forward(o[0], o[1], qd, kd, vd, d, B, T, H, KV, hd);
+        gpu->attention_backward(o[2], o[3], o[4], dod, o[1], qd, kd, vd, o[0], d, scr, B, T, H, KV, hd);
+        for (int i = 0; i < 5; i++) {
+            void *h = gt_host_bytes(o[i], bytes[i]);
+            if (run < 3) got[run][i] = h;
+            else changed[i] = h;
+        }
+    }
+    static const char *names[5] = {"out", "lse2", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(nm, sizeof nm, "attention %s: doc_start 0 = NULL, %s", sh, names[i]);
+        gt_check_bits(nm, got[1][i], got[0][i], bytes[i] / 2, 2);
+    }
+    size_t bad = 0, total = 0;
+    bad += rows_differ(got[2][0], changed[0], 2, B, T, H, hd, lo, hi, &total);
+    bad += rows_differ(got[2][2], changed[2], 2, B, T, H, hd, lo, hi, &total);
+    bad += rows_differ(got[2][3], changed[3], 2, B, T, KV, hd, lo, hi, &total);
+    bad += rows_differ(got[2][4], changed[4], 2, B, T, KV, hd, lo, hi, &total);
+    size_t changed_in = 0, bh = 0; // lse2 is [B,H,T]
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++, bh++) {
+            const float *a = (const float *)got[2][1] + bh * T, *c = (const float *)changed[1] + bh * T;
+            for (int t = 0; t < T; t++) {
+                int in = t >= lo[b] && t < hi[b];
+                if (in) changed_in += memcmp(a + t, c + t, 4) != 0;
+                else bad += memcmp(a + t, c + t, 4) != 0, total++;
+            }
+        }
+    snprintf(nm, sizeof nm, "attention %s: other documents unchanged", sh);
+    gt_ok(!bad, "%-48s %zu of %zu rows differ", nm, bad, total);
+    snprintf(nm, sizeof nm, "attention %s: the changed document's lse2 changes", sh);
+    gt_ok(changed_in > 0, "%-48s %zu changed", nm, changed_in);
+    for (int i = 0; i < 5; i++) { free(got[0][i]); free(got[1][i]); free(got[2][i]); free(changed[i]); }
+    free(ds); free(zeros); free(k); free(v);
+    dev_release();
+    CudaSettings d = cuda_settings_default();
+    cuda_configure(&d);
+}
+static void special_docs(void) {
+    // B, T, H, KV, hd, documents, attention_ds_mib (-1: the default)
+    static const int shapes[][7] = {
+        {2, 37, 4, 2, 16, DOCS_SHORT, -1},  {1, 128, 4, 4, 32, DOCS_TILE, -1},   {2, 200, 8, 2, 64, DOCS_MANY, -1},
+        {1, 97, 6, 3, 128, DOCS_TILE, -1},  {1, 333, 2, 2, 128, DOCS_TILE, -1},  {1, 333, 2, 2, 128, DOCS_TILE, 0},
+        {3, 200, 4, 4, 128, DOCS_MANY, 1},  {17, 256, 8, 8, 128, DOCS_MANY, -1}, {17, 256, 8, 8, 128, DOCS_TILE, 0},
+        {1, 4096, 16, 16, 128, DOCS_LONG, -1}, {2, 4096, 8, 2, 128, DOCS_MANY, -1}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        docs_check(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], shapes[i][5], shapes[i][6]);
 }
 
 // ---- coverage: every compute op of Ops has a case
@@ -1786,6 +1970,7 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"capture", special_capture},
     {"attention_causality", special_causality},
     {"attention_heads", special_heads},
+    {"attention_docs", special_docs},
     {"coverage", special_coverage},
 };
 

@@ -3,7 +3,9 @@
 //     and every parameter gradient (BF16 bounds, below);
 //  2. 50 AdamW steps on both backends: losses within 1% at every step;
 //  3. the forward + backward runs under CUDA graph capture (which fails on
-//     any host synchronisation) and a replay gives the uncaptured loss.
+//     any host synchronisation) and a replay gives the uncaptured loss;
+//  4. 1-3 with intra-document masking (data.doc_mask) on batches of short
+//     EOS-delimited documents.
 //
 // Tolerances: the GPU runs BF16 weights and activations (8 bits of
 // mantissa: ~4e-3 relative per rounding) through 4 layers, against FP32 on
@@ -47,7 +49,16 @@ static const TestConfig configs[] = {
                      {NULL, NULL}}},
 };
 
+// the tiny config with intra-document masking (doc_eos below)
+static const TestConfig doc_config = {
+    "tiny + doc_mask", {{"vocab_size", "257"}, {"d_model", "128"}, {"n_layers", "4"}, {"n_heads", "4"},
+                        {"n_experts", "8"}, {"top_k", "2"}, {"expert_hidden", "256"}, {"seq_len", "128"},
+                        {"norm", "pre"}, {"qk_norm", "full"}, {NULL, NULL}}};
+
 static const char *routing = "random";
+// >= 0: models mask attention to documents ending with this token, and the
+// batches hold documents of 1 to ~40 tokens (1 in 16 tokens is an EOS)
+static int doc_eos = -1;
 
 static void build(Model *m, const TestConfig *tc, const Ops *ops, int B, int T) {
     ModelConfig c;
@@ -58,11 +69,18 @@ static void build(Model *m, const TestConfig *tc, const Ops *ops, int B, int T) 
     model_config_set(&c, "routing", routing, err, sizeof err);
     if (model_init(m, &c, ops, err, sizeof err)) { printf("%s\n", err); exit(1); }
     model_init_weights(m, 7);
+    if (doc_eos >= 0) { m->doc_mask = 1; m->doc_eos = doc_eos; }
     model_alloc_acts(m, B, T);
+}
+
+static void add_eos(int *tok, int n, unsigned seed) {
+    if (doc_eos < 0) return;
+    for (int i = 0; i < n; i++) { seed = seed * 1103515245u + 12345u; if ((seed >> 8) % 16 == 0) tok[i] = doc_eos; }
 }
 
 static void make_batch(int *tok, int *tgt, int n, int T, int vocab, unsigned seed) {
     for (int i = 0; i < n; i++) { seed = seed * 1103515245u + 12345u; tok[i] = (seed >> 8) % vocab; }
+    add_eos(tok, n, seed);
     for (int i = 0; i < n; i++) tgt[i] = (i % T == T - 1) ? -1 : tok[i + 1];
 }
 
@@ -74,6 +92,7 @@ static void make_pattern_batch(int *tok, int *tgt, int n, int T, int vocab, unsi
         unsigned r = seed >> 8;
         tok[i] = (i % T == 0 || r % 5 == 0) ? (int)((r / 5) % vocab) : (tok[i - 1] * 7 + 3) % vocab;
     }
+    add_eos(tok, n, seed);
     for (int i = 0; i < n; i++) tgt[i] = (i % T == T - 1) ? -1 : tok[i + 1];
 }
 
@@ -301,5 +320,10 @@ int main(void) {
         routing = "random";
         recompute_step(&configs[i]);
     }
+    doc_eos = 256;
+    routing = "random";
+    compare_step(&doc_config);
+    compare_curves(&doc_config);
+    graph_capture(&doc_config);
     return gt_finish();
 }

@@ -119,8 +119,9 @@ static void cpu_rope_backward(real *dinp, const real *dout, const float *cos_t, 
 }
 
 // Causal attention, GQA. q [B,T,H,hd], k/v [B,T,KV,hd]; att [B,H,T,T] probabilities.
+// Query t sees keys lo..t, lo = doc_start[b*T+t] (0 when doc_start is NULL).
 static void cpu_attention_forward(real *out, real *att, const real *q, const real *k, const real *v,
-                                  int B, int T, int H, int KV, int hd) {
+                                  const int *doc_start, int B, int T, int H, int KV, int hd) {
     int group = H / KV;
     real scale = (real)(1.0 / sqrt((double)hd));
 #pragma omp parallel for collapse(3)
@@ -130,8 +131,9 @@ static void cpu_attention_forward(real *out, real *att, const real *q, const rea
                 int g = h / group;
                 const real *qv = q + (((size_t)b * T + t) * H + h) * hd;
                 real *a = att + (((size_t)b * H + h) * T + t) * T;
+                int lo = doc_start ? doc_start[(size_t)b * T + t] : 0;
                 real mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
+                for (int s = lo; s <= t; s++) {
                     const real *kv = k + (((size_t)b * T + s) * KV + g) * hd;
                     real dot = 0;
                     for (int i = 0; i < hd; i++) dot += qv[i] * kv[i];
@@ -139,22 +141,23 @@ static void cpu_attention_forward(real *out, real *att, const real *q, const rea
                     if (a[s] > mx) mx = a[s];
                 }
                 real sum = 0;
-                for (int s = 0; s <= t; s++) { a[s] = (real)exp(a[s] - mx); sum += a[s]; }
-                for (int s = 0; s <= t; s++) a[s] /= sum;
+                for (int s = lo; s <= t; s++) { a[s] = (real)exp(a[s] - mx); sum += a[s]; }
+                for (int s = lo; s <= t; s++) a[s] /= sum;
+                for (int s = 0; s < lo; s++) a[s] = 0;
                 for (int s = t + 1; s < T; s++) a[s] = 0;
                 real *o = out + (((size_t)b * T + t) * H + h) * hd;
                 for (int i = 0; i < hd; i++) o[i] = 0;
-                for (int s = 0; s <= t; s++) {
+                for (int s = lo; s <= t; s++) {
                     const real *vv = v + (((size_t)b * T + s) * KV + g) * hd;
                     for (int i = 0; i < hd; i++) o[i] += a[s] * vv[i];
                 }
             }
 }
 
-// scratch: datt [B,H,T,T]
+// scratch: datt [B,H,T,T]; doc_start as in the forward
 static void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *att,
-                                   const real *q, const real *k, const real *v, real *scratch,
-                                   int B, int T, int H, int KV, int hd) {
+                                   const real *q, const real *k, const real *v, const int *doc_start,
+                                   real *scratch, int B, int T, int H, int KV, int hd) {
     int group = H / KV;
     real scale = (real)(1.0 / sqrt((double)hd));
     real *dpre = scratch;
@@ -168,23 +171,25 @@ static void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dou
                 real *dp = dpre + (((size_t)b * H + h) * T + t) * T;
                 const real *dov = dout + (((size_t)b * T + t) * H + h) * hd;
                 // datt[s] = <do, v_s>; dpre[s] = a[s] (datt[s] - sum_j a[j] datt[j])
+                int lo = doc_start ? doc_start[(size_t)b * T + t] : 0;
                 real dot_sum = 0;
-                for (int s = 0; s <= t; s++) {
+                for (int s = lo; s <= t; s++) {
                     const real *vv = v + (((size_t)b * T + s) * KV + g) * hd;
                     real d = 0;
                     for (int i = 0; i < hd; i++) d += dov[i] * vv[i];
                     dp[s] = d;
                     dot_sum += a[s] * d;
                 }
-                for (int s = 0; s <= t; s++) dp[s] = a[s] * (dp[s] - dot_sum) * scale;
+                for (int s = lo; s <= t; s++) dp[s] = a[s] * (dp[s] - dot_sum) * scale;
                 real *dqv = dq + (((size_t)b * T + t) * H + h) * hd;
                 for (int i = 0; i < hd; i++) dqv[i] = 0;
-                for (int s = 0; s <= t; s++) {
+                for (int s = lo; s <= t; s++) {
                     const real *kv = k + (((size_t)b * T + s) * KV + g) * hd;
                     for (int i = 0; i < hd; i++) dqv[i] += dp[s] * kv[i];
                 }
             }
-    // pass 2, parallel over (b, kv head, s): dk and dv gather over queries t >= s
+    // pass 2, parallel over (b, kv head, s): dk and dv gather over the queries t >= s
+    // that see s (dpre holds nothing for the others)
 #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++)
         for (int g = 0; g < KV; g++)
@@ -194,6 +199,7 @@ static void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dou
                 for (int i = 0; i < hd; i++) { dkv[i] = 0; dvv[i] = 0; }
                 for (int h = g * group; h < (g + 1) * group; h++)
                     for (int t = s; t < T; t++) {
+                        if (doc_start && doc_start[(size_t)b * T + t] > s) continue;
                         real a = att[(((size_t)b * H + h) * T + t) * T + s];
                         real dp = dpre[(((size_t)b * H + h) * T + t) * T + s];
                         const real *qv = q + (((size_t)b * T + t) * H + h) * hd;

@@ -53,13 +53,14 @@ static void c_rope_backward(void *dinp, const void *dout, const float *cs, const
     cpu_rope_backward(F(dinp), CF(dout), cs, sn, B, T, nh, hd);
 }
 static void c_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
-                                int B, int T, int H, int KV, int hd) {
-    cpu_attention_forward(F(out), saved, CF(q), CF(k), CF(v), B, T, H, KV, hd);
+                                const int *doc_start, int B, int T, int H, int KV, int hd) {
+    cpu_attention_forward(F(out), saved, CF(q), CF(k), CF(v), doc_start, B, T, H, KV, hd);
 }
 static void c_attention_backward(void *dq, void *dk, void *dv, const void *dout, const float *saved,
                                  const void *q, const void *k, const void *v, const void *out,
-                                 float *scratch, int B, int T, int H, int KV, int hd) {
-    cpu_attention_backward(F(dq), F(dk), F(dv), CF(dout), saved, CF(q), CF(k), CF(v), scratch, B, T, H, KV, hd);
+                                 const int *doc_start, float *scratch, int B, int T, int H, int KV, int hd) {
+    cpu_attention_backward(F(dq), F(dk), F(dv), CF(dout), saved, CF(q), CF(k), CF(v), doc_start, scratch, B, T,
+                           H, KV, hd);
 }
 static void c_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
     cpu_swiglu_forward(F(out), CF(gate), CF(up), n);

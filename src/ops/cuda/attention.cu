@@ -2,7 +2,8 @@
 // the T x T score matrix never reaches device memory.
 //
 // q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd]; head h reads kv head
-// h / (H/KV); scale 1/sqrt(hd); query t sees keys s <= t.
+// h / (H/KV); scale 1/sqrt(hd); query t sees keys s <= t, and with
+// doc_start (intra-document masking, ops.h) only keys s >= doc_start[t].
 //
 // saved   [B,H,T] f32: log2-sum-exp2 of the scaled scores in base 2,
 //         lse2[t] = log2(sum_{s<=t} 2^(q_t.k_s * scale * log2 e)), so that
@@ -32,6 +33,20 @@
 //
 // Head dims 16, 32, 64 and 128 are compiled; tails of T are masked
 // (zero-filled loads, guarded stores).
+//
+// Documents. Every kernel has a DOC instance, launched when doc_start is
+// given; without it the kernels are those of plain causal attention. With
+// DOC, a query block starts at the key block of its first query's document
+// (doc_start rises within a sequence, so that query's is the block's
+// smallest), a key block's queries end where the document of its last key
+// ends (doc_query_end), warps skip the tiles their documents do not reach,
+// and tiles that a document boundary crosses are masked element by element.
+// Variant 2's query-block kernels run a tile whose rows share one document
+// as causal attention from its first key (M_UNIFORM), with none of the
+// per-row code, which cost them 3-4% on a sequence without EOS; the first
+// set keeps the per-row code throughout (the split measured slower there).
+// With every doc_start 0 a DOC kernel computes what its causal twin does, in
+// the same order: the same bits.
 //
 // Head dim 128 also has a second set of kernels ("variant 2", below the
 // first), with bigger warp tiles; the launchers choose by shape.
@@ -91,6 +106,55 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
+// ---- documents ------------------------------------------------------------
+// ds is the doc_start of one sequence (ops.h): ds[t] is the first key query
+// t sees, and rises with t.
+
+// ds of row t, rows past T as the last row (their results are never stored).
+__device__ __forceinline__ int doc_lo(const int *ds, int t, int T) { return ds[t < T ? t : T - 1]; }
+// The end of the queries that see some key <= kmax (< T): the first t > kmax
+// whose document starts after kmax, or T. A whole warp calls it: each round
+// probes 32 evenly spread positions of [lo, hi) and keeps the stretch before
+// the first one whose document starts after kmax (3 rounds at T = 4096).
+__device__ int doc_query_end(const int *ds, int kmax, int T, int lane) {
+    int lo = kmax + 1, hi = T; // the answer is in [lo, hi]: ds[t] > kmax from it on
+    while (lo < hi) {
+        int len = hi - lo, pos = lo + (int)((long)(lane + 1) * len / 32) - 1; // lane 31 probes hi - 1
+        unsigned ball = __ballot_sync(0xffffffffu, pos >= lo && ds[pos] > kmax);
+        int prev = __shfl_up_sync(0xffffffffu, pos, 1);
+        if (!ball) return hi;
+        int f = __ffs(ball) - 1;
+        int pf = __shfl_sync(0xffffffffu, pos, f), pb = __shfl_sync(0xffffffffu, prev, f);
+        if (f > 0 && pb + 1 > lo) lo = pb + 1;
+        hi = pf;
+    }
+    return hi;
+}
+// How variant 2's query-block kernels run a tile: M_CAUSAL without
+// documents; M_UNIFORM when every row of the tile is in one document,
+// starting at key L: causal attention from L, with nothing per row; else
+// M_DOCS, each row with its own first key (in the mask of the tiles a
+// boundary crosses).
+enum { M_CAUSAL, M_UNIFORM, M_DOCS };
+// The mode of the tile of rows q0 .. q0 + BR - 1, and L = ds[q0] (its smallest).
+__device__ __forceinline__ int doc_tile_mode(const int *ds, int q0, int BR, int T, int *L) {
+    int a = ds[q0], z = ds[min(q0 + BR, T) - 1];
+    *L = a;
+    return a == z ? M_UNIFORM : M_DOCS;
+}
+
+// The first set's query-block kernels (a warp owns rows wrow .. wrow + 15 of
+// the tile q0..): the key block (of BC) the tile starts at, j0; the first key
+// of the thread's rows g, g + 8 (lo) and of the warp's first and last row
+// (wlo, whi).
+template <int BC>
+__device__ __forceinline__ void doc_rows16(const int *ds, int T, int q0, int wrow, int g, int &j0, int (&lo)[2],
+                                           int &wlo, int &whi) {
+    j0 = ds[q0] / BC;
+    lo[0] = doc_lo(ds, wrow + g, T), lo[1] = doc_lo(ds, wrow + g + 8, T);
+    wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
+}
+
 // ---- tile helpers -----------------------------------------------------------
 // A shared tile holds rows of HD bf16 at a stride of HD + 8 elements.
 
@@ -114,9 +178,10 @@ __device__ __forceinline__ void load_rows(bf16 *s, const bf16 *g, int row0, int 
         }
     }
 }
-// ROWS floats src[row0 ..] into s; entries past T zero.
-template <int ROWS, int NT>
-__device__ __forceinline__ void load_floats(float *s, const float *src, int row0, int T) {
+// ROWS 4-byte words (floats, ints) src[row0 ..] into s; entries past T zero.
+template <int ROWS, int NT, typename W>
+__device__ __forceinline__ void load_words(W *s, const W *src, int row0, int T) {
+    static_assert(sizeof(W) == 4, "4-byte words");
     for (int r = threadIdx.x; r < ROWS; r += NT) {
         int t = row0 + r;
         cp_async4(s + r, src + (t < T ? t : 0), t < T ? 4 : 0);
@@ -226,10 +291,10 @@ struct FwdCfg {
 };
 
 // grid (H, B, query blocks), heaviest (last) query blocks first.
-template <int HD>
+template <int HD, bool DOC>
 __global__ void __launch_bounds__(FwdCfg<HD>::NT)
-    attention_forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H,
-                             int KV, float scale_log2) {
+    attention_forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
+                             const int *doc_start, int T, int H, int KV, float scale_log2) {
     using Cfg = FwdCfg<HD>;
     constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -248,8 +313,10 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
     int nkb = div_up(min(T, q0 + BR), BC);
 
     load_rows<HD, BR, NT>(Qs, qg, q0, T, qstride);
-    load_rows<HD, BC, NT>(Ks, kg, 0, T, kstride);
-    load_rows<HD, BC, NT>(Vs, vg, 0, T, kstride);
+    int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0;
+    if (DOC) doc_rows16<BC>(doc_start + (size_t)b * T, T, q0, wrow, g, j0, lo, wlo, whi);
+    load_rows<HD, BC, NT>(Ks + (j0 & 1) * BC * S, kg, j0 * BC, T, kstride);
+    load_rows<HD, BC, NT>(Vs + (j0 & 1) * BC * S, vg, j0 * BC, T, kstride);
     cp_async_commit();
 
     uint32_t qf[HD / 16][4];
@@ -258,7 +325,7 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
     for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; // rows g, g+8; l per thread, summed at the end
 
-    for (int j = 0; j < nkb; j++) {
+    for (int j = j0; j < nkb; j++) {
         if (j + 1 < nkb) {
             int st = (j + 1) & 1;
             load_rows<HD, BC, NT>(Ks + st * BC * S, kg, (j + 1) * BC, T, kstride);
@@ -269,25 +336,28 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (j == 0) {
+        if (j == j0) {
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) frag_a<HD>(qf[kk], Qs, warp * 16, kk * 16, lane);
         }
         int k0 = j * BC;
-        if (k0 <= wrow + 15) { // some key of this block is visible to some row of this warp
+        // some key of this block is visible to some row of this warp
+        if (k0 <= wrow + 15 && (!DOC || k0 + BC - 1 >= wlo)) {
             const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
             float s[BC / 8][4];
 #pragma unroll
             for (int i = 0; i < BC / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
             mma_abt_regs<HD, BC / 8>(s, qf, Kt, 0, lane);
 
-            bool mask = k0 + BC - 1 > wrow;
+            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi);
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = s[nt][e] * scale_log2;
-                    if (mask && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8) x = -INFINITY;
+                    if (mask && (k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8 ||
+                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1])))
+                        x = -INFINITY;
                     s[nt][e] = x;
                 }
 #pragma unroll
@@ -328,7 +398,7 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
         int t = wrow + g + r * 8;
         if (c4 == 0 && t < T) lse2[((size_t)b * H + h) * T + t] = m[r] + log2f(l[r]);
     }
-    // the warp's own Q rows are free since j == 0
+    // the warp's own Q rows are free since j == j0
     stage_acc<HD>(Qs, warp * 16, o, inv[0], inv[1], lane);
     __syncwarp();
     store_rows16<HD>(out + ((size_t)b * T * H + h) * HD, qstride, wrow, T, Qs, warp * 16, lane);
@@ -372,14 +442,15 @@ struct BwdKVCfg {
     static constexpr int BR = HD >= 128 ? 32 : 64; // queries per step
     static constexpr size_t SMEM =
         (size_t)(2 * BC + 4 * BR) * Tile<HD>::STRIDE * sizeof(bf16) + 4 * BR * sizeof(float);
+    static constexpr size_t SMEM_DOC = SMEM + 2 * BR * sizeof(int); // and the queries' doc_start
 };
 
 // grid (KV, B, key blocks), heaviest (first) key blocks first.
-template <int HD>
+template <int HD, bool DOC>
 __global__ void __launch_bounds__(BwdKVCfg<HD>::NT)
     attention_backward_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v,
-                                  const bf16 *dout, const float *lse2, const float *D, int T, int H, int KV,
-                                  float scale_log2, float scale) {
+                                  const bf16 *dout, const float *lse2, const float *D, const int *doc_start,
+                                  int T, int H, int KV, float scale_log2, float scale) {
     using Cfg = BwdKVCfg<HD>;
     constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -389,6 +460,7 @@ __global__ void __launch_bounds__(BwdKVCfg<HD>::NT)
     bf16 *dOs = Qs + 2 * BR * S; // [2][BR][S]
     float *Ls = (float *)(dOs + 2 * BR * S); // [2][BR]
     float *Ds = Ls + 2 * BR;                 // [2][BR]
+    int *DSs = (int *)(Ds + 2 * BR);         // [2][BR] (DOC)
 
     int kvh = blockIdx.x, b = blockIdx.y, kb = blockIdx.z;
     int group = H / KV;
@@ -397,7 +469,10 @@ __global__ void __launch_bounds__(BwdKVCfg<HD>::NT)
     size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
     const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
     const bf16 *vg = v + ((size_t)b * T * KV + kvh) * HD;
-    int i0 = k0 / BR, nqb = div_up(T, BR), nsteps = group * (nqb - i0);
+    const int *docs = DOC ? doc_start + (size_t)b * T : NULL;
+    // DOC: the query blocks end with the document of the block's last key
+    int i0 = k0 / BR, nqb = DOC ? div_up(doc_query_end(docs, min(k0 + BC, T) - 1, T, lane), BR) : div_up(T, BR);
+    int nsteps = group * (nqb - i0);
 
     // the steps run over the heads of the group, and for each over the query
     // blocks i0 .. nqb-1; (ld_h, ld_i) is the next step to load
@@ -407,8 +482,9 @@ __global__ void __launch_bounds__(BwdKVCfg<HD>::NT)
         int qr = ld_i * BR;
         load_rows<HD, BR, NT>(Qs + st * BR * S, q + hoff, qr, T, qstride);
         load_rows<HD, BR, NT>(dOs + st * BR * S, dout + hoff, qr, T, qstride);
-        load_floats<BR, NT>(Ls + st * BR, lse2 + loff, qr, T);
-        load_floats<BR, NT>(Ds + st * BR, D + loff, qr, T);
+        load_words<BR, NT>(Ls + st * BR, lse2 + loff, qr, T);
+        load_words<BR, NT>(Ds + st * BR, D + loff, qr, T);
+        if (DOC) load_words<BR, NT>(DSs + st * BR, docs, qr, T);
         if (++ld_i == nqb) { ld_i = i0; ld_h++; }
     };
     load_rows<HD, BC, NT>(Ks, kg, k0, T, kstride);
@@ -434,7 +510,9 @@ __global__ void __launch_bounds__(BwdKVCfg<HD>::NT)
         __syncthreads();
         int st = n & 1, qr = cur_i * BR;
         if (++cur_i == nqb) cur_i = i0;
-        if (qr + BR - 1 >= wkey) { // some query of this step sees some key of this warp
+        const int *DSt = DSs + st * BR; // (DOC) rises over the step's queries < T
+        // some query of this step sees some key of this warp
+        if (qr + BR - 1 >= wkey && (!DOC || DSt[0] <= wkey + 15)) {
             const bf16 *Qt = Qs + st * BR * S, *dOt = dOs + st * BR * S;
             const float *Lt = Ls + st * BR, *Dt = Ds + st * BR;
             // P^T [16 keys x BR queries]
@@ -442,14 +520,15 @@ __global__ void __launch_bounds__(BwdKVCfg<HD>::NT)
 #pragma unroll
             for (int i = 0; i < BR / 8; i++) p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0.f;
             mma_abt_smem<HD, BR / 8>(p, Ks, warp * 16, Qt, lane);
-            bool mask = qr < wkey + 15 || qr + BR > T;
+            bool mask = qr < wkey + 15 || qr + BR > T || (DOC && DSt[BR - 1] > wkey);
 #pragma unroll
             for (int nt = 0; nt < BR / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int qq = nt * 8 + 2 * c4 + (e & 1), t = qr + qq;
                     float x = fast_exp2(p[nt][e] * scale_log2 - Lt[qq]);
-                    if (mask && (t < wkey + g + (e >> 1) * 8 || t >= T)) x = 0.f;
+                    if (mask && (t < wkey + g + (e >> 1) * 8 || t >= T || (DOC && wkey + g + (e >> 1) * 8 < DSt[qq])))
+                        x = 0.f;
                     p[nt][e] = x;
                 }
             // dV += P^T dO
@@ -488,11 +567,11 @@ struct BwdQCfg {
 };
 
 // grid (H, B, query blocks), heaviest (last) query blocks first.
-template <int HD>
+template <int HD, bool DOC>
 __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
     attention_backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
-                                 const float *lse2, const float *D, int T, int H, int KV, float scale_log2,
-                                 float scale) {
+                                 const float *lse2, const float *D, const int *doc_start, int T, int H, int KV,
+                                 float scale_log2, float scale) {
     using Cfg = BwdQCfg<HD>;
     constexpr int BR = Cfg::BR, BC = Cfg::BC, NT = Cfg::NT, S = Tile<HD>::STRIDE;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -513,8 +592,10 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 
     load_rows<HD, BR, NT>(Qs, q + qoff, q0, T, qstride);
     load_rows<HD, BR, NT>(dOs, dout + qoff, q0, T, qstride);
-    load_rows<HD, BC, NT>(Ks, kg, 0, T, kstride);
-    load_rows<HD, BC, NT>(Vs, vg, 0, T, kstride);
+    int j0 = 0, lo[2] = {0, 0}, wlo = 0, whi = 0;
+    if (DOC) doc_rows16<BC>(doc_start + (size_t)b * T, T, q0, wrow, g, j0, lo, wlo, whi);
+    load_rows<HD, BC, NT>(Ks + (j0 & 1) * BC * S, kg, j0 * BC, T, kstride);
+    load_rows<HD, BC, NT>(Vs + (j0 & 1) * BC * S, vg, j0 * BC, T, kstride);
     cp_async_commit();
 
     float lrow[2], drow[2]; // rows g, g+8 of this warp
@@ -529,7 +610,7 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 #pragma unroll
     for (int i = 0; i < HD / 8; i++) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
 
-    for (int j = 0; j < nkb; j++) {
+    for (int j = j0; j < nkb; j++) {
         if (j + 1 < nkb) {
             int st = (j + 1) & 1;
             load_rows<HD, BC, NT>(Ks + st * BC * S, kg, (j + 1) * BC, T, kstride);
@@ -540,7 +621,7 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (j == 0) {
+        if (j == j0) {
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
                 frag_a<HD>(qf[kk], Qs, warp * 16, kk * 16, lane);
@@ -548,7 +629,7 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
             }
         }
         int k0 = j * BC;
-        if (k0 <= wrow + 15) {
+        if (k0 <= wrow + 15 && (!DOC || k0 + BC - 1 >= wlo)) {
             const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
             float p[BC / 8][4], ds[BC / 8][4];
 #pragma unroll
@@ -556,13 +637,15 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 #pragma unroll
                 for (int e = 0; e < 4; e++) p[i][e] = ds[i][e] = 0.f;
             mma_abt_regs<HD, BC / 8>(p, qf, Kt, 0, lane);
-            bool mask = k0 + BC - 1 > wrow;
+            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi);
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = fast_exp2(p[nt][e] * scale_log2 - lrow[e >> 1]);
-                    if (mask && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8) x = 0.f;
+                    if (mask && (k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8 ||
+                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1])))
+                        x = 0.f;
                     p[nt][e] = x;
                 }
             mma_abt_regs<HD, BC / 8>(ds, df, Vt, 0, lane); // dP = dO V^T
@@ -700,24 +783,48 @@ __device__ __forceinline__ void zero(float (&x)[2][N][4]) {
         for (int i = 0; i < N; i++) x[mt][i][0] = x[mt][i][1] = x[mt][i][2] = x[mt][i][3] = 0.f;
 }
 
+// Sets x of the keys k0.. (accumulator layout, two 16-row tiles) that precede
+// their row's first key to masked: M_DOCS, lo the doc_start of the warp's 32
+// rows (a pass of its own, one row's lo live at a time: registers are
+// short); M_UNIFORM, L for every row.
+template <int MODE, int NT8>
+__device__ __forceinline__ void mask_doc(float (&x)[2][NT8][4], const int *lo, int L, int k0, float masked,
+                                         int lane) {
+    int g = lane >> 2, c4 = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int first = (MODE == M_DOCS ? lo[mt * 16 + g + r * 8] : L) - k0 - 2 * c4; // columns nt * 8 + c below
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    if (nt * 8 + c < first) x[mt][nt][2 * r + c] = masked;
+        }
+}
+
 // ---- forward ----
 
 struct Fwd {
     static constexpr int WARPS = 4, BR = 32 * WARPS, BC = 64, NT = 32 * WARPS;
     static constexpr size_t SMEM = (size_t)(BR + 4 * BC) * S * sizeof(bf16); // 104,448: 2 blocks per SM
+    static constexpr size_t SMEM_DOC = SMEM + BR * sizeof(int);               // and the rows' doc_start
 };
 
 // One key block for the warp's 32 rows (wrow.., at rows qr.. of Qs): the
 // online-softmax step of attention_forward_kernel, for two 16-row tiles.
-template <bool MASK>
+// MASK: the causal mask, and with documents the documents' (mask_doc).
+template <bool MASK, int MODE>
 __device__ __forceinline__ void fwd_block(float (&o)[2][HD / 8][4], float (&m)[2][2], float (&l)[2][2],
                                           const bf16 *Qs, int qr, const bf16 *Kt, const bf16 *Vt, int wrow,
-                                          int k0, float scale_log2, int lane) {
+                                          int k0, const int *lo, int L, float scale_log2, int lane) {
     constexpr int BC = Fwd::BC;
     int g = lane >> 2, c4 = lane & 3;
     float s[2][BC / 8][4];
     zero(s);
     abt32<BC / 8>(s, Qs, qr, Kt, 0, lane);
+    if (MASK && MODE != M_CAUSAL) mask_doc<MODE>(s, lo, L, k0, -INFINITY, lane);
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -757,15 +864,17 @@ __device__ __forceinline__ void fwd_block(float (&o)[2][HD / 8][4], float (&m)[2
     pv32<BC>(o, s, Vt, lane);
 }
 
-// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
-__global__ void __launch_bounds__(Fwd::NT, 2)
-    forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H, int KV,
-                   float scale_log2) {
+// One query block of 128 in mode MODE (L: doc_tile_mode's).
+template <int MODE>
+__device__ __forceinline__ void forward_tile(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
+                                             const int *doc_start, int T, int H, int KV, float scale_log2, int L) {
+    constexpr bool DOC = MODE == M_DOCS;
     constexpr int BR = Fwd::BR, BC = Fwd::BC, NT = Fwd::NT;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem;    // [BR][S]
     bf16 *Ks = Qs + BR * S;     // [2][BC][S]
     bf16 *Vs = Ks + 2 * BC * S; // [2][BC][S]
+    int *Ls = (int *)(Vs + 2 * BC * S); // [BR] the rows' doc_start (DOC)
 
     int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;
     int kvh = h / (H / KV);
@@ -778,15 +887,18 @@ __global__ void __launch_bounds__(Fwd::NT, 2)
     int nkb = div_up(min(T, q0 + BR), BC);
 
     load_tile<BR, NT>(Qs, qg, q0, T, qstride);
-    load_tile<BC, NT>(Ks, kg, 0, T, kstride);
-    load_tile<BC, NT>(Vs, vg, 0, T, kstride);
+    // documents: keys from the block of L; DOC: the rows' doc_start
+    int j0 = MODE != M_CAUSAL ? L / BC : 0;
+    if (DOC) load_words<BR, NT>(Ls, doc_start + (size_t)b * T, q0, T);
+    load_tile<BC, NT>(Ks + (j0 & 1) * BC * S, kg, j0 * BC, T, kstride);
+    load_tile<BC, NT>(Vs + (j0 & 1) * BC * S, vg, j0 * BC, T, kstride);
     cp_async_commit();
 
     float o[2][HD / 8][4];
     zero(o);
     float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 
-    for (int j = 0; j < nkb; j++) {
+    for (int j = j0; j < nkb; j++) {
         cp_async_wait<0>();
         __syncthreads(); // block j is in; every warp is done with block j - 1's buffers
         if (j + 1 < nkb) {
@@ -796,12 +908,14 @@ __global__ void __launch_bounds__(Fwd::NT, 2)
             cp_async_commit();
         }
         int k0 = j * BC;
-        if (k0 <= wrow + 31) { // some key of this block is visible to some row of this warp
+        const int *lo = Ls + warp * 32; // (DOC) the warp's rows; rows past T hold 0
+        // some key of this block is visible to some row of this warp
+        if (k0 <= wrow + 31 && (!DOC || k0 + BC - 1 >= lo[0])) {
             const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
-            if (k0 + BC - 1 > wrow)
-                fwd_block<true>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, scale_log2, lane);
+            if (k0 + BC - 1 > wrow || (DOC && k0 < lo[min(31, T - 1 - wrow)]) || (MODE == M_UNIFORM && k0 < L))
+                fwd_block<true, MODE>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, lo, L, scale_log2, lane);
             else
-                fwd_block<false>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, scale_log2, lane);
+                fwd_block<false, MODE>(o, m, l, Qs, warp * 32, Kt, Vt, wrow, k0, lo, L, scale_log2, lane);
         }
     }
 
@@ -827,23 +941,42 @@ __global__ void __launch_bounds__(Fwd::NT, 2)
     store_rows16<HD>(og, qstride, wrow + 16, T, Qs, warp * 32 + 16, lane);
 }
 
+// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
+template <bool DOC>
+__global__ void __launch_bounds__(Fwd::NT, 2)
+    forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, const int *doc_start, int T,
+                   int H, int KV, float scale_log2) {
+    if (!DOC) {
+        forward_tile<M_CAUSAL>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, 0);
+        return;
+    }
+    int L, q0 = (gridDim.z - 1 - blockIdx.z) * Fwd::BR;
+    if (doc_tile_mode(doc_start + (size_t)blockIdx.y * T, q0, Fwd::BR, T, &L) == M_UNIFORM)
+        forward_tile<M_UNIFORM>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, L);
+    else
+        forward_tile<M_DOCS>(out, lse2, q, k, v, doc_start, T, H, KV, scale_log2, L);
+}
+
 // ---- backward: dQ ----
 
 struct BwdQ {
     static constexpr int WARPS = 4, BR = 32 * WARPS, BC = 32, NT = 32 * WARPS;
     static constexpr size_t SMEM = (size_t)(2 * BR + 4 * BC) * S * sizeof(bf16); // 104,448: 2 blocks per SM
+    static constexpr size_t SMEM_DOC = SMEM + BR * sizeof(int);                   // and the rows' doc_start
 };
 
-template <bool MASK>
+template <bool MASK, int MODE>
 __device__ __forceinline__ void dq_block(float (&dqa)[2][HD / 8][4], const bf16 *Qs, const bf16 *dOs, int qr,
                                          const bf16 *Kt, const bf16 *Vt, const float (&lrow)[2][2],
-                                         const float (&drow)[2][2], int wrow, int k0, float scale_log2, int lane) {
+                                         const float (&drow)[2][2], int wrow, int k0, const int *lo, int L,
+                                         float scale_log2, int lane) {
     constexpr int BC = BwdQ::BC;
     int g = lane >> 2, c4 = lane & 3;
     float p[2][BC / 8][4], ds[2][BC / 8][4];
     zero(p);
     zero(ds);
     abt32<BC / 8>(p, Qs, qr, Kt, 0, lane); // S = Q K^T
+    if (MASK && MODE != M_CAUSAL) mask_doc<MODE>(p, lo, L, k0, -INFINITY, lane); // exp2(-inf) = 0 below
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -864,16 +997,20 @@ __device__ __forceinline__ void dq_block(float (&dqa)[2][HD / 8][4], const bf16 
     pv32<BC>(dqa, ds, Kt, lane); // dQ += dS K
 }
 
-// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
-__global__ void __launch_bounds__(BwdQ::NT, 2)
-    backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse2,
-                       const float *D, int T, int H, int KV, float scale_log2, float scale) {
+// One query block of 128 in mode MODE (as forward_tile).
+template <int MODE>
+__device__ __forceinline__ void backward_dq_tile(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                 const bf16 *dout, const float *lse2, const float *D,
+                                                 const int *doc_start, int T, int H, int KV, float scale_log2,
+                                                 float scale, int L) {
+    constexpr bool DOC = MODE == M_DOCS;
     constexpr int BR = BwdQ::BR, BC = BwdQ::BC, NT = BwdQ::NT;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem;    // [BR][S]
     bf16 *dOs = Qs + BR * S;    // [BR][S]
     bf16 *Ks = dOs + BR * S;    // [2][BC][S]
     bf16 *Vs = Ks + 2 * BC * S; // [2][BC][S]
+    int *Ls = (int *)(Vs + 2 * BC * S); // [BR] the rows' doc_start (DOC)
 
     int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;
     int kvh = h / (H / KV);
@@ -887,8 +1024,10 @@ __global__ void __launch_bounds__(BwdQ::NT, 2)
 
     load_tile<BR, NT>(Qs, q + qoff, q0, T, qstride);
     load_tile<BR, NT>(dOs, dout + qoff, q0, T, qstride);
-    load_tile<BC, NT>(Ks, kg, 0, T, kstride);
-    load_tile<BC, NT>(Vs, vg, 0, T, kstride);
+    int j0 = MODE != M_CAUSAL ? L / BC : 0; // as in forward_tile
+    if (DOC) load_words<BR, NT>(Ls, doc_start + (size_t)b * T, q0, T);
+    load_tile<BC, NT>(Ks + (j0 & 1) * BC * S, kg, j0 * BC, T, kstride);
+    load_tile<BC, NT>(Vs + (j0 & 1) * BC * S, vg, j0 * BC, T, kstride);
     cp_async_commit();
 
     float lrow[2][2], drow[2][2]; // rows g, g+8 of the warp's two 16-row tiles
@@ -903,7 +1042,7 @@ __global__ void __launch_bounds__(BwdQ::NT, 2)
     float dqa[2][HD / 8][4];
     zero(dqa);
 
-    for (int j = 0; j < nkb; j++) {
+    for (int j = j0; j < nkb; j++) {
         cp_async_wait<0>();
         __syncthreads();
         if (j + 1 < nkb) {
@@ -913,12 +1052,13 @@ __global__ void __launch_bounds__(BwdQ::NT, 2)
             cp_async_commit();
         }
         int k0 = j * BC;
-        if (k0 <= wrow + 31) {
+        const int *lo = Ls + warp * 32;
+        if (k0 <= wrow + 31 && (!DOC || k0 + BC - 1 >= lo[0])) {
             const bf16 *Kt = Ks + (j & 1) * BC * S, *Vt = Vs + (j & 1) * BC * S;
-            if (k0 + BC - 1 > wrow)
-                dq_block<true>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, scale_log2, lane);
+            if (k0 + BC - 1 > wrow || (DOC && k0 < lo[min(31, T - 1 - wrow)]) || (MODE == M_UNIFORM && k0 < L))
+                dq_block<true, MODE>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, lo, L, scale_log2, lane);
             else
-                dq_block<false>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, scale_log2, lane);
+                dq_block<false, MODE>(dqa, Qs, dOs, warp * 32, Kt, Vt, lrow, drow, wrow, k0, lo, L, scale_log2, lane);
         }
     }
 
@@ -928,6 +1068,22 @@ __global__ void __launch_bounds__(BwdQ::NT, 2)
     __syncwarp();
     store_rows16<HD>(dq + qoff, qstride, wrow, T, Qs, warp * 32, lane);
     store_rows16<HD>(dq + qoff, qstride, wrow + 16, T, Qs, warp * 32 + 16, lane);
+}
+
+// grid (H, B, query blocks of 128), heaviest (last) query blocks first.
+template <bool DOC>
+__global__ void __launch_bounds__(BwdQ::NT, 2)
+    backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse2,
+                       const float *D, const int *doc_start, int T, int H, int KV, float scale_log2, float scale) {
+    if (!DOC) {
+        backward_dq_tile<M_CAUSAL>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, 0);
+        return;
+    }
+    int L, q0 = (gridDim.z - 1 - blockIdx.z) * BwdQ::BR;
+    if (doc_tile_mode(doc_start + (size_t)blockIdx.y * T, q0, BwdQ::BR, T, &L) == M_UNIFORM)
+        backward_dq_tile<M_UNIFORM>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, L);
+    else
+        backward_dq_tile<M_DOCS>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, scale_log2, scale, L);
 }
 
 // ---- dS^T in device memory (dQ as a matmul after the dK/dV kernel) ----
@@ -959,6 +1115,7 @@ struct BwdKV {
     static constexpr size_t SMEM = (size_t)(2 * BC + 4 * BR) * S * sizeof(bf16) // K, V; 2 x (Q, dO)
                                    + 4 * BR * sizeof(float)                        // 2 x (lse2, D)
                                    + (size_t)2 * BC * PS * sizeof(bf16);           // P^T, dS^T: 177,152
+    static constexpr size_t SMEM_DOC = SMEM + 2 * BR * sizeof(int);                 // 2 x the queries' doc_start
 };
 
 // grid (KV, B, key blocks of 128), heaviest (first) key blocks first.
@@ -971,11 +1128,14 @@ struct BwdKV {
 //     dV += P^T dO (hw = 0) or dK += dS^T Q (hw = 1), over the 16-query
 //     chunks in order, skipping the chunks that no key of the warp sees
 //     (whose phase-1 tiles were skipped too, so never read stale).
-template <bool DS>
+// DOC: the query blocks end with the document of the block's last key; a
+// phase-1 tile whose queries' documents all start after the warp's keys is
+// skipped (zeros in dS^T), and so are its chunks in phase 2.
+template <bool DS, bool DOC>
 __global__ void __launch_bounds__(BwdKV::NT, 1)
     backward_dkv_kernel(bf16 *dk, bf16 *dv, bf16 *dsT, const bf16 *q, const bf16 *k, const bf16 *v,
-                        const bf16 *dout, const float *lse2, const float *D, int T, int H, int KV, float scale_log2,
-                        float scale) {
+                        const bf16 *dout, const float *lse2, const float *D, const int *doc_start, int T, int H,
+                        int KV, float scale_log2, float scale) {
     constexpr int BR = BwdKV::BR, BC = BwdKV::BC, NT = BwdKV::NT, PS = BwdKV::PS;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Ks = (bf16 *)smem;                 // [BC][S]
@@ -986,6 +1146,7 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
     float *Ds = Ls + 2 * BR;                 // [2][BR]
     bf16 *Ps = (bf16 *)(Ds + 2 * BR);        // [BC][PS] P^T
     bf16 *dSs = Ps + BC * PS;                // [BC][PS] dS^T
+    int *DSs = (int *)(dSs + BC * PS);       // [2][BR] the queries' doc_start (DOC)
 
     int kvh = blockIdx.x, b = blockIdx.y, kb = blockIdx.z;
     int group = H / KV;
@@ -995,7 +1156,9 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
     size_t qstride = (size_t)H * HD, kstride = (size_t)KV * HD;
     const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
     const bf16 *vg = v + ((size_t)b * T * KV + kvh) * HD;
-    int i0 = k0 / BR, nqb = div_up(T, BR), nsteps = group * (nqb - i0);
+    const int *docs = DOC ? doc_start + (size_t)b * T : NULL;
+    int i0 = k0 / BR, nqb = DOC ? div_up(doc_query_end(docs, min(k0 + BC, T) - 1, T, lane), BR) : div_up(T, BR);
+    int nsteps = group * (nqb - i0);
 
     // step n: head kvh * group + n / nper, queries (i0 + n % nper) * BR ..
     int nper = nqb - i0;
@@ -1004,8 +1167,9 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
         size_t hoff = ((size_t)b * T * H + hh) * HD, loff = ((size_t)b * H + hh) * T;
         load_tile<BR, NT>(Qs + st * BR * S, q + hoff, qr, T, qstride);
         load_tile<BR, NT>(dOs + st * BR * S, dout + hoff, qr, T, qstride);
-        load_floats<BR, NT>(Ls + st * BR, lse2 + loff, qr, T);
-        load_floats<BR, NT>(Ds + st * BR, D + loff, qr, T);
+        load_words<BR, NT>(Ls + st * BR, lse2 + loff, qr, T);
+        load_words<BR, NT>(Ds + st * BR, D + loff, qr, T);
+        if (DOC) load_words<BR, NT>(DSs + st * BR, docs, qr, T);
     };
     load_tile<BC, NT>(Ks, kg, k0, T, kstride);
     load_tile<BC, NT>(Vs, vg, k0, T, kstride);
@@ -1027,13 +1191,16 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
 
         // phase 1: keys wkey.., queries q1..
         int q1 = qr + hw * 32;
-        if (q1 + 31 >= wkey) { // some query of the tile sees some key
+        const int *DSt = DSs + st * BR; // (DOC) rises over the step's queries < T
+        // some query of the tile sees some key
+        if (q1 + 31 >= wkey && (!DOC || DSt[hw * 32] <= wkey + 31)) {
             const float *Lt = Ls + st * BR + hw * 32, *Dt = Ds + st * BR + hw * 32;
+            const int *Qd = DSt + hw * 32;
             float p[2][4][4], ds[2][4][4];
             zero(p);
             zero(ds);
             abt32<4>(p, Ks, kw * 32, Qt, hw * 32, lane); // S^T = K Q^T
-            bool mask = q1 < wkey + 31 || q1 + 32 > T;
+            bool mask = q1 < wkey + 31 || q1 + 32 > T || (DOC && Qd[31] > wkey);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -1042,7 +1209,9 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
                     for (int e = 0; e < 4; e++) {
                         int qq = nt * 8 + 2 * c4 + (e & 1), t = q1 + qq;
                         float x = fast_exp2(p[mt][nt][e] * scale_log2 - Lt[qq]);
-                        if (mask && (t < wkey + mt * 16 + g + (e >> 1) * 8 || t >= T)) x = 0.f;
+                        if (mask && (t < wkey + mt * 16 + g + (e >> 1) * 8 || t >= T ||
+                                     (DOC && wkey + mt * 16 + g + (e >> 1) * 8 < Qd[qq])))
+                            x = 0.f;
                         p[mt][nt][e] = x;
                     }
             abt32<4>(ds, Vs, kw * 32, dOt, hw * 32, lane); // dP^T = V dO^T
@@ -1086,9 +1255,12 @@ __global__ void __launch_bounds__(BwdKV::NT, 1)
             const bf16 *As = hw ? dSs : Ps, *Bs = hw ? Qt : dOt;
             int first = wkey - qr - 15; // chunks kk with kk * 16 < first see no key of the warp
             asm volatile("" : "+r"(first)); // (computed here, not kept live through phase 1: registers)
+            // DOC: bit i, phase 1 skipped the tile of queries 32 i.. (the test above)
+            int skipped = DOC ? (DSt[0] > wkey + 31) | (DSt[32] > wkey + 31) << 1 : 0;
 #pragma unroll
             for (int kk = 0; kk < BR / 16; kk++) {
                 if (kk * 16 < first) continue; // no query of the chunk sees a key of the warp
+                if (DOC && (skipped >> (kk / 2) & 1)) continue;
                 uint32_t a[2][4];
                 ld_a<PS>(a[0], As, kw * 32, kk * 16, lane);
                 ld_a<PS>(a[1], As, kw * 32 + 16, kk * 16, lane);
@@ -1133,9 +1305,14 @@ struct DqDs {
 // grid (H, B, query blocks of 128), heaviest (last) query blocks first.
 // dQ[q] = scale sum_k dS[q, k] K[k] over key blocks of 64 in order; warp w
 // owns queries q0 + 32 w .. + 31 (A fragments by ldmatrix.trans from the
-// [key][query] tile), all HD columns.
+// [key][query] tile), all HD columns. DOC: key blocks from the one of the
+// tile's first document; a warp skips the key blocks before its first
+// query's document, which backward_dkv_kernel<true, true> may not have
+// written (it ends each key block's queries with the last key's document).
+template <bool DOC>
 __global__ void __launch_bounds__(DqDs::NT, 2)
-    dq_ds_kernel(bf16 *dq, const bf16 *dsT, const bf16 *k, int T, int H, int KV, float scale) {
+    dq_ds_kernel(bf16 *dq, const bf16 *dsT, const bf16 *k, const int *doc_start, int T, int H, int KV,
+                 float scale) {
     constexpr int BR = DqDs::BR, BC = DqDs::BC, NT = DqDs::NT;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Ds = (bf16 *)smem;     // [2][BC][S]: keys x queries q0..q0+127
@@ -1150,6 +1327,12 @@ __global__ void __launch_bounds__(DqDs::NT, 2)
     const bf16 *kg = k + ((size_t)b * T * KV + kvh) * HD;
     int nkb = div_up(min(T, q0 + BR), BC);
 
+    int j0 = 0, wlo = 0;
+    if (DOC) {
+        const int *ds = doc_start + (size_t)b * T;
+        j0 = ds[q0] / BC;
+        wlo = doc_lo(ds, wrow, T);
+    }
     auto load = [&](int j, int st) {
         int kk0 = j * BC, kb = kk0 / 128, k0 = kb * 128;
         size_t ld = (size_t)(Tp - k0);
@@ -1163,12 +1346,12 @@ __global__ void __launch_bounds__(DqDs::NT, 2)
         }
         load_tile<BC, NT>(Ks + st * BC * S, kg, kk0, T, kstride);
     };
-    load(0, 0);
+    load(j0, j0 & 1);
     cp_async_commit();
 
     float acc[2][HD / 8][4];
     zero(acc);
-    for (int j = 0; j < nkb; j++) {
+    for (int j = j0; j < nkb; j++) {
         cp_async_wait<0>();
         __syncthreads(); // block j is in; every warp is done with block j - 1's buffers
         if (j + 1 < nkb) {
@@ -1176,6 +1359,7 @@ __global__ void __launch_bounds__(DqDs::NT, 2)
             cp_async_commit();
         }
         if (j * BC > wrow + 31) continue; // no query of the warp sees these keys (dS is 0)
+        if (DOC && j * BC + BC - 1 < wlo) continue; // nor here (dS is 0, or unwritten)
         const bf16 *Dt = Ds + (j & 1) * BC * S, *Kt = Ks + (j & 1) * BC * S;
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
@@ -1245,51 +1429,61 @@ static bool v2_qblocks(int B, int T, int H) {
     return (long)B * H * ceil_div(T, v2::Fwd::BR) > 2L * cuda_num_sms();
 }
 
-static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
-                       int KV) {
+// The kernels' DOC instances run when doc_start is given (the same grids).
+static void forward_v2(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, const int *doc_start,
+                       int B, int T, int H, int KV) {
     using Cfg = v2::Fwd;
-    static int smem_set;
-    cuda_allow_smem((const void *)v2::forward_kernel, &smem_set, (int)Cfg::SMEM);
+    static int smem_set[2];
+    bool doc = doc_start != NULL;
+    int smem = (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM);
+    auto fn = doc ? v2::forward_kernel<true> : v2::forward_kernel<false>;
+    cuda_allow_smem((const void *)fn, &smem_set[doc], smem);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
-    v2::forward_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, T, H, KV, log2e_scale(128));
+    fn<<<grid, Cfg::NT, smem, cuda_stream()>>>(out, lse2, q, k, v, doc_start, T, H, KV, log2e_scale(128));
     cudaLaunchCheck();
 }
 
 static void backward_dq_v2(bf16 *dq, const bf16 *dout, const float *lse2, const bf16 *q, const bf16 *k,
-                           const bf16 *v, const float *D, int B, int T, int H, int KV) {
+                           const bf16 *v, const float *D, const int *doc_start, int B, int T, int H, int KV) {
     using Cfg = v2::BwdQ;
-    static int smem_set;
-    cuda_allow_smem((const void *)v2::backward_dq_kernel, &smem_set, (int)Cfg::SMEM);
+    static int smem_set[2];
+    bool doc = doc_start != NULL;
+    int smem = (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM);
+    auto fn = doc ? v2::backward_dq_kernel<true> : v2::backward_dq_kernel<false>;
+    cuda_allow_smem((const void *)fn, &smem_set[doc], smem);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
-    v2::backward_dq_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
-        dq, q, k, v, dout, lse2, D, T, H, KV, log2e_scale(128), (float)(1.0 / sqrt(128.0)));
+    fn<<<grid, Cfg::NT, smem, cuda_stream()>>>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, log2e_scale(128),
+                                               (float)(1.0 / sqrt(128.0)));
     cudaLaunchCheck();
 }
 
 // dsT NULL: dK, dV only; else also dS^T into dsT (v2::ds_block_off).
 static void backward_dkv_v2(bf16 *dk, bf16 *dv, bf16 *dsT, const bf16 *dout, const float *lse2, const bf16 *q,
-                            const bf16 *k, const bf16 *v, const float *D, int B, int T, int H, int KV) {
+                            const bf16 *k, const bf16 *v, const float *D, const int *doc_start, int B, int T, int H,
+                            int KV) {
     using Cfg = v2::BwdKV;
-    static int smem_set[2];
-    const void *fn = dsT ? (const void *)v2::backward_dkv_kernel<true> : (const void *)v2::backward_dkv_kernel<false>;
-    cuda_allow_smem(fn, &smem_set[dsT != NULL], (int)Cfg::SMEM);
+    static int smem_set[4];
+    bool doc = doc_start != NULL;
+    int smem = (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM), which = (dsT != NULL) + 2 * doc;
+    decltype(&v2::backward_dkv_kernel<false, false>) fns[4] = {
+        v2::backward_dkv_kernel<false, false>, v2::backward_dkv_kernel<true, false>,
+        v2::backward_dkv_kernel<false, true>, v2::backward_dkv_kernel<true, true>};
+    cuda_allow_smem((const void *)fns[which], &smem_set[which], smem);
     dim3 grid(KV, B, ceil_div(T, Cfg::BC));
-    float sl2 = log2e_scale(128), scale = (float)(1.0 / sqrt(128.0));
-    if (dsT)
-        v2::backward_dkv_kernel<true><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dk, dv, dsT, q, k, v, dout, lse2,
-                                                                                   D, T, H, KV, sl2, scale);
-    else
-        v2::backward_dkv_kernel<false><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dk, dv, dsT, q, k, v, dout, lse2,
-                                                                                    D, T, H, KV, sl2, scale);
+    fns[which]<<<grid, Cfg::NT, smem, cuda_stream()>>>(dk, dv, dsT, q, k, v, dout, lse2, D, doc_start, T, H, KV,
+                                                       log2e_scale(128), (float)(1.0 / sqrt(128.0)));
     cudaLaunchCheck();
 }
 
-static void backward_dq_ds(bf16 *dq, const bf16 *dsT, const bf16 *k, int B, int T, int H, int KV) {
+static void backward_dq_ds(bf16 *dq, const bf16 *dsT, const bf16 *k, const int *doc_start, int B, int T, int H,
+                           int KV) {
     using Cfg = v2::DqDs;
-    static int smem_set;
-    cuda_allow_smem((const void *)v2::dq_ds_kernel, &smem_set, (int)Cfg::SMEM);
+    static int smem_set[2];
+    bool doc = doc_start != NULL;
+    auto fn = doc ? v2::dq_ds_kernel<true> : v2::dq_ds_kernel<false>;
+    cuda_allow_smem((const void *)fn, &smem_set[doc], (int)Cfg::SMEM);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
-    v2::dq_ds_kernel<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, dsT, k, T, H, KV, (float)(1.0 / sqrt(128.0)));
+    fn<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, dsT, k, doc_start, T, H, KV, (float)(1.0 / sqrt(128.0)));
     cudaLaunchCheck();
 }
 
@@ -1314,91 +1508,98 @@ static int ds_batch_rows(int B, int T, int H, int KV, int hd) {
 static size_t d_floats(int B, int T, int H) { return ((size_t)B * H * T + 3) / 4 * 4; } // 16-byte aligned after
 
 template <int HD>
-static void forward_hd(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
-                       int KV) {
+static void forward_hd(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v, const int *doc_start,
+                       int B, int T, int H, int KV) {
     if (HD == 128 && v2_qblocks(B, T, H)) {
-        forward_v2(out, lse2, q, k, v, B, T, H, KV);
+        forward_v2(out, lse2, q, k, v, doc_start, B, T, H, KV);
         return;
     }
     using Cfg = FwdCfg<HD>;
-    static int smem_set;
-    cuda_allow_smem((const void *)attention_forward_kernel<HD>, &smem_set, (int)Cfg::SMEM);
+    static int smem_set[2];
+    bool doc = doc_start != NULL;
+    auto fn = doc ? attention_forward_kernel<HD, true> : attention_forward_kernel<HD, false>;
+    cuda_allow_smem((const void *)fn, &smem_set[doc], (int)Cfg::SMEM);
     dim3 grid(H, B, ceil_div(T, Cfg::BR));
-    attention_forward_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, T, H, KV,
-                                                                             log2e_scale(HD));
+    fn<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(out, lse2, q, k, v, doc_start, T, H, KV, log2e_scale(HD));
     cudaLaunchCheck();
 }
 
 template <int HD>
 static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse2, const bf16 *q,
-                        const bf16 *k, const bf16 *v, const bf16 *out, float *D, int B, int T, int H, int KV) {
+                        const bf16 *k, const bf16 *v, const bf16 *out, const int *doc_start, float *D, int B, int T,
+                        int H, int KV) {
     size_t threads = (size_t)B * T * H * (HD / 8);
     attention_backward_d_kernel<HD><<<ceil_div(threads, 256), 256, 0, cuda_stream()>>>(D, out, dout, B, T, H);
     cudaLaunchCheck();
 
     float sl2 = log2e_scale(HD), scale = (float)(1.0 / sqrt((double)HD));
+    bool doc = doc_start != NULL;
     int dsr = ds_batch_rows(B, T, H, KV, HD);
     if (dsr > 0) { // dK, dV and dS^T, then dQ = scale dS K, per slice of batch rows
         bf16 *dsT = (bf16 *)(D + d_floats(B, T, H));
         for (int b0 = 0; b0 < B; b0 += dsr) {
             int nb = B - b0 < dsr ? B - b0 : dsr;
             size_t oq = (size_t)b0 * T * H * HD, ok = (size_t)b0 * T * KV * HD, ol = (size_t)b0 * H * T;
-            backward_dkv_v2(dk + ok, dv + ok, dsT, dout + oq, lse2 + ol, q + oq, k + ok, v + ok, D + ol, nb, T, H, KV);
-            backward_dq_ds(dq + oq, dsT, k + ok, nb, T, H, KV);
+            const int *dst = doc ? doc_start + (size_t)b0 * T : NULL;
+            backward_dkv_v2(dk + ok, dv + ok, dsT, dout + oq, lse2 + ol, q + oq, k + ok, v + ok, D + ol, dst, nb, T,
+                            H, KV);
+            backward_dq_ds(dq + oq, dsT, k + ok, dst, nb, T, H, KV);
         }
         return;
     }
     if (HD == 128 && v2_qblocks(B, T, H)) {
-        backward_dq_v2(dq, dout, lse2, q, k, v, D, B, T, H, KV);
+        backward_dq_v2(dq, dout, lse2, q, k, v, D, doc_start, B, T, H, KV);
     } else {
         using Cfg = BwdQCfg<HD>;
-        static int smem_set;
-        cuda_allow_smem((const void *)attention_backward_dq_kernel<HD>, &smem_set, (int)Cfg::SMEM);
+        static int smem_set[2];
+        auto fn = doc ? attention_backward_dq_kernel<HD, true> : attention_backward_dq_kernel<HD, false>;
+        cuda_allow_smem((const void *)fn, &smem_set[doc], (int)Cfg::SMEM);
         dim3 grid(H, B, ceil_div(T, Cfg::BR));
-        attention_backward_dq_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, q, k, v, dout, lse2, D,
-                                                                                   T, H, KV, sl2, scale);
+        fn<<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(dq, q, k, v, dout, lse2, D, doc_start, T, H, KV, sl2, scale);
         cudaLaunchCheck();
     }
     if (HD == 128 && H == KV) {
-        backward_dkv_v2(dk, dv, NULL, dout, lse2, q, k, v, D, B, T, H, KV);
+        backward_dkv_v2(dk, dv, NULL, dout, lse2, q, k, v, D, doc_start, B, T, H, KV);
     } else {
         using Cfg = BwdKVCfg<HD>;
-        static int smem_set;
-        cuda_allow_smem((const void *)attention_backward_dkv_kernel<HD>, &smem_set, (int)Cfg::SMEM);
+        static int smem_set[2];
+        auto fn = doc ? attention_backward_dkv_kernel<HD, true> : attention_backward_dkv_kernel<HD, false>;
+        int smem = (int)(doc ? Cfg::SMEM_DOC : Cfg::SMEM);
+        cuda_allow_smem((const void *)fn, &smem_set[doc], smem);
         dim3 grid(KV, B, ceil_div(T, Cfg::BC));
-        attention_backward_dkv_kernel<HD><<<grid, Cfg::NT, Cfg::SMEM, cuda_stream()>>>(
-            dk, dv, q, k, v, dout, lse2, D, T, H, KV, sl2, scale);
+        fn<<<grid, Cfg::NT, smem, cuda_stream()>>>(dk, dv, q, k, v, dout, lse2, D, doc_start, T, H, KV, sl2, scale);
         cudaLaunchCheck();
     }
 }
 
 extern "C" void cuda_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
-                                       int B, int T, int H, int KV, int hd) {
+                                       const int *doc_start, int B, int T, int H, int KV, int hd) {
     check_shape("attention forward", B, T, H, KV, hd);
     if (B == 0 || T == 0) return;
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     switch (hd) {
-    case 16: forward_hd<16>(o, saved, qq, kk, vv, B, T, H, KV); break;
-    case 32: forward_hd<32>(o, saved, qq, kk, vv, B, T, H, KV); break;
-    case 64: forward_hd<64>(o, saved, qq, kk, vv, B, T, H, KV); break;
-    case 128: forward_hd<128>(o, saved, qq, kk, vv, B, T, H, KV); break;
+    case 16: forward_hd<16>(o, saved, qq, kk, vv, doc_start, B, T, H, KV); break;
+    case 32: forward_hd<32>(o, saved, qq, kk, vv, doc_start, B, T, H, KV); break;
+    case 64: forward_hd<64>(o, saved, qq, kk, vv, doc_start, B, T, H, KV); break;
+    case 128: forward_hd<128>(o, saved, qq, kk, vv, doc_start, B, T, H, KV); break;
     }
 }
 
 extern "C" void cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const float *saved,
                                         const void *q, const void *k, const void *v, const void *out,
-                                        float *scratch, int B, int T, int H, int KV, int hd) {
+                                        const int *doc_start, float *scratch, int B, int T, int H, int KV, int hd) {
     check_shape("attention backward", B, T, H, KV, hd);
     if (B == 0 || T == 0) return;
     bf16 *a = (bf16 *)dq, *bk = (bf16 *)dk, *bv = (bf16 *)dv;
     const bf16 *d = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v,
                *o = (const bf16 *)out;
+    const int *ds = doc_start;
     switch (hd) {
-    case 16: backward_hd<16>(a, bk, bv, d, saved, qq, kk, vv, o, scratch, B, T, H, KV); break;
-    case 32: backward_hd<32>(a, bk, bv, d, saved, qq, kk, vv, o, scratch, B, T, H, KV); break;
-    case 64: backward_hd<64>(a, bk, bv, d, saved, qq, kk, vv, o, scratch, B, T, H, KV); break;
-    case 128: backward_hd<128>(a, bk, bv, d, saved, qq, kk, vv, o, scratch, B, T, H, KV); break;
+    case 16: backward_hd<16>(a, bk, bv, d, saved, qq, kk, vv, o, ds, scratch, B, T, H, KV); break;
+    case 32: backward_hd<32>(a, bk, bv, d, saved, qq, kk, vv, o, ds, scratch, B, T, H, KV); break;
+    case 64: backward_hd<64>(a, bk, bv, d, saved, qq, kk, vv, o, ds, scratch, B, T, H, KV); break;
+    case 128: backward_hd<128>(a, bk, bv, d, saved, qq, kk, vv, o, ds, scratch, B, T, H, KV); break;
     }
 }
 

@@ -29,10 +29,10 @@ void cuda_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, cons
 
 // attention.cu
 void cuda_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
-                            int B, int T, int H, int KV, int hd);
+                            const int *doc_start, int B, int T, int H, int KV, int hd);
 void cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const float *saved,
                              const void *q, const void *k, const void *v, const void *out,
-                             float *scratch, int B, int T, int H, int KV, int hd);
+                             const int *doc_start, float *scratch, int B, int T, int H, int KV, int hd);
 size_t cuda_attention_saved_floats(int B, int T, int H, int hd);
 size_t cuda_attention_scratch_floats(int B, int T, int H, int KV, int hd);
 

@@ -64,13 +64,14 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *dinp, const void *dout, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd),  \
       (dinp, dout, cos_t, sin_t, B, T, nh, hd))                                                              \
     X(attention_forward, C_ATTN,                                                                             \
-      (void *out, float *saved, const void *q, const void *k, const void *v, int B, int T, int H, int KV,    \
-       int hd),                                                                                              \
-      (out, saved, q, k, v, B, T, H, KV, hd))                                                                \
+      (void *out, float *saved, const void *q, const void *k, const void *v, const int *doc_start, int B,    \
+       int T, int H, int KV, int hd),                                                                        \
+      (out, saved, q, k, v, doc_start, B, T, H, KV, hd))                                                     \
     X(attention_backward, C_ATTN,                                                                            \
       (void *dq, void *dk, void *dv, const void *dout, const float *saved, const void *q, const void *k,     \
-       const void *v, const void *out, float *scratch, int B, int T, int H, int KV, int hd),                 \
-      (dq, dk, dv, dout, saved, q, k, v, out, scratch, B, T, H, KV, hd))                                     \
+       const void *v, const void *out, const int *doc_start, float *scratch, int B, int T, int H, int KV,    \
+       int hd),                                                                                              \
+      (dq, dk, dv, dout, saved, q, k, v, out, doc_start, scratch, B, T, H, KV, hd))                          \
     X(swiglu_forward, C_OTHER, (void *out, const void *gate, const void *up, size_t n), (out, gate, up, n))  \
     X(swiglu_backward, C_OTHER,                                                                              \
       (void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n),                \
