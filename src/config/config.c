@@ -28,7 +28,7 @@ static const char *const sched_names[] = {"cosine", "wsd", "constant", "linear",
 static const char *const decay_shape_names[] = {"linear", "cosine", "1-sqrt", NULL}; // DecayShape
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const recompute_names[] = {"none", "experts", "gather", NULL};
-static const char *const gemm_kernel_names[] = {"wgmma", "mma_sync", NULL}; // CudaGemmKernels
+static const char *const gemm_kernel_names[] = CUDA_KERNELS_NAMES;
 
 #define F(field, type) {#field, type, offsetof(RunConfig, field), NULL}
 #define FE(field, names) {#field, T_ENUM, offsetof(RunConfig, field), names}

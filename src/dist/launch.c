@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "util/check.h"
+#include "util/clock.h"
 
 #define LAUNCH_MAGIC 0x43454f4du // "MOEC"
 
@@ -138,16 +139,11 @@ int launch_detect(LaunchInfo *li, char *err, size_t errlen) {
 
 // ---- TCP ---------------------------------------------------------------------------------------
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // Waits until fd is ready for events or the deadline passes: 1 ready, 0 timeout, -1 error.
 static int wait_fd(int fd, short events, double deadline) {
     for (;;) {
-        double left = deadline - now_s();
+        double left = deadline - clock_now_s();
         if (left <= 0) return 0;
         struct pollfd p = {fd, events, 0};
         int r = poll(&p, 1, (int)(left * 1000) + 1);
@@ -286,7 +282,7 @@ static int join(const LaunchInfo *li, const void *mine, void *all, size_t bytes,
     if (g) return errorf(err, errlen, "rank %d: MASTER_ADDR %s: %s", li->rank, li->master_addr, gai_strerror(g));
     int fd = -1;
     // rank 0 may not listen yet: retry until the deadline
-    while (fd < 0 && now_s() < deadline) {
+    while (fd < 0 && clock_now_s() < deadline) {
         for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
             int s = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
             if (s < 0) continue;
@@ -322,7 +318,7 @@ int launch_allgather(const LaunchInfo *li, const void *mine, void *all, size_t b
         memcpy(all, mine, bytes);
         return 0;
     }
-    double deadline = now_s() + timeout_s;
+    double deadline = clock_now_s() + timeout_s;
     return li->rank == 0 ? serve(li, mine, all, bytes, deadline, timeout_s, err, errlen)
                          : join(li, mine, all, bytes, deadline, timeout_s, err, errlen);
 }

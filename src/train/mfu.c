@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "util/check.h"
+#include "util/clock.h"
 #include "util/fs.h"
 
 // Dense (no 2:4 sparsity) BF16 tensor-core peaks, TFLOP/s per GPU: half the
@@ -73,11 +74,6 @@ int mfu_cpu_cache_path(char *buf, size_t n) {
     return len > 0 && (size_t)len < n ? 0 : -1;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // Single-precision GEMM rate, TFLOP/s: the best of 10 products of 1024^3
 // after one to warm up (threads, pages), on the BLAS threads of training.
@@ -87,9 +83,9 @@ static double measure_sgemm_tflops(void) {
     for (int i = 0; i < n * n; i++) { a[i] = (float)(i % 7) * 0.1f; b[i] = (float)(i % 5) * 0.1f; }
     double best = 1e30;
     for (int r = 0; r < 11; r++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         if (r > 0 && dt < best) best = dt;
     }
     free(a); free(b); free(c);

@@ -26,6 +26,7 @@
 #include "train/metrics.h"
 #include "train/trainer.h"
 #include "util/check.h"
+#include "util/clock.h"
 #include "util/fs.h"
 #ifdef MOECORE_CUDA
 #include "ops/cuda/ops_cuda.h"
@@ -34,11 +35,6 @@
 static volatile sig_atomic_t stop_signal = 0;
 static void on_signal(int sig) { stop_signal = sig; }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 double flops_per_token(const ModelConfig *c) {
     return 6.0 * model_active_matmul_params(c) +
@@ -534,7 +530,7 @@ static int train_step(Trainer *tr, StepResult *r) {
     Model *m = &tr->m;
     TrainState *st = &tr->st;
     int L = tr->L, E = tr->E, T = tr->T, M = tr->M, MB = tr->MB, M_total = tr->M_total;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int64_t step = r->step = st->step;
     double lr = r->lr = lr_at(t, cfg->optim.lr, step);
     // this rank's slice of the global batch, read whole: the CE
@@ -615,7 +611,7 @@ static int train_step(Trainer *tr, StepResult *r) {
     st->step++;
     st->data_position += tr->G;
     st->tokens_seen += (int64_t)tr->G * T;
-    r->dt = now_s() - t0;
+    r->dt = clock_now_s() - t0;
     return 0;
 }
 
@@ -663,7 +659,7 @@ static int train_loop(Trainer *tr) {
     sigaction(SIGTERM, &sa, NULL);
 
     int rc = 0;
-    double t_start = now_s(), t_window = t_start;
+    double t_start = clock_now_s(), t_window = t_start;
     int64_t first_step = st->step, window_tokens = 0;
     int32_t stop = 0;
     // the op breakdown covers the steps from timed_from on: the op times are
@@ -713,7 +709,7 @@ static int train_loop(Trainer *tr) {
         tr->nonfinite_run = r.nonfinite ? tr->nonfinite_run + 1 : 0;
 
         if (st->step % cfg->logging.log_interval == 0 || st->step == t->steps || st->step == first_step + 1 || r.nonfinite) {
-            double now = now_s(), wt = now - t_window;
+            double now = clock_now_s(), wt = now - t_window;
             double avg_tps = wt > 0 ? window_tokens / wt : (double)tr->G * tr->T / r.dt;
             print_step_line(tr, &r, avg_tps, (now - t_start) / (st->step - first_step) * (t->steps - st->step),
                             worst_max, dropped_total, rows_total, flagged);
@@ -753,7 +749,7 @@ static int train_loop(Trainer *tr) {
             tr->saved_step == st->step ? "checkpoint committed" : "no checkpoint of this step");
     } else if (rc == 0) {
         char d[32];
-        fmt_duration(d, sizeof d, now_s() - t_start);
+        fmt_duration(d, sizeof d, clock_now_s() - t_start);
         SAY("%s: step %lld of %lld, %lld tokens, %s\n", st->step < t->steps ? "stopped (--stop-after)" : "done",
             (long long)st->step, (long long)t->steps, (long long)st->tokens_seen, d);
     }

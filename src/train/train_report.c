@@ -56,10 +56,9 @@ json_object *run_info_json(const Trainer *tr) {
         json_object_object_add(o, "cuda_driver_api", json_object_new_int(d.driver_api));
         json_object_object_add(o, "cuda_runtime", json_object_new_int(d.runtime));
         const CudaSettings *s = &cfg->device.cuda;
-        const char *kn[2] = {"wgmma", "mma_sync"};
         json_object *c = json_object_new_object();
-        json_object_object_add(c, "grouped_gemm", json_object_new_string(kn[s->grouped_gemm]));
-        json_object_object_add(c, "grouped_wgrad", json_object_new_string(kn[s->grouped_wgrad]));
+        json_object_object_add(c, "grouped_gemm", json_object_new_string(cuda_kernels_name(s->grouped_gemm)));
+        json_object_object_add(c, "grouped_wgrad", json_object_new_string(cuda_kernels_name(s->grouped_wgrad)));
         json_object_object_add(c, "gemm_tma", json_object_new_boolean(s->gemm_tma));
         json_object_object_add(c, "attention_ds_mib", json_object_new_int(s->attention_ds_mib));
         json_object_object_add(o, "device_cuda", c);
@@ -128,11 +127,10 @@ void print_header(Trainer *tr) {
         CudaDeviceInfo d;
         cuda_device_info(&d);
         const CudaSettings *s = &cfg->device.cuda;
-        const char *kn[2] = {"wgmma", "mma_sync"};
         SAY("device: %s (sm_%d%d, %d SMs, %.1f GiB), driver %s, CUDA runtime %d.%d\n", d.name, d.cc_major,
             d.cc_minor, d.sms, d.memory_gib, d.driver, d.runtime / 1000, d.runtime % 1000 / 10);
-        SAY("device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d\n", kn[s->grouped_gemm],
-            kn[s->grouped_wgrad], s->gemm_tma ? "true" : "false", s->attention_ds_mib);
+        SAY("device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d\n", cuda_kernels_name(s->grouped_gemm),
+            cuda_kernels_name(s->grouped_wgrad), s->gemm_tma ? "true" : "false", s->attention_ds_mib);
     }
 #endif
     {

@@ -594,7 +594,7 @@ static void device_info(void) {
     time_t tnow = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tnow));
     const CudaSettings *cs = cuda_settings();
-    const char *kn[2] = {"wgmma", "mma_sync"}, *e4 = getenv("OMP_NUM_THREADS");
+    const char *e4 = getenv("OMP_NUM_THREADS");
     snprintf(header, sizeof header,
              "- device: %s (sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB)\n"
              "- driver %s (CUDA driver API %d.%d), CUDA runtime %d.%d\n"
@@ -604,7 +604,7 @@ static void device_info(void) {
              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
              l2_bytes / 1048576.0, nvrm, drv / 1000, drv % 1000 / 10, rtv / 1000, rtv % 1000 / 10,
              commit && *commit ? commit : "unset", MOECORE_BUILD_COMMIT[0] ? MOECORE_BUILD_COMMIT : "unknown", date,
-             kn[cs->grouped_gemm], kn[cs->grouped_wgrad], cs->gemm_tma ? "true" : "false", cs->attention_ds_mib,
+             cuda_kernels_name(cs->grouped_gemm), cuda_kernels_name(cs->grouped_wgrad), cs->gemm_tma ? "true" : "false", cs->attention_ds_mib,
              e4 ? e4 : "unset");
     printf("%s", header);
 }

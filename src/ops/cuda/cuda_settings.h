@@ -9,6 +9,9 @@
 #pragma once
 
 typedef enum { CUDA_KERNELS_WGMMA = 0, CUDA_KERNELS_MMA_SYNC = 1 } CudaGemmKernels;
+// Their names, in the enum's order (the config's values).
+#define CUDA_KERNELS_NAMES {"wgmma", "mma_sync", NULL}
+static inline const char *cuda_kernels_name(int k) { return k == CUDA_KERNELS_MMA_SYNC ? "mma_sync" : "wgmma"; }
 
 typedef struct {
     // Expert (grouped) GEMMs, forward and data-grads: wgmma (Hopper, sm_90a)

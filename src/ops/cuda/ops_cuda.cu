@@ -53,7 +53,12 @@ static CudaSettings settings = cuda_settings_default();
 extern "C" void cuda_configure(const CudaSettings *s) { settings = *s; }
 extern "C" const CudaSettings *cuda_settings(void) { return &settings; }
 
-extern "C" void cuda_device_info(CudaDeviceInfo *d) {
+// Queried once: the run header, the MFU table and the records all ask.
+extern "C" void cuda_device_info(CudaDeviceInfo *out) {
+    static CudaDeviceInfo info;
+    static int known;
+    if (known) { *out = info; return; }
+    CudaDeviceInfo *d = &info;
     memset(d, 0, sizeof *d);
     int dev;
     cudaCheck(cudaGetDevice(&dev));
@@ -79,6 +84,8 @@ extern "C" void cuda_device_info(CudaDeviceInfo *d) {
                 }
         fclose(f);
     }
+    known = 1;
+    *out = info;
 }
 
 extern "C" cudaStream_t cuda_stream(void) { init_once(); return stream; }
