@@ -6,7 +6,8 @@
 # config whether every step's loss is bit-identical, the loss at step 10,
 # and each binary's median tokens/s over the steps after WARMUP (the median
 # of its two runs' medians), with B / A.
-# Usage: bench/same-numbers.sh A_BIN B_BIN CONFIG... (env: STEPS=12 WARMUP=3, OUT=dir for logs)
+# Usage: bench/same-numbers.sh A_BIN B_BIN CONFIG... (env: STEPS=12 WARMUP=3, OUT=dir for logs,
+# ARGS="--key=value ..." overrides for every run, e.g. ARGS=--data.doc_mask=true)
 set -u
 a=$1 b=$2; shift 2
 steps=${STEPS:-12} warmup=${WARMUP:-3}
@@ -16,7 +17,7 @@ run() { # BIN NAME CONFIG
   local dir="$out/$2-$(basename "$3" .yaml)-$4"
   rm -rf "$dir"
   timeout 300 "$1" train "$3" --data.synthetic=true --checkpoint.save_final=false --checkpoint.interval=0 \
-    --train.eval_interval=0 --train.steps="$steps" --logging.run_dir="$dir" > "$dir.log" 2>&1 ||
+    --train.eval_interval=0 --train.steps="$steps" --logging.run_dir="$dir" ${ARGS:-} > "$dir.log" 2>&1 ||
     echo "   $2 on $3: exit $? (log $dir.log): $(tail -n 2 "$dir.log" | tr '\n' ' ')"
 }
 for cfg in "$@"; do

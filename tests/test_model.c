@@ -290,6 +290,65 @@ START_TEST(test_lb_global_counts) {
 }
 END_TEST
 
+// data.doc_mask: attention gets doc_start only for a micro-batch with a
+// document boundary (an EOS before the last position of some row); without
+// one it gets NULL and runs the causal kernels. An Ops that records what the
+// attention ops were given checks the switch, and the losses check that a
+// boundary masks (and the missing one does not).
+static const int *seen_fwd, *seen_bwd;
+static int fwd_calls;
+static void rec_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
+                                  const int *doc_start, int B, int T, int H, int KV, int hd) {
+    seen_fwd = doc_start, fwd_calls++;
+    ops_cpu.attention_forward(out, saved, q, k, v, doc_start, B, T, H, KV, hd);
+}
+static void rec_attention_backward(void *dq, void *dk, void *dv, const void *dout, const float *saved,
+                                   const void *q, const void *k, const void *v, const void *out,
+                                   const int *doc_start, float *scratch, int B, int T, int H, int KV, int hd) {
+    seen_bwd = doc_start;
+    ops_cpu.attention_backward(dq, dk, dv, dout, saved, q, k, v, out, doc_start, scratch, B, T, H, KV, hd);
+}
+
+START_TEST(test_doc_mask_switch) {
+    ModelConfig c;
+    small_config(&c);
+    Ops rec = ops_cpu;
+    rec.attention_forward = rec_attention_forward;
+    rec.attention_backward = rec_attention_backward;
+    char err[256];
+    Model plain, docs;
+    ck_assert_int_eq(model_init(&plain, &c, &ops_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(model_init(&docs, &c, &rec, err, sizeof err), 0);
+    model_init_weights(&plain, 4);
+    model_init_weights(&docs, 4);
+    int eos = 99;
+    docs.doc_mask = 1, docs.doc_eos = eos;
+    model_alloc_acts(&plain, 2, 8);
+    model_alloc_acts(&docs, 2, 8);
+    int tok[16], tgt[16];
+    make_batch(tok, tgt, 16, c.vocab_size - 1, 7); // ids < 99: no EOS
+    float want = model_forward(&plain, tok, tgt, 1);
+    // 0: no EOS; 1: EOS at the last position of each row only (no boundary
+    // inside a row); 2: an EOS at position 3 of row 1
+    for (int k = 0; k < 3; k++) {
+        if (k == 1) tok[7] = tok[15] = eos;
+        if (k == 2) tok[8 + 3] = eos;
+        if (k > 0) want = model_forward(&plain, tok, tgt, 1);
+        seen_fwd = seen_bwd = (const int *)1, fwd_calls = 0;
+        model_zero_grads(&docs); model_begin_step(&docs);
+        float got = model_forward(&docs, tok, tgt, 1);
+        model_backward(&docs, 1.0f / 14, 1.0f);
+        ck_assert_int_eq(fwd_calls, c.n_layers);
+        ck_assert_int_eq(docs.batch_docs, k == 2);
+        ck_assert_msg((seen_fwd != NULL) == (k == 2) && (seen_bwd != NULL) == (k == 2),
+                      "case %d: attention got doc_start %p / %p", k, (void *)seen_fwd, (void *)seen_bwd);
+        if (k < 2) ck_assert_msg(got == want, "case %d: loss %.9g, causal %.9g", k, got, want);
+        else ck_assert_msg(fabsf(got - want) > 1e-6f, "a document boundary changed nothing (%.9g)", got);
+    }
+    model_free(&plain); model_free(&docs);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("model");
@@ -303,6 +362,7 @@ int main(void) {
     tcase_add_test(tc, test_uniform_and_random_loads);
     tcase_add_test(tc, test_aux_free_bias);
     tcase_add_test(tc, test_lb_global_counts);
+    tcase_add_test(tc, test_doc_mask_switch);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -254,6 +254,10 @@ static const void *maybe_norm(Model *m, void *out, float *rstd, const void *inp,
     return out;
 }
 
+// The doc_start attention gets: NULL (causal) for a micro-batch without a
+// document boundary.
+static const int *model_docs(const Model *m) { return m->batch_docs ? m->doc_start : NULL; }
+
 static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -271,7 +275,7 @@ static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, cons
     }
     ops->rope_forward(a->qr, a->qn, m->rope_cos, m->rope_sin, B, T, H, hd);
     ops->rope_forward(a->kr, a->kn, m->rope_cos, m->rope_sin, B, T, KV, hd);
-    ops->attention_forward(a->ao, a->att, a->qr, a->kr, a->v, m->doc_start, B, T, H, KV, hd);
+    ops->attention_forward(a->ao, a->att, a->qr, a->kr, a->v, model_docs(m), B, T, H, KV, hd);
     ops->matmul_forward(a->o, a->ao, P(L->wo), N, qd, D);
 }
 
@@ -357,9 +361,11 @@ void model_set_batch(Model *m, const int *tokens, const int *targets) {
     m->ops->to_device(m->tokens, tokens, N * sizeof(int));
     m->ops->to_device(m->targets, targets, N * sizeof(int));
     m->n_valid = (int)model_count_valid(targets, N);
+    m->batch_docs = 0;
     if (m->doc_start) {
         model_doc_starts(m->doc_start_host, tokens, m->B, m->T, m->doc_eos);
-        m->ops->to_device(m->doc_start, m->doc_start_host, N * sizeof(int));
+        for (int b = 0; b < m->B && !m->batch_docs; b++) m->batch_docs = m->doc_start_host[(size_t)b * m->T + m->T - 1] > 0;
+        if (m->batch_docs) m->ops->to_device(m->doc_start, m->doc_start_host, N * sizeof(int));
     }
 }
 
@@ -525,7 +531,7 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
     int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
     int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
     ops->matmul_backward(m->dao, G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
-    ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao, m->doc_start,
+    ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao, model_docs(m),
                             m->att_scratch, B, T, H, KV, hd);
     // RoPE back into dq2/dk2 (grads w.r.t. the QK-normed q, k)
     ops->rope_backward(m->dq2, m->dq, m->rope_cos, m->rope_sin, B, T, H, hd);

@@ -92,6 +92,10 @@ typedef struct {
     void *xf, *logits; float *xf_rstd, *losses;
     int *tokens, *targets;
     int *doc_start, *doc_start_host;  // [B*T] (ops.h), with doc_mask; else NULL
+    // The micro-batch has a document boundary (an EOS before its last
+    // position in some row): attention gets doc_start; without one it runs
+    // the causal kernels (the same numbers, at the causal speed).
+    int batch_docs;
     float *rope_cos, *rope_sin;
     // backward scratch
     void *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao;

@@ -489,22 +489,25 @@ static int train_setup(Trainer *tr) {
 
 // One micro-batch's forward + backward: replayed from the CUDA graph when
 // there is one, captured on the second micro-batch of the run (every lazy
-// allocation has happened by then), else launched op by op.
+// allocation has happened by then), else launched op by op. With
+// data.doc_mask a micro-batch with document boundaries and one without run
+// different attention kernels: a graph each, captured alike.
 static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
     Model *m = &tr->m;
     const Ops *ops = tr->ops;
     char err[512];
-    if (tr->use_graph && tr->graph && ce_scale == tr->graph_scale) {
-        ops->graph_launch(tr->graph);
-    } else if (tr->use_graph && tr->graph_tries == 1) {
-        tr->graph_tries++;
+    int g = m->batch_docs;
+    if (tr->use_graph && tr->graph[g] && ce_scale == tr->graph_scale[g]) {
+        ops->graph_launch(tr->graph[g]);
+    } else if (tr->use_graph && tr->graph_tries[g] == 1) {
+        tr->graph_tries[g]++;
         ops->capture_begin();
         model_forward_async(m, route_seed);
         model_backward(m, ce_scale, 1.0f / tr->M_total);
-        tr->graph = ops->capture_end(err, sizeof err);
-        if (tr->graph) {
-            tr->graph_scale = ce_scale;
-            ops->graph_launch(tr->graph);
+        tr->graph[g] = ops->capture_end(err, sizeof err);
+        if (tr->graph[g]) {
+            tr->graph_scale[g] = ce_scale;
+            ops->graph_launch(tr->graph[g]);
         } else {
             SAY("cuda graph: %s; running uncaptured\n", err);
             tr->use_graph = 0;
@@ -512,7 +515,7 @@ static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
             model_backward(m, ce_scale, 1.0f / tr->M_total);
         }
     } else {
-        if (tr->use_graph && !tr->graph) tr->graph_tries++;
+        if (tr->use_graph && !tr->graph[g]) tr->graph_tries[g]++;
         model_forward_async(m, route_seed);
         model_backward(m, ce_scale, 1.0f / tr->M_total);
     }
@@ -763,7 +766,8 @@ static int train_loop(Trainer *tr) {
 // Frees what set-up made; after a failed set-up only what it got to.
 static void train_teardown(Trainer *tr, int set_up) {
     if (set_up) {
-        if (tr->graph) tr->ops->graph_free(tr->graph);
+        for (int g = 0; g < 2; g++)
+            if (tr->graph[g]) tr->ops->graph_free(tr->graph[g]);
         if (tr->metrics) fclose(tr->metrics);
         for (int i = 0; i < 2; i++)
             if (tr->lock_fd[i] >= 0) close(tr->lock_fd[i]); // releases the lock; the file stays

@@ -53,10 +53,11 @@ typedef struct {
     float *counts_host;
     int *gflags;
     Gerrymander gm;
-    // the CUDA graph of one micro-batch's forward + backward
-    int use_graph, graph_tries;
-    void *graph;
-    float graph_scale;
+    // the CUDA graphs of one micro-batch's forward + backward: [1] for
+    // micro-batches with document boundaries (data.doc_mask), [0] without
+    int use_graph, graph_tries[2];
+    void *graph[2];
+    float graph_scale[2];
     double peak_dev_mib;
     int run_info_written;      // the first metrics record of this process carries the run's description
     int nonfinite_run;         // consecutive steps with a non-finite loss or grad norm, up to now

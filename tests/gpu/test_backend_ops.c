@@ -1540,6 +1540,13 @@ static void make_cases(void) {
     add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_LONG);
     add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0, DOCS_ONE);
     add_attention(2, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_ONE);
+    // head dims 64, 32, 16 (the first kernel set at every size) with and without documents
+    add_attention(1, 4096, 16, 16, 64, NOCPU | PERF, 0, DOCS_NONE);
+    add_attention(1, 4096, 16, 16, 64, NOCPU | PERF, 0, DOCS_ONE);
+    add_attention(1, 4096, 16, 16, 32, NOCPU | PERF, 0, DOCS_NONE);
+    add_attention(1, 4096, 16, 16, 32, NOCPU | PERF, 0, DOCS_ONE);
+    add_attention(1, 4096, 16, 16, 16, NOCPU | PERF, 0, DOCS_NONE);
+    add_attention(1, 4096, 16, 16, 16, NOCPU | PERF, 0, DOCS_ONE);
 }
 
 // ==== special checks ============================================================================

@@ -155,6 +155,18 @@ __device__ __forceinline__ void doc_rows16(const int *ds, int T, int q0, int wro
     wlo = doc_lo(ds, wrow, T), whi = doc_lo(ds, wrow + 15, T);
 }
 
+// Entries of a warp's 16 x BC accumulator (rows g, g + 8: first keys lo)
+// whose key k0 + column is before its row's document: to masked.
+template <int BC>
+__device__ __forceinline__ void mask_keys_below(float (&x)[BC / 8][4], const int (&lo)[2], int k0, int c4,
+                                                float masked) {
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1]) x[nt][e] = masked;
+}
+
 // ---- tile helpers -----------------------------------------------------------
 // A shared tile holds rows of HD bf16 at a stride of HD + 8 elements.
 
@@ -288,11 +300,17 @@ template <int HD>
 struct FwdCfg {
     static constexpr int WARPS = 4, BR = 16 * WARPS, BC = 64, NT = 32 * WARPS;
     static constexpr size_t SMEM = (size_t)(BR + 4 * BC) * Tile<HD>::STRIDE * sizeof(bf16);
+    // blocks per SM: the DOC instance held to what the causal one reaches
+    // (ptxas, nvcc 13.0: 227, 144, 104, 77 registers at hd 128, 64, 32, 16;
+    // unbounded, the DOC instance took up to 25% more and lost a block);
+    // minBlocks 0 leaves the causal instance unbounded, as it was (1 does not);
+    // at hd 16 the 6 blocks spill 28 bytes and still measured 23% faster than 5
+    static constexpr int MINB_DOC = HD >= 128 ? 2 : HD == 64 ? 3 : HD == 32 ? 4 : 6;
 };
 
 // grid (H, B, query blocks), heaviest (last) query blocks first.
 template <int HD, bool DOC>
-__global__ void __launch_bounds__(FwdCfg<HD>::NT)
+__global__ void __launch_bounds__(FwdCfg<HD>::NT, DOC ? FwdCfg<HD>::MINB_DOC : 0)
     attention_forward_kernel(bf16 *out, float *lse2, const bf16 *q, const bf16 *k, const bf16 *v,
                              const int *doc_start, int T, int H, int KV, float scale_log2) {
     using Cfg = FwdCfg<HD>;
@@ -349,17 +367,19 @@ __global__ void __launch_bounds__(FwdCfg<HD>::NT)
             for (int i = 0; i < BC / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
             mma_abt_regs<HD, BC / 8>(s, qf, Kt, 0, lane);
 
-            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi);
+            bool mask = k0 + BC - 1 > wrow; // the block crosses the warp's diagonal
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = s[nt][e] * scale_log2;
-                    if (mask && (k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8 ||
-                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1])))
-                        x = -INFINITY;
+                    if (mask && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8) x = -INFINITY;
                     s[nt][e] = x;
                 }
+            // DOC: a document of the warp's rows starts after key k0; a
+            // pass of its own, so that without one the loop above is the
+            // causal kernel's (the merged test cost 3-4% at one wave)
+            if (DOC && k0 < whi) mask_keys_below<BC>(s, lo, k0, c4, -INFINITY);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float mx = m[r];
@@ -520,17 +540,26 @@ __global__ void __launch_bounds__(BwdKVCfg<HD>::NT)
 #pragma unroll
             for (int i = 0; i < BR / 8; i++) p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0.f;
             mma_abt_smem<HD, BR / 8>(p, Ks, warp * 16, Qt, lane);
-            bool mask = qr < wkey + 15 || qr + BR > T || (DOC && DSt[BR - 1] > wkey);
+            bool mask = qr < wkey + 15 || qr + BR > T;
 #pragma unroll
             for (int nt = 0; nt < BR / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int qq = nt * 8 + 2 * c4 + (e & 1), t = qr + qq;
                     float x = fast_exp2(p[nt][e] * scale_log2 - Lt[qq]);
-                    if (mask && (t < wkey + g + (e >> 1) * 8 || t >= T || (DOC && wkey + g + (e >> 1) * 8 < DSt[qq])))
-                        x = 0.f;
+                    if (mask && (t < wkey + g + (e >> 1) * 8 || t >= T)) x = 0.f;
                     p[nt][e] = x;
                 }
+            // DOC: a query of the step is in a document after the warp's
+            // first key (a pass of its own, as in the forward; entries past
+            // T are 0, the last query's the largest)
+            if (DOC && DSt[min(BR, T - qr) - 1] > wkey) {
+#pragma unroll
+                for (int nt = 0; nt < BR / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (wkey + g + (e >> 1) * 8 < DSt[nt * 8 + 2 * c4 + (e & 1)]) p[nt][e] = 0.f;
+            }
             // dV += P^T dO
             mma_pv<HD, BR>(dva, p, dOt, lane);
             // dP^T = V dO^T, then dS^T = P^T (dP^T - D)
@@ -564,11 +593,15 @@ struct BwdQCfg {
     static constexpr int WARPS = 4, BR = 16 * WARPS, NT = 32 * WARPS;
     static constexpr int BC = HD >= 128 ? 32 : 64; // keys per step
     static constexpr size_t SMEM = (size_t)(2 * BR + 4 * BC) * Tile<HD>::STRIDE * sizeof(bf16);
+    // as FwdCfg's (causal: 232, 168, 106, 60 registers; DOC unbounded 208 at
+    // hd 64), but unbounded at hd 16 (0): 8 blocks spill 128 bytes, and 6
+    // (24 bytes) measured 6% slower than unbounded (96 registers, 5 blocks)
+    static constexpr int MINB_DOC = HD >= 128 ? 2 : HD == 64 ? 3 : HD == 32 ? 4 : 0;
 };
 
 // grid (H, B, query blocks), heaviest (last) query blocks first.
 template <int HD, bool DOC>
-__global__ void __launch_bounds__(BwdQCfg<HD>::NT)
+__global__ void __launch_bounds__(BwdQCfg<HD>::NT, DOC ? BwdQCfg<HD>::MINB_DOC : 0)
     attention_backward_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
                                  const float *lse2, const float *D, const int *doc_start, int T, int H, int KV,
                                  float scale_log2, float scale) {
@@ -637,17 +670,16 @@ __global__ void __launch_bounds__(BwdQCfg<HD>::NT)
 #pragma unroll
                 for (int e = 0; e < 4; e++) p[i][e] = ds[i][e] = 0.f;
             mma_abt_regs<HD, BC / 8>(p, qf, Kt, 0, lane);
-            bool mask = k0 + BC - 1 > wrow || (DOC && k0 < whi);
+            bool mask = k0 + BC - 1 > wrow;
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = fast_exp2(p[nt][e] * scale_log2 - lrow[e >> 1]);
-                    if (mask && (k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8 ||
-                                 (DOC && k0 + nt * 8 + 2 * c4 + (e & 1) < lo[e >> 1])))
-                        x = 0.f;
+                    if (mask && k0 + nt * 8 + 2 * c4 + (e & 1) > wrow + g + (e >> 1) * 8) x = 0.f;
                     p[nt][e] = x;
                 }
+            if (DOC && k0 < whi) mask_keys_below<BC>(p, lo, k0, c4, 0.f); // as in the forward
             mma_abt_regs<HD, BC / 8>(ds, df, Vt, 0, lane); // dP = dO V^T
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
