@@ -100,5 +100,24 @@ expect "bad WORLD_SIZE" "WORLD_SIZE='two'" 5 -- RANK=0 WORLD_SIZE=two
 expect "unknown MASTER_ADDR" "MASTER_ADDR no-such-host.invalid" 10 -- RANK=1 WORLD_SIZE=2 \
   MASTER_ADDR=no-such-host.invalid MASTER_PORT=$unused
 
+# ---- 5. moecore train under these launchers, without a GPU -------------------------------
+# CPU ranks need MPI: torchrun's or Slurm's variables alone are refused (not
+# four copies of one run); a bad launcher variable is reported before anything.
+run_train() { # NAME PATTERN -- ENV...
+  local name=$1 pat=$2; shift 3
+  local out rc
+  out=$("${clean_env[@]}" "$@" timeout 60 build/moecore train configs/tiny.yaml --train.steps=1 \
+        --logging.run_dir="$tmp/run-$name" 2>&1); rc=$?
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "train $name: exit $rc: $out"
+  elif ! grep -qF -- "$pat" <<<"$out"; then bad "train $name: message lacks '$pat': $out"
+  else ok "train $name (rc $rc): $(grep 'error' <<<"$out" | head -n 1)"; fi
+}
+run_train "torchrun, cpu" "CPU ranks (device.type: cpu) communicate over MPI" -- RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$unused
+run_train "slurm, cpu" "started by srun as rank 0 of 2" -- SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 \
+  SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=77
+run_train "torchrun, bad RANK" "RANK" -- RANK=x WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$unused
+[ -d "$tmp/run-torchrun, cpu" ] && bad "train torchrun, cpu: the refused run made its run directory"
+
 echo "$fails failures"
 [ $fails -eq 0 ]

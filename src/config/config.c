@@ -49,7 +49,7 @@ static const Key table[] = {
     F(checkpoint.dir, T_STR), F(checkpoint.interval, T_I64), F(checkpoint.keep, T_INT), F(checkpoint.save_final, T_BOOL),
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
     F(logging.tensorboard, T_BOOL),
-    F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE),
+    F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE), F(parallel.timeout_s, T_DOUBLE),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
     F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT),
@@ -99,6 +99,7 @@ void run_config_defaults(RunConfig *c) {
     c->logging.gerrymander_window = 50;
     c->parallel.dp = c->parallel.ep = c->parallel.pp = 1;
     c->parallel.bucket_mb = 16;
+    c->parallel.timeout_s = 600;
     c->device.cuda_graph = 1;
     c->device.cuda = cuda_settings_default();
 }
@@ -576,6 +577,7 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (p->dp <= 0 || p->ep <= 0 || p->pp <= 0) FAIL("parallel.dp, parallel.ep and parallel.pp must be positive");
     if (p->pp > 1) FAIL("parallel.pp (%d): pipeline parallelism is not implemented yet; use parallel.pp: 1", p->pp);
     if (!(p->bucket_mb > 0)) FAIL("parallel.bucket_mb must be positive, got %g", p->bucket_mb);
+    if (!(p->timeout_s > 0)) FAIL("parallel.timeout_s must be positive, got %g", p->timeout_s);
     if (p->dp % p->ep) FAIL("parallel.ep (%d) must divide parallel.dp (%d): dp = ep x ep_dp", p->ep, p->dp);
     if ((int64_t)p->dp * p->pp != world)
         FAIL("parallel.dp (%d) x parallel.pp (%d) = %lld must equal the number of ranks (%d)", p->dp, p->pp,

@@ -72,6 +72,7 @@ typedef struct {
 typedef struct {
     int dp, ep, pp;          // world = pp x dp, dp = ep x ep_dp
     double bucket_mb;        // gradient-reduction bucket size, MiB of FP32 grads
+    double timeout_s;        // NCCL: a collective not done after this aborts the job
 } ParallelSection;
 
 typedef struct {

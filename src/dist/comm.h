@@ -2,8 +2,18 @@
 // blocking and non-blocking, on host buffers. The MPI implementation
 // (comm_mpi.c) is used when the process was started by mpirun; a process
 // started alone gets a one-rank world with no MPI at all, so single-process
-// runs and tests never depend on an MPI launcher. A NCCL implementation of
-// the same calls comes with the CUDA backend.
+// runs and tests never depend on an MPI launcher.
+//
+// On GPUs the same calls run over NCCL (comm_nccl.c, with the CUDA
+// backend): comm_nccl_world makes the world from any launcher, comm_split
+// gives NCCL groups (ncclCommSplit). There buffers are device memory and a
+// call is ordered on the CUDA backend's stream (cuda_stream()): "blocking"
+// means later work on that stream sees the result, not that the host
+// waited. The non-blocking calls run on a communication stream after what
+// the compute stream has enqueued so far, and comm_wait makes the compute
+// stream wait for them (no host wait). Host buffers given to a NCCL Comm
+// (the step's scalars) are staged through the device, and those calls do
+// return with the result on the host.
 //
 // Sums are in the buffer's type; counts are in elements. Every failure of an
 // MPI call aborts the whole job with the call, file and line (a rank that
@@ -47,3 +57,20 @@ void comm_barrier(Comm *c);
 void comm_wait(CommReq *r);      // completes and frees the request; NULL is a no-op
 // Ends every rank of the job (after a fatal error on this one).
 void comm_abort(int code);
+
+typedef struct LaunchInfo LaunchInfo;
+// The NCCL world of a GPU job (CUDA builds): one GPU per process, chosen
+// from the launcher's local rank (li->local_rank modulo the visible
+// devices) before anything else touches CUDA; the unique id reaches every
+// rank over MPI under mpirun, else over the TCP rendezvous at
+// MASTER_ADDR:MASTER_PORT (launch.h). A collective that does not complete
+// within timeout_s seconds (or a NCCL asynchronous error) aborts every
+// communicator and ends the job with a message naming the collective and
+// its group. NULL with a message in err.
+Comm *comm_nccl_world(const LaunchInfo *li, double timeout_s, char *err, size_t errlen);
+// Whether c is a NCCL communicator (its buffers are device memory).
+int comm_is_nccl(const Comm *c);
+// The group's name in error messages ("dp", "ep", ...; default "world" or "group").
+void comm_set_name(Comm *c, const char *name);
+// NCCL's version and library path of a NCCL Comm, for the run header.
+const char *comm_nccl_describe(void);

@@ -1,5 +1,5 @@
 // Comm over MPI (Open MPI), with a no-MPI path for one-rank groups.
-#include "dist/comm.h"
+#include "dist/comm_impl.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -9,18 +9,21 @@
 
 #include "util/check.h"
 
-struct Comm {
-    MPI_Comm mpi;
-    int rank, size;
-};
-struct CommReq {
-    MPI_Request req;
-    MPI_Datatype tmp_type;  // freed on wait when not MPI_DATATYPE_NULL
-    int *ints;              // count arrays kept alive until completion
-};
-
 static int use_mpi = 0;
-static Comm world = {0, 0, 1};
+static Comm world = {0, 0, 1, NULL};
+
+int comm_mpi_active(void) { return use_mpi; }
+int comm_is_nccl(const Comm *c) { return c && c->nccl; }
+
+#ifndef MOECORE_CUDA
+Comm *comm_nccl_world(const LaunchInfo *li, double timeout_s, char *err, size_t errlen) {
+    (void)li, (void)timeout_s;
+    errorf(err, errlen, "NCCL needs the CUDA backend, which is not compiled into this build (nvcc was not found when it was built)");
+    return NULL;
+}
+const char *comm_nccl_describe(void) { return ""; }
+void comm_set_name(Comm *c, const char *name) { (void)c, (void)name; }
+#endif
 
 static void mpi_fail(int rc, const char *call, const char *file, int line) {
     char msg[MPI_MAX_ERROR_STRING] = "";
@@ -51,6 +54,9 @@ Comm *comm_init(int *argc, char ***argv) {
 }
 
 void comm_finalize(void) {
+#ifdef MOECORE_CUDA
+    nccl_shutdown();
+#endif
     if (use_mpi) MPI_Finalize();
     use_mpi = 0;
 }
@@ -61,6 +67,9 @@ int comm_size(const Comm *c) { return c->size; }
 int comm_is_mpi(void) { return use_mpi; }
 
 Comm *comm_split(Comm *parent, int color, int key) {
+#ifdef MOECORE_CUDA
+    if (parent->nccl) return nccl_split(parent, color, key);
+#endif
     Comm *c = mallocCheck(sizeof(Comm));
     if (parent->size == 1 || !use_mpi) {
         c->rank = 0;
@@ -75,6 +84,9 @@ Comm *comm_split(Comm *parent, int color, int key) {
 }
 
 void comm_free(Comm *c) {
+#ifdef MOECORE_CUDA
+    if (c && c->nccl) { nccl_free(c); return; }
+#endif
     if (!c || c == &world) return;
     if (c->size > 1) MPI_Comm_free(&c->mpi);
     free(c);
@@ -89,7 +101,7 @@ static MPI_Datatype mpi_type(CommType t) {
     default: return MPI_BYTE;
     }
 }
-static size_t type_size(CommType t) {
+size_t comm_type_size(CommType t) {
     switch (t) {
     case COMM_F32: case COMM_I32: return 4;
     case COMM_F64: case COMM_I64: return 8;
@@ -105,15 +117,21 @@ static int as_int(size_t n, const char *what) {
 }
 
 void comm_allreduce(Comm *c, void *buf, size_t n, CommType t) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) { nccl_allreduce(c, buf, n, t); return; }
+#endif
     if (c->size == 1) return;
     // chunks keep each count within int
     for (size_t off = 0; off < n; off += (size_t)1 << 30) {
         size_t m = n - off < ((size_t)1 << 30) ? n - off : (size_t)1 << 30;
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * type_size(t), (int)m, mpi_type(t), MPI_SUM, c->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * comm_type_size(t), (int)m, mpi_type(t), MPI_SUM, c->mpi));
     }
 }
 
 CommReq *comm_iallreduce(Comm *c, void *buf, size_t n, CommType t) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) return nccl_iallreduce(c, buf, n, t);
+#endif
     if (c->size == 1) return NULL;
     CommReq *r = mallocCheck(sizeof(CommReq));
     r->tmp_type = MPI_DATATYPE_NULL;
@@ -132,8 +150,11 @@ void comm_reduce_scatter(Comm *c, const void *send, void *recv, const size_t *co
 }
 
 CommReq *comm_ireduce_scatter(Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) return nccl_ireduce_scatter(c, send, recv, counts, t);
+#endif
     if (c->size == 1) {
-        if (send != recv) memmove(recv, send, counts[0] * type_size(t));
+        if (send != recv) memmove(recv, send, counts[0] * comm_type_size(t));
         return NULL;
     }
     CommReq *r = mallocCheck(sizeof(CommReq));
@@ -144,6 +165,9 @@ CommReq *comm_ireduce_scatter(Comm *c, const void *send, void *recv, const size_
 }
 
 void comm_all_gather(Comm *c, void *buf, const size_t *counts, CommType t) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) { nccl_all_gather(c, buf, counts, t); return; }
+#endif
     if (c->size == 1) return;
     int *ic = int_counts(c, counts, "all_gather");
     int *displ = mallocCheck(c->size * sizeof(int));
@@ -156,6 +180,9 @@ void comm_all_gather(Comm *c, void *buf, const size_t *counts, CommType t) {
 
 void comm_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, void *recv,
                        const size_t *recv_counts, size_t elem_bytes) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) { nccl_all_to_all_v(c, send, send_counts, recv, recv_counts, elem_bytes); return; }
+#endif
     if (c->size == 1) {
         if (send_counts[0] && send != recv) memmove(recv, send, send_counts[0] * elem_bytes);
         return;
@@ -178,23 +205,39 @@ void comm_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, voi
 }
 
 void comm_send(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) { nccl_send(c, buf, n, t, dst); return; }
+#endif
     MPI_CHECK(MPI_Send(buf, as_int(n, "send"), mpi_type(t), dst, tag, c->mpi));
 }
 
 void comm_recv(Comm *c, void *buf, size_t n, CommType t, int src, int tag) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) { nccl_recv(c, buf, n, t, src); return; }
+#endif
     MPI_CHECK(MPI_Recv(buf, as_int(n, "recv"), mpi_type(t), src, tag, c->mpi, MPI_STATUS_IGNORE));
 }
 
 void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) { nccl_broadcast(c, buf, n, t, root); return; }
+#endif
     if (c->size == 1) return;
     MPI_CHECK(MPI_Bcast(buf, as_int(n, "broadcast"), mpi_type(t), root, c->mpi));
 }
 
 void comm_barrier(Comm *c) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) { nccl_barrier(c); return; }
+#endif
     if (c->size > 1) MPI_CHECK(MPI_Barrier(c->mpi));
 }
 
 void comm_wait(CommReq *r) {
+    if (!r) return;
+#ifdef MOECORE_CUDA
+    if (r->nccl) { nccl_wait(r); return; }
+#endif
     if (!r) return;
     MPI_CHECK(MPI_Wait(&r->req, MPI_STATUS_IGNORE));
     if (r->tmp_type != MPI_DATATYPE_NULL) MPI_Type_free(&r->tmp_type);

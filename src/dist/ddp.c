@@ -106,7 +106,7 @@ static void on_ready(void *ctx, int first, int end) {
     launch_ready(d);
 }
 
-void ddp_arm(Ddp *d) {
+void ddp_arm(Ddp *d, int hooks) {
     d->next_launch = 0;
     for (int i = 0; i < d->n_buckets; i++) {
         Bucket *b = &d->buckets[i];
@@ -115,7 +115,7 @@ void ddp_arm(Ddp *d) {
         b->pending = 0;
         for (int e = b->first; e < b->end; e++) b->pending += d->store->table.entries[e].cls == b->cls;
     }
-    d->store->grads_ready = on_ready;
+    d->store->grads_ready = hooks ? on_ready : NULL;
     d->store->grads_ready_ctx = d;
 }
 
@@ -142,9 +142,10 @@ double ddp_grad_norm(Ddp *d) {
         const float *g = d->sharded ? d->grad_shard[c] : d->store->grads[c] + d->shard_begin[c];
         d->store->ops->sum_squares(d->norm_acc, g, n);
     }
+    // shards partition the parameters across the world: sum once over it,
+    // on the device (NCCL) before the one read
+    comm_allreduce(d->world, d->norm_acc, 1, COMM_F64);
     d->store->ops->to_host(&s, d->norm_acc, sizeof(double));
-    // shards partition the parameters across the world: sum once over it
-    comm_allreduce(d->world, &s, 1, COMM_F64);
     return sqrt(s);
 }
 

@@ -46,8 +46,11 @@ typedef struct {
 void ddp_init(Ddp *d, ParamStore *s, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
               size_t bucket_elems);
 void ddp_free(Ddp *d);
-// Before the last micro-batch's backward: arms the store's grads-ready hook.
-void ddp_arm(Ddp *d);
+// Before the last micro-batch's backward: resets the buckets and, with
+// hooks, arms the store's grads-ready hook so that buckets start during that
+// backward (without, ddp_finish starts them all: for a backward replayed
+// from a CUDA graph, where no host code runs).
+void ddp_arm(Ddp *d, int hooks);
 // After it: starts what is left, waits for everything, disarms the hook.
 void ddp_finish(Ddp *d);
 // Global grad L2 norm (after ddp_finish).

@@ -16,7 +16,7 @@
 
 typedef enum { LAUNCH_SINGLE = 0, LAUNCH_MPI = 1, LAUNCH_TORCHRUN = 2, LAUNCH_SLURM = 3 } LaunchKind;
 
-typedef struct {
+typedef struct LaunchInfo {
     LaunchKind kind;
     int rank, world, local_rank;
     char master_addr[256];  // torchrun, srun: the rendezvous host (rank 0's)

@@ -31,6 +31,9 @@ void mesh_init(Mesh *m, Comm *world, int dp, int ep, int pp) {
     m->dp_comm = comm_split(world, color[MESH_DP], key[MESH_DP]);
     m->ep_comm = comm_split(world, color[MESH_EP], key[MESH_EP]);
     m->ep_dp_comm = comm_split(world, color[MESH_EP_DP], key[MESH_EP_DP]);
+    comm_set_name(m->dp_comm, "dp");
+    comm_set_name(m->ep_comm, "ep");
+    comm_set_name(m->ep_dp_comm, "ep_dp");
 }
 
 void mesh_free(Mesh *m) {

@@ -12,7 +12,8 @@
 #define NCCL_FUNCS(X)                                                                                     \
     X(ncclGetVersion) X(ncclGetUniqueId) X(ncclGetErrorString) X(ncclGetLastError)                        \
     X(ncclCommInitRankConfig) X(ncclCommSplit) X(ncclCommDestroy) X(ncclCommAbort) X(ncclCommFinalize)    \
-    X(ncclCommGetAsyncError) X(ncclCommCount) X(ncclCommUserRank) X(ncclAllReduce) X(ncclReduceScatter)   \
+    X(ncclCommGetAsyncError) X(ncclCommCount) X(ncclCommUserRank) X(ncclAllReduce) X(ncclReduce)           \
+    X(ncclReduceScatter)                                                                                  \
     X(ncclAllGather) X(ncclBroadcast) X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)           \
     X(ncclMemAlloc) X(ncclMemFree) X(ncclCommWindowRegister) X(ncclCommWindowDeregister)
 

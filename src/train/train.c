@@ -20,6 +20,7 @@
 #include "data/data.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
+#include "dist/launch.h"
 #include "dist/mesh.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -151,6 +152,7 @@ static const char *train_usage =
     "Several processes: mpirun -np N moecore train CONFIG --parallel.dp=N [--parallel.ep=E]\n";
 
 int train_rank0 = 1, train_world_size = 1;
+static int train_rank = 0;
 #define SAY(...) do { if (train_rank0) { printf(__VA_ARGS__); fflush(stdout); } } while (0)
 
 // An error on this rank ends the job: alone, return the exit code; in a
@@ -160,7 +162,7 @@ static int fatal(const char *fmt, const char *msg) {
     fprintf(stderr, fmt, msg);
     fprintf(stderr, "\n");
     if (train_world_size > 1) {
-        fprintf(stderr, "moecore: rank %d failed; ending the job\n", comm_rank(comm_world()));
+        fprintf(stderr, "moecore: rank %d failed; ending the job\n", train_rank);
         comm_abort(2);
     }
     return 2;
@@ -211,6 +213,14 @@ static int parse_args(Trainer *tr, int argc, char **argv) {
                                          "from the checkpoints in checkpoint.dir, --overwrite deletes them\n");
         return 2;
     }
+    // CPU ranks talk over MPI: torchrun's or srun's variables alone are not a
+    // job (every rank says so: none of them has a communicator)
+    if (cfg->device.type != 1 && tr->launch.kind != LAUNCH_SINGLE && !comm_is_mpi() && tr->launch.world > 1) {
+        fprintf(stderr, "moecore: error: started by %s as rank %d of %d, but CPU ranks (device.type: cpu) "
+                "communicate over MPI: start them with mpirun (or srun with MPI), or use device.type: cuda\n",
+                launch_kind_name(tr->launch.kind), tr->launch.rank, tr->launch.world);
+        return 2;
+    }
     if (run_config_validate(cfg, train_world_size, err, sizeof err)) {
         if (train_rank0) fprintf(stderr, "moecore: error: %s\n", err);
         return 2;
@@ -229,12 +239,22 @@ static int pick_backend(Trainer *tr) {
     }
     if (cfg->device.type != 1) return -1;
 #ifdef MOECORE_CUDA
+    int launched = tr->launch.kind != LAUNCH_SINGLE;
+    // a launched GPU job: one GPU per process, NCCL for every collective
+    // (the device is chosen before anything else touches CUDA)
+    if (launched) {
+        char err[1200];
+        Comm *w = comm_nccl_world(&tr->launch, cfg->parallel.timeout_s, err, sizeof err);
+        if (!w) return fatal("%s", err);
+        tr->world = w;
+        SAY("communicator: %s, launched by %s\n", comm_nccl_describe(), launch_kind_name(tr->launch.kind));
+    }
     tr->ops = tr->opt.timed_ops ? &ops_cuda_timed : &ops_cuda;
     cuda_configure(&cfg->device.cuda);
-    // for now one GPU per process and no host-side expert dispatch on the GPU
-    if (train_world_size > 1 || cfg->model.capacity_factor > 0) {
-        if (train_rank0) fprintf(stderr, "moecore: error: device.type cuda: several ranks (NCCL) and model.capacity_factor "
-                                   "are not implemented on the GPU yet; run one process with capacity_factor 0\n");
+    // no host-side expert dispatch on the GPU yet
+    if (cfg->model.capacity_factor > 0) {
+        if (train_rank0) fprintf(stderr, "moecore: error: device.type cuda: model.capacity_factor is not implemented "
+                                 "on the GPU yet; use capacity_factor 0\n");
         return 2;
     }
     // what the kernels cannot run is refused here, before any allocation
@@ -555,7 +575,9 @@ static int train_step(Trainer *tr, StepResult *r) {
     for (int l = 0; l < L; l++) lb_step[l] = z_step[l] = 0;
     for (int mi = 0; mi < M; mi++) {
         size_t off = (size_t)mi * MB * T;
-        if (mi == M - 1) ddp_arm(&tr->ddp); // grads become final in this backward
+        // grads become final in this backward: buckets start from its hooks,
+        // or after it when it is replayed from a CUDA graph (one rank only)
+        if (mi == M - 1) ddp_arm(&tr->ddp, !tr->use_graph);
         uint64_t micro = (uint64_t)tr->mesh.dp_rank * M + mi;
         model_set_batch(m, tr->tokens + off, tr->targets + off);
         micro_batch(tr, mix(st->seed, (uint64_t)step * 1024 + micro), valid ? 1.0f / (float)valid : 0.0f);
@@ -679,9 +701,15 @@ static int train_loop(Trainer *tr) {
         StepResult r = {0};
         if ((rc = train_step(tr, &r))) break;
         window_tokens += (int64_t)tr->G * tr->T;
-        // a signal may reach the ranks at different steps: agree on it
+        // a signal may reach the ranks at different steps: agree on it (over
+        // NCCL a host wait for the step's last kernels, the optimizer's: the
+        // step's time includes it)
         stop = stop_signal != 0;
-        comm_allreduce(tr->world, &stop, 1, COMM_I32);
+        if (train_world_size > 1) {
+            double t_agree = clock_now_s();
+            comm_allreduce(tr->world, &stop, 1, COMM_I32);
+            r.dt += clock_now_s() - t_agree;
+        }
         if (timed && r.step >= timed_from) { timed_s += r.dt; timed_steps++; }
 
         double worst_max, dropped_total, rows_total;
@@ -780,6 +808,7 @@ static void train_teardown(Trainer *tr, int set_up) {
         ddp_free(&tr->ddp);
         model_free(&tr->m);
         mesh_free(&tr->mesh);
+        if (comm_is_nccl(tr->world)) comm_free(tr->world);
         if (tr->train) data_close(tr->train);
         if (tr->eval) data_close(tr->eval);
     }
@@ -795,7 +824,16 @@ int train_run(int argc, char **argv, const TrainOptions *opt) {
     if (opt) tr->opt = *opt;
     tr->world = comm_world();
     train_world_size = comm_size(tr->world);
-    train_rank0 = comm_rank(tr->world) == 0;
+    train_rank = comm_rank(tr->world);
+    char lerr[600];
+    if (launch_detect(&tr->launch, lerr, sizeof lerr)) {
+        fprintf(stderr, "moecore: error: %s\n", lerr);
+        free(tr);
+        return 2;
+    }
+    // torchrun / srun without MPI: the launcher's ranks (the NCCL world comes with the GPU)
+    if (!comm_is_mpi() && tr->launch.kind != LAUNCH_SINGLE) train_world_size = tr->launch.world, train_rank = tr->launch.rank;
+    train_rank0 = train_rank == 0;
     run_config_defaults(&tr->cfg);
     int rc = parse_args(tr, argc, argv);
     if (rc < 0) {

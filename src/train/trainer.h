@@ -11,6 +11,7 @@
 #include "data/data.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
+#include "dist/launch.h"
 #include "dist/mesh.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -31,7 +32,8 @@ typedef struct {
     int lock_fd[2];            // rank 0's locks on logging.run_dir and checkpoint.dir (-1 none)
     int64_t stop_after;        // --stop-after (0: run to train.steps)
     TrainOptions opt;          // bench's
-    Comm *world;
+    Comm *world;               // MPI's (or one rank), or the NCCL world of a GPU job
+    LaunchInfo launch;         // how this process was started (dist/launch.h)
     const Ops *ops;
     Mesh mesh;
     int T, G, MB, G_local, M, M_total;  // sequence, global batch, micro-batch; per rank; micro-batches

@@ -1,0 +1,44 @@
+// What comm_mpi.c and comm_nccl.c share (not for other files): the Comm and
+// CommReq structs. A Comm is an MPI communicator (host buffers) or, with
+// nccl set, a NCCL one (device buffers; host buffers are staged through
+// the device, comm_nccl.c). Every public comm.h call is in comm_mpi.c and
+// hands a NCCL Comm to its nccl_* twin.
+#pragma once
+#include <mpi.h>
+
+#include "dist/comm.h"
+
+typedef struct NcclComm NcclComm;
+typedef struct NcclReq NcclReq;
+
+struct Comm {
+    MPI_Comm mpi;
+    int rank, size;
+    NcclComm *nccl;  // NULL: MPI (or a one-rank group without MPI)
+};
+struct CommReq {
+    MPI_Request req;
+    MPI_Datatype tmp_type;  // freed on wait when not MPI_DATATYPE_NULL
+    int *ints;              // count arrays kept alive until completion
+    NcclReq *nccl;          // a NCCL request: comm_wait is a stream dependency
+};
+
+size_t comm_type_size(CommType t);
+int comm_mpi_active(void);
+
+#ifdef MOECORE_CUDA
+Comm *nccl_split(Comm *parent, int color, int key);
+void nccl_free(Comm *c);
+void nccl_allreduce(Comm *c, void *buf, size_t n, CommType t);
+CommReq *nccl_iallreduce(Comm *c, void *buf, size_t n, CommType t);
+CommReq *nccl_ireduce_scatter(Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+void nccl_all_gather(Comm *c, void *buf, const size_t *counts, CommType t);
+void nccl_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts,
+                       size_t elem_bytes);
+void nccl_send(Comm *c, const void *buf, size_t n, CommType t, int dst);
+void nccl_recv(Comm *c, void *buf, size_t n, CommType t, int src);
+void nccl_broadcast(Comm *c, void *buf, size_t n, CommType t, int root);
+void nccl_barrier(Comm *c);
+void nccl_wait(CommReq *r);
+void nccl_shutdown(void);
+#endif
