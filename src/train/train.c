@@ -231,10 +231,10 @@ static int pick_backend(Trainer *tr) {
 #ifdef MOECORE_CUDA
     tr->ops = tr->opt.timed_ops ? &ops_cuda_timed : &ops_cuda;
     cuda_configure(&cfg->device.cuda);
-    // for now one GPU per process and no host-side expert dispatch on the GPU
-    if (train_world_size > 1 || cfg->model.capacity_factor > 0) {
-        if (train_rank0) fprintf(stderr, "moecore: error: device.type cuda: several ranks (NCCL) and model.capacity_factor "
-                                   "are not implemented on the GPU yet; run one process with capacity_factor 0\n");
+    // for now one GPU per process
+    if (train_world_size > 1) {
+        if (train_rank0) fprintf(stderr, "moecore: error: device.type cuda: several ranks (NCCL) "
+                                   "are not implemented on the GPU yet; run one process\n");
         return 2;
     }
     // what the kernels cannot run is refused here, before any allocation
@@ -565,6 +565,7 @@ static int train_step(Trainer *tr, StepResult *r) {
         if (L) {
             tr->ops->to_host(lz, m->lb_step, L * sizeof(float));
             tr->ops->to_host(lz + L, m->z_step, L * sizeof(float));
+            tr->ops->to_host(m->step_dropped, m->dropped_step, L * sizeof(float));
         }
         for (int l = 0; l < L; l++) { lb_step[l] = lz[l]; z_step[l] = lz[L + l]; }
     }
