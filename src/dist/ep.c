@@ -8,13 +8,14 @@ size_t ep_plan_ints(int ep, int E_local, int max_rows) {
 
 size_t ep_plan_sizes(int ep) { return 3 * (size_t)ep; }
 
-// one layout for the host and the backend arrays
-static void carve_ints(int *ints, int ep, int El, int max_rows, int **counts, int **local_offsets,
-                       int **local_to_recv, int **recv_to_local) {
+// one layout for the host and the backend arrays: the counts, then
+// local_offsets, local_to_recv and recv_to_local back to back (the last two
+// `rows` long, so ep_plan places recv_to_local once it knows rows, and the
+// three go to the backend in one copy)
+static void carve_ints(int *ints, int ep, int El, int **counts, int **local_offsets, int **local_to_recv) {
     *counts = ints;
     *local_offsets = ints + 2 * (size_t)ep * El;
     *local_to_recv = *local_offsets + El + 1;
-    *recv_to_local = *local_to_recv + max_rows;
 }
 
 void ep_plan_carve(EpPlan *p, int ep, int E_local, int max_rows, int *host_ints, int *backend_ints,
@@ -26,11 +27,10 @@ void ep_plan_carve(EpPlan *p, int ep, int E_local, int max_rows, int *host_ints,
     p->recv_rows = sizes + ep;
     p->per_rank = sizes + 2 * ep;
     for (int r = 0; r < ep; r++) p->per_rank[r] = E_local;
-    carve_ints(host_ints, ep, E_local, max_rows, &p->send_counts, &p->local_offsets, &p->local_to_recv,
-               &p->recv_to_local);
+    (void)max_rows; // ep_plan_ints made room for 2 x max_rows after local_offsets
+    carve_ints(host_ints, ep, E_local, &p->send_counts, &p->local_offsets, &p->local_to_recv);
     p->recv_counts = p->send_counts + (size_t)ep * E_local;
-    carve_ints(backend_ints, ep, E_local, max_rows, &p->counts_b, &p->local_offsets_b, &p->local_to_recv_b,
-               &p->recv_to_local_b);
+    carve_ints(backend_ints, ep, E_local, &p->counts_b, &p->local_offsets_b, &p->local_to_recv_b);
 }
 
 void ep_plan(Comm *c, const Ops *ops, EpPlan *p, const int *offsets) {
@@ -50,6 +50,8 @@ void ep_plan(Comm *c, const Ops *ops, EpPlan *p, const int *offsets) {
         }
         p->rows += (int)p->recv_rows[r];
     }
+    p->recv_to_local = p->local_to_recv + p->rows;
+    p->recv_to_local_b = p->local_to_recv_b + p->rows;
     // regrouped order: local expert, then source rank, then the source's order
     int src_start[ep], pos = 0;
     for (int s = 0; s < ep; s++) { src_start[s] = pos; pos += (int)p->recv_rows[s]; }
@@ -66,9 +68,8 @@ void ep_plan(Comm *c, const Ops *ops, EpPlan *p, const int *offsets) {
         }
     }
     p->local_offsets[El] = row;
-    // the segments and the regroup maps to the backend (local_to_recv follows local_offsets)
-    ops->to_device(p->local_offsets_b, p->local_offsets, ((size_t)El + 1 + p->rows) * sizeof(int));
-    ops->to_device(p->recv_to_local_b, p->recv_to_local, (size_t)p->rows * sizeof(int));
+    // the segments and both regroup maps to the backend, in one copy
+    ops->to_device(p->local_offsets_b, p->local_offsets, ((size_t)El + 1 + 2 * (size_t)p->rows) * sizeof(int));
 }
 
 void ep_dispatch(Comm *c, const Ops *ops, const EpPlan *p, const void *xp, void *xl, void *scratch, int C) {

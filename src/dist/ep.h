@@ -39,7 +39,7 @@ typedef struct {
     int *recv_counts;               // [ep][E_local]: rows from rank s for local expert e (follows send_counts)
     int *local_offsets;             // [E_local + 1] segments of the regrouped rows
     int *local_to_recv;             // [rows]: received-order row of each regrouped row (follows local_offsets)
-    int *recv_to_local;             // [rows]: its inverse
+    int *recv_to_local;             // [rows]: its inverse (follows local_to_recv)
     // the same arrays in backend memory (the counts: [2][ep][E_local])
     int *counts_b, *local_offsets_b, *local_to_recv_b, *recv_to_local_b;
     int rows;                       // rows received (= regrouped)
