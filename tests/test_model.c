@@ -60,9 +60,10 @@ END_TEST
 
 // Activation recompute (train.recompute = experts) runs the same kernels on
 // the same inputs, so losses and grads must be bit-identical to keeping the
-// activations, with a smaller arena; with capacity (rows not kept in place)
-// only the SwiGLU output is recomputed, still bit-identical. Two micro-batches
-// with shared experts and a dense first layer: every path through moe_backward.
+// activations, with a smaller arena, with and without capacity (one rank:
+// the rows stay in place, and the dropped ones are zeroed in the outputs and
+// their grads, never in the routed rows). Two micro-batches with shared
+// experts and a dense first layer: every path through moe_backward.
 START_TEST(test_recompute_experts) {
     for (int mode = 1; mode <= 2; mode++)
     for (int cap = 0; cap < 2; cap++) {
@@ -79,9 +80,8 @@ START_TEST(test_recompute_experts) {
         b.recompute = mode;
         model_alloc_acts(&a, 2, 8);
         model_alloc_acts(&b, 2, 8);
-        if (mode == 1 || !cap) // (gather with capacity keeps everything: its rows are not kept in place)
-            ck_assert_msg(b.arena_bytes < a.arena_bytes, "recompute %d arena %zu not below %zu", mode,
-                          b.arena_bytes, a.arena_bytes);
+        ck_assert_msg(b.arena_bytes < a.arena_bytes, "recompute %d, capacity %d: arena %zu not below %zu", mode, cap,
+                      b.arena_bytes, a.arena_bytes);
         int tok[32], tgt[32];
         make_batch(tok, tgt, 32, c.vocab_size, 11);
         model_zero_grads(&a); model_begin_step(&a);
@@ -199,6 +199,61 @@ END_TEST
 START_TEST(test_router_grad_uniform) { check_router_grad(ROUTING_UNIFORM); }
 END_TEST
 START_TEST(test_router_grad_learned) { check_router_grad(ROUTING_LEARNED); }
+END_TEST
+
+// Capacity on one rank (model.capacity_factor 0.5 with 4 experts, top-2,
+// 16 tokens: each expert keeps ceil(0.5 * 16 * 2 / 4) = 4 of its rows):
+// against the dropless model with the same weights and random routing (the
+// same choices), every expert's first 4 rows in (token, slot) order give the
+// same outputs in the first MoE layer and the rest exactly zero; the
+// reported drops of every layer equal a recount of its routing.
+START_TEST(test_capacity_drops) {
+    ModelConfig c;
+    small_config(&c);
+    c.routing = ROUTING_RANDOM;
+    char err[256];
+    Model a, b; // a dropless, b with capacity
+    ck_assert_int_eq(model_init(&a, &c, &ops_cpu, err, sizeof err), 0);
+    c.capacity_factor = 0.5f;
+    ck_assert_int_eq(model_init(&b, &c, &ops_cpu, err, sizeof err), 0);
+    model_init_weights(&a, 3);
+    model_init_weights(&b, 3);
+    model_alloc_acts(&a, 2, 8);
+    model_alloc_acts(&b, 2, 8);
+    int tok[16], tgt[16], N = 16, k = 2, E = 4, D = c.d_model, cap = 4;
+    make_batch(tok, tgt, 16, c.vocab_size, 21);
+    model_begin_step(&a);
+    model_begin_step(&b);
+    model_forward(&a, tok, tgt, 5);
+    model_forward(&b, tok, tgt, 5);
+    int total = 0;
+    for (int l = 0; l < c.n_layers; l++) {
+        const LayerActs *la = &a.acts[l], *lb = &b.acts[l];
+        int li = b.layers[l].moe_index, counts[4] = {0};
+        for (int i = 0; i < N * k; i++) counts[lb->idx[i]]++;
+        int dropped = 0;
+        for (int e = 0; e < E; e++) dropped += counts[e] > cap ? counts[e] - cap : 0;
+        ck_assert_msg(b.step_dropped[li] == dropped, "layer %d: %g rows reported dropped, recount %d", l,
+                      b.step_dropped[li], dropped);
+        ck_assert_float_eq(a.step_dropped[li], 0.0f);
+        total += dropped;
+        if (l > 0) continue; // later layers see inputs that the drops changed
+        for (int e = 0; e < E; e++)
+            for (int r = lb->offsets[e]; r < lb->offsets[e + 1]; r++) {
+                const float *ya = (const float *)la->ey + (size_t)r * D, *yb = (const float *)lb->ey + (size_t)r * D;
+                for (int j = 0; j < D; j++) {
+                    if (r - lb->offsets[e] < cap)
+                        ck_assert_msg(fabsf(ya[j] - yb[j]) <= 1e-6f * (1 + fabsf(ya[j])), "expert %d row %d kept: %g vs %g",
+                                      e, r, yb[j], ya[j]);
+                    else
+                        ck_assert_msg(yb[j] == 0.0f, "expert %d row %d dropped but %g", e, r, yb[j]);
+                }
+            }
+    }
+    ck_assert_msg(total > 0, "the routing dropped nothing: the test checks nothing");
+    model_free(&a);
+    model_free(&b);
+}
 END_TEST
 
 START_TEST(test_uniform_and_random_loads) {
@@ -356,6 +411,7 @@ int main(void) {
     tcase_add_test(tc, test_grad_accumulation);
     tcase_add_test(tc, test_recompute_experts);
     tcase_add_test(tc, test_expert_grads_written);
+    tcase_add_test(tc, test_capacity_drops);
     tcase_add_test(tc, test_router_grad_random);
     tcase_add_test(tc, test_router_grad_uniform);
     tcase_add_test(tc, test_router_grad_learned);

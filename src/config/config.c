@@ -28,6 +28,8 @@ static const char *const sched_names[] = {"cosine", "wsd", "constant", "linear",
 static const char *const decay_shape_names[] = {"linear", "cosine", "1-sqrt", NULL}; // DecayShape
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const recompute_names[] = {"none", "experts", "gather", NULL};
+// parallel.ep_backend; the next issue adds symmetric (NCCL symmetric memory)
+static const char *const ep_backend_names[] = {"a2a", NULL};
 static const char *const gemm_kernel_names[] = CUDA_KERNELS_NAMES;
 
 #define F(field, type) {#field, type, offsetof(RunConfig, field), NULL}
@@ -50,6 +52,7 @@ static const Key table[] = {
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
     F(logging.tensorboard, T_BOOL),
     F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE), F(parallel.timeout_s, T_DOUBLE),
+    FE(parallel.ep_backend, ep_backend_names),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
     F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT),

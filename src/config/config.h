@@ -73,6 +73,7 @@ typedef struct {
     int dp, ep, pp;          // world = pp x dp, dp = ep x ep_dp
     double bucket_mb;        // gradient-reduction bucket size, MiB of FP32 grads
     double timeout_s;        // NCCL: a collective not done after this aborts the job
+    int ep_backend;          // expert dispatch: 0 a2a (all-to-all with host-known split sizes, dist/ep.h)
 } ParallelSection;
 
 typedef struct {

@@ -40,7 +40,8 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     size_t nm = (size_t)m->n_moe + 1;
     m->step_counts = ops->alloc(nm * E * sizeof(float) + 4);
     if (m->cfg.lb_global) m->lb_global_counts = ops->alloc(nm * E * sizeof(float) + 4);
-    m->step_dropped = mallocCheck(nm * sizeof(float));  // host: counted from host-side plans
+    m->dropped_step = ops->alloc(nm * sizeof(float));
+    m->step_dropped = mallocCheck(nm * sizeof(float));
     m->step_rows = mallocCheck(nm * sizeof(float));
     m->lb_mb = ops->alloc(nm * sizeof(float));
     m->z_mb = ops->alloc(nm * sizeof(float));
@@ -124,7 +125,7 @@ static void carve(Model *m, Carver *cv) {
     for (int l = 0; l <= c->n_layers; l++) m->resid[l] = take(cv, N * D);
     // recompute: one buffer each, shared by the MoE layers (model.h)
     int rc_ea = m->recompute == 1 && m->n_moe;
-    int rc_xp = m->recompute && m->n_moe && ep == 1 && c->capacity_factor <= 0;
+    int rc_xp = m->recompute && m->n_moe && ep == 1;
     void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = rc_xp ? take(cv, R * D) : NULL;
     for (int l = 0; l < c->n_layers; l++) {
         LayerActs *a = &m->acts[l];
@@ -154,8 +155,13 @@ static void carve(Model *m, Carver *cv) {
         a->xl = ep > 1 ? take(cv, Rl * D) : a->xp;
         a->yl = ep > 1 ? take(cv, Rl * D) : a->ey;
         a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe); a->ea = rc_ea ? ea_shared : take(cv, Rl * Fe);
-        int *plan_ints = itake(cv, ep_plan_ints(ep, El, (int)Rl));
-        if (!cv->measure) ep_plan_carve(&a->plan, ep, El, plan_ints, m->plan_sizes + (size_t)l * 2 * ep);
+        if (ep > 1) { // the plan's backend arrays here, its host ones in plan_host
+            size_t pn = ep_plan_ints(ep, El, (int)Rl);
+            int *plan_ints = itake(cv, pn);
+            if (!cv->measure)
+                ep_plan_carve(&a->plan, ep, El, (int)Rl, m->plan_host + (size_t)l * pn, plan_ints,
+                              m->plan_sizes + (size_t)l * ep_plan_sizes(ep));
+        }
         if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = take(cv, N * Fs); a->so = take(cv, N * D); }
     }
     m->xf = take(cv, N * D); m->xf_rstd = ftake(cv, N);
@@ -188,7 +194,15 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->T = T;
     m->acts = mallocCheck(m->cfg.n_layers * sizeof(LayerActs));
     free(m->plan_sizes);
-    m->plan_sizes = mallocCheck((size_t)m->cfg.n_layers * 2 * m->par.ep_size * sizeof(size_t));
+    free(m->plan_host);
+    m->plan_sizes = NULL;
+    m->plan_host = NULL;
+    int ep = m->par.ep_size;
+    if (ep > 1) { // the host side of the expert-parallel plans (dist/ep.h), per layer
+        size_t L = m->cfg.n_layers, Rl = (size_t)ep * B * T * m->cfg.top_k;
+        m->plan_sizes = mallocCheck(L * ep_plan_sizes(ep) * sizeof(size_t));
+        m->plan_host = mallocCheck(L * ep_plan_ints(ep, m->E_local, (int)Rl) * sizeof(int));
+    }
     m->resid = mallocCheck((m->cfg.n_layers + 1) * sizeof(void *));
     free(m->doc_start_host);
     m->doc_start_host = m->doc_mask ? mallocCheck((size_t)B * T * sizeof(int)) : NULL;
@@ -210,9 +224,9 @@ void model_free(Model *m) {
     const Ops *ops = m->ops;
     param_store_free(&m->store);
     if (m->arena) ops->free(m->arena);
-    free(m->layers); free(m->acts); free(m->resid); free(m->lb); free(m->z); free(m->plan_sizes);
+    free(m->layers); free(m->acts); free(m->resid); free(m->lb); free(m->z); free(m->plan_sizes); free(m->plan_host);
     free(m->step_dropped); free(m->step_rows); free(m->doc_start_host);
-    float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts};
+    float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts, m->dropped_step};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
     ops->free(m->ce_acc);
     memset(m, 0, sizeof(*m));
@@ -232,6 +246,7 @@ void model_begin_step(Model *m) {
     size_t nm = (size_t)m->n_moe;
     m->ops->zero(m->step_counts, nm * m->cfg.n_experts * sizeof(float));
     if (m->lb_global_counts) m->ops->zero(m->lb_global_counts, nm * m->cfg.n_experts * sizeof(float));
+    m->ops->zero(m->dropped_step, nm * sizeof(float));
     memset(m->step_dropped, 0, nm * sizeof(float));
     memset(m->step_rows, 0, nm * sizeof(float));
     m->ops->zero(m->lb_step, nm * sizeof(float));
@@ -288,6 +303,15 @@ static void swiglu_mlp_forward(Model *m, void *out, void *g, void *u, void *act,
     m->ops->matmul_forward(out, act, P(wd), N, F, D);
 }
 
+// Rows each expert keeps per micro-batch (model.capacity_factor; 0:
+// dropless): ceil(cf * tokens * k / E) over the tokens of the whole ep group.
+static int expert_capacity(const Model *m) {
+    const ModelConfig *c = &m->cfg;
+    if (!(c->capacity_factor > 0)) return 0;
+    int N = m->B * m->T;
+    return (int)ceil((double)c->capacity_factor * N * m->par.ep_size * c->top_k / c->n_experts);
+}
+
 static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in,
                         uint64_t seed) {
     const Ops *ops = m->ops;
@@ -325,29 +349,29 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     int R = N * k, El = m->E_local, ep = m->par.ep_size;
     ops->moe_route_index(a->offsets, a->row_of, a->token_of_row, a->idx, N, E, k);
     ops->permute_forward(a->xp, in, a->token_of_row, R, D);
-    // dispatch to the experts' ranks (a no-op for one rank), run the local
-    // experts on their segments, combine back; capacity drops the tail
-    int capacity = c->capacity_factor > 0 ? (int)ceil((double)c->capacity_factor * N * ep * k / E) : 0;
+    // dispatch to the experts' ranks, run the local experts on their
+    // segments, combine back. One rank needs no plan: the experts' segments
+    // are the routed rows' offsets, which stay where they are (device memory).
     Comm *epc = m->par.ep_comm;
-    size_t row = (size_t)D * ops->act_bytes;
-    // one rank without capacity needs no plan: the experts' segments are
-    // the routed rows' offsets, which stay where they are (device memory)
-    a->use_plan = ep > 1 || capacity > 0;
+    a->use_plan = ep > 1;
     int Rl = R;
     a->local_offsets = a->offsets;
     if (a->use_plan) {
-        ep_plan(epc, &a->plan, a->offsets, capacity);
+        ep_plan(epc, ops, &a->plan, a->offsets);
         Rl = a->plan.rows;
-        a->local_offsets = a->plan.local_offsets;
-        ep_dispatch(epc, &a->plan, a->xp, a->xl, m->ep_scratch, row);
-        m->step_dropped[li] += a->plan.dropped;
+        a->local_offsets = a->plan.local_offsets_b;
+        ep_dispatch(epc, ops, &a->plan, a->xp, a->xl, m->ep_scratch, D);
     }
     a->rows_local = Rl;
     ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->local_offsets, El, D, Fe);
     ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), a->local_offsets, El, D, Fe);
     ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
     ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->local_offsets, El, Fe, D);
-    if (a->use_plan) ep_combine(epc, &a->plan, a->yl, a->ey, m->ep_scratch, row);
+    // capacity: the rows past each local expert's first `capacity` give zero
+    // outputs (and get zero grads in backward), counted where they are
+    int capacity = expert_capacity(m);
+    if (capacity > 0) ops->moe_capacity_drop(a->yl, m->dropped_step + li, a->local_offsets, El, Rl, D, capacity);
+    if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
     if (c->n_shared > 0) {
         int Fs = c->n_shared * c->shared_hidden;
@@ -438,6 +462,7 @@ float model_forward(Model *m, const int *tokens, const int *targets, uint64_t ro
     if (m->n_moe) {
         m->ops->to_host(m->lb, m->lb_mb, m->n_moe * sizeof(float));
         m->ops->to_host(m->z, m->z_mb, m->n_moe * sizeof(float));
+        m->ops->to_host(m->step_dropped, m->dropped_step, m->n_moe * sizeof(float));
     }
     m->loss_ce = m->n_valid ? (float)(m->ce_sum / m->n_valid) : 0.0f;
     double lb[m->n_moe + 1], z[m->n_moe + 1];
@@ -491,16 +516,16 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     int El = m->E_local, Rl = a->rows_local;
     const int *lo = a->local_offsets;
     Comm *epc = m->par.ep_comm;
-    size_t row = (size_t)D * ops->act_bytes;
     ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
     // the grad of combine is a dispatch, and the grad of dispatch a combine
     void *dyl = m->dey, *dxl = m->dxp;
     if (a->use_plan) {
         dyl = m->dyl;
         dxl = m->dxl;
-        ep_dispatch(epc, &a->plan, m->dey, dyl, m->ep_scratch, row);
-        ep_zero_dropped(&a->plan, dyl, row);
+        ep_dispatch(epc, ops, &a->plan, m->dey, dyl, m->ep_scratch, D);
     }
+    int capacity = expert_capacity(m); // dropped rows get zero grads
+    if (capacity > 0) ops->moe_capacity_drop(dyl, NULL, lo, El, Rl, D, capacity);
     // recompute: a->ea and (rows kept here) a->xp = a->xl are shared buffers
     // that later layers overwrote in the forward
     if (m->recompute == 1) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
@@ -512,7 +537,7 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe, accw);
     ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
     ops->grouped_dgrad_pair(dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
-    if (a->use_plan) ep_combine(epc, &a->plan, dxl, m->dxp, m->ep_scratch, row);
+    if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
     ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
     // router: weights <- probs <- logits, plus the aux losses
     ops->router_weights_backward(m->dprobs, m->dweights, a->probs, a->idx, N, E, k, c->renorm_topk, 0);

@@ -53,7 +53,7 @@ typedef struct {
     float lb_tokens;                  // tokens those counts cover
     void *xp, *ey;                    // routed rows sorted by global expert [R,D]
     EpPlan plan;                      // dispatch to the experts' ranks (use_plan)
-    int use_plan;                     // 0: one rank, dropless: no dispatch at all
+    int use_plan;                     // 0: one rank: no dispatch at all
     const int *local_offsets;         // the local experts' segments
     int rows_local;                   // rows at the local experts
     void *xl, *eg, *eu, *ea, *yl;     // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
@@ -75,8 +75,8 @@ typedef struct {
     int B, T;
     // Activation recompute, set before model_alloc_acts: 0 keeps everything;
     // 1 (experts) keeps one SwiGLU output buffer for all MoE layers, and one
-    // routed-rows buffer when the rows stay on this rank (one EP rank, no
-    // capacity), and the backward recomputes them (a gather and a SwiGLU);
+    // routed-rows buffer when the rows stay on this rank (one EP rank), and
+    // the backward recomputes them (a gather and a SwiGLU);
     // 2 (gather) only the routed-rows buffer (the gather is redone).
     int recompute;
     // Intra-document attention masking (docs/model.md), set before
@@ -101,7 +101,8 @@ typedef struct {
     void *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao;
     float *att_scratch;
     void *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxp;
-    size_t *plan_sizes;
+    size_t *plan_sizes;               // host: the plans' sizes, and (ep > 1) their host arrays (dist/ep.h)
+    int *plan_host;
     float *dweights, *dprobs, *dlogits;
     void *dsa, *dsg, *dsu, *ep_scratch;
     int max_rows_local;               // bound on rows an expert rank receives
@@ -111,7 +112,8 @@ typedef struct {
     float *step_counts;               // [n_moe, E] counts summed over the step
     float *lb_global_counts;          // [n_moe, E] model.lb_global: the step's counts so far, summed over dp_comm
     float step_tokens;                // tokens those counts cover
-    float *step_dropped;              // host [n_moe] rows dropped by capacity this step (at the experts)
+    float *dropped_step;              // [n_moe] rows dropped by capacity this step (at the experts)
+    float *step_dropped;              // host copy of dropped_step: model_forward and the trainer's step read fill it
     float *step_rows;                 // host [n_moe] rows routed from this rank this step
     // losses (backend memory): this micro-batch's LB and z per MoE layer,
     // their sums over the step, and CE sums [micro-batch, step]

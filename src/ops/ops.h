@@ -182,6 +182,18 @@ typedef struct Ops {
     void (*unpermute_backward)(void *dy, float *dweights, const void *dout, const void *y,
                                const float *weights, const int *row_of, int N, int k, int C);
 
+    // --- capacity and expert-parallel dispatch --------------------------
+    // Tail drop (model.capacity_factor): y[R,C] holds E segments of rows,
+    // offsets[E+1] (read where they live; offsets[E] <= R); the rows past
+    // the first `capacity` of each segment are zeroed and dropped[0] (f32,
+    // NULL: not counted) += how many they are. Rows from offsets[E] on are
+    // untouched. Its backward is itself (zeroing the same rows of the grad).
+    void (*moe_capacity_drop)(void *y, float *dropped, const int *offsets, int E, int R, int C,
+                              int capacity);
+    // sizes[e] = offsets[e+1] - offsets[e]: the segments' row counts, where
+    // the offsets live (the per-expert counts expert parallelism exchanges).
+    void (*moe_segment_sizes)(int *sizes, const int *offsets, int E);
+
     // Grouped matmul over expert segments: rows offsets[e]..offsets[e+1] of
     // inp use w[e] ([OC, C]); offsets are read where they live (device
     // memory on CUDA: the host never sees the counts). out[R,OC].

@@ -251,12 +251,6 @@ static int pick_backend(Trainer *tr) {
     }
     tr->ops = tr->opt.timed_ops ? &ops_cuda_timed : &ops_cuda;
     cuda_configure(&cfg->device.cuda);
-    // no host-side expert dispatch on the GPU yet
-    if (cfg->model.capacity_factor > 0) {
-        if (train_rank0) fprintf(stderr, "moecore: error: device.type cuda: model.capacity_factor is not implemented "
-                                 "on the GPU yet; use capacity_factor 0\n");
-        return 2;
-    }
     // what the kernels cannot run is refused here, before any allocation
     char msg[600], err[1800];
     if (model_config_check_backend(&cfg->model, tr->ops, cfg->train.micro_batch, cfg->parallel.ep, msg, sizeof msg)) {
@@ -590,6 +584,7 @@ static int train_step(Trainer *tr, StepResult *r) {
         if (L) {
             tr->ops->to_host(lz, m->lb_step, L * sizeof(float));
             tr->ops->to_host(lz + L, m->z_step, L * sizeof(float));
+            tr->ops->to_host(m->step_dropped, m->dropped_step, L * sizeof(float));
         }
         for (int l = 0; l < L; l++) { lb_step[l] = lz[l]; z_step[l] = lz[L + l]; }
     }

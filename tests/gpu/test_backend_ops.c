@@ -121,6 +121,7 @@ struct Case {
     // the op's parameters (those it takes; the rest 0)
     int N, C, OC, E, k, V, R, B, T, H, KV, hd, acc, inplace, renorm, t_step, bwd, hot, ties, kind;
     int doc;                   // attention: the tensor index of doc_start (0: NULL)
+    int capacity;              // moe_capacity_drop
     Gating gating;
     RoutingMode mode;
     size_t n;
@@ -872,6 +873,47 @@ static void add_permute_backward_uneven(int N, int R, int C, int acc) {
     dims2(tio(c, "dx", ACT, (size_t)N * C, acc, G_UNIFORM, 1, &B_BF16), N, C);
 }
 
+// Capacity drop and segment sizes over host-made offsets (c->offsets):
+// uneven segments, every 5th empty, some longer than the capacity, and
+// `tail` rows past offsets[E] that must stay untouched. Their own stream:
+// made when the cases are listed, they leave the other cases' inputs as they were.
+static int *make_segments(int E, int mean, int tail, int *R) {
+    int *off = malloc((E + 1) * sizeof(int));
+    uint64_t st = 0x5eed0000u + (uint64_t)E * 977 + mean;
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + (e % 5 == 4 ? 0 : (int)(gt_next(&st) % (2 * mean + 1)));
+    *R = off[E] + tail;
+    return off;
+}
+static void init_offsets(const Case *c, void *const *h) { memcpy(h[0], c->offsets, (c->E + 1) * sizeof(int)); }
+static void run_capacity_drop(const Case *c, const Ops *o, void *const *b) {
+    o->moe_capacity_drop(b[1], b[2], b[0], c->E, c->R, c->C, c->capacity);
+}
+static void add_capacity_drop(int E, int mean, int capacity, int C, int count, int mis, int flags) {
+    int R;
+    const int *off = make_segments(E, mean, 5, &R);
+    int dropped = 0;
+    for (int e = 0; e < E; e++) dropped += off[e + 1] - off[e] > capacity ? off[e + 1] - off[e] - capacity : 0;
+    Case *c = new_case("moe_capacity_drop", run_capacity_drop, "E=%d R=%d C=%d capacity=%d (%d rows dropped)%s%s", E,
+                       R, C, capacity, dropped, count ? "" : ", dropped NULL", MIS_(mis));
+    c->E = E, c->R = R, c->C = C, c->capacity = capacity, c->offsets = off;
+    c->flags = flags;
+    c->init = init_offsets;
+    tin(c, "offsets", I32, E + 1, G_CUSTOM, 0);
+    dims2(tacc(c, "y", ACT, (size_t)R * C, G_UNIFORM, 1, &B_EXACT), R, C)->flags |= mis ? MIS : 0;
+    if (count) tacc(c, "dropped", F32, 1, G_UNIFORM, 4, &B_EXACT); // prefill + an integer: one rounding each side
+    else tensor(c, "dropped", F32, NONE, 1);
+}
+static void run_segment_sizes(const Case *c, const Ops *o, void *const *b) { o->moe_segment_sizes(b[1], b[0], c->E); }
+static void add_segment_sizes(int E, int mean) {
+    int R;
+    Case *c = new_case("moe_segment_sizes", run_segment_sizes, "E=%d", E);
+    c->E = E, c->offsets = make_segments(E, mean, 0, &R);
+    c->init = init_offsets;
+    tin(c, "offsets", I32, E + 1, G_CUSTOM, 0);
+    tout(c, "sizes", I32, E, &B_EXACT);
+}
+
 static void run_unpermute_fwd(const Case *c, const Ops *o, void *const *b) {
     o->unpermute_forward(b[3], b[1], b[2], b[0], c->N, c->k, c->C, c->acc);
 }
@@ -1097,7 +1139,6 @@ static int takes_g_bwd(const Case *c, void *const *b) {
 static int takes_g_pair(const Case *c, void *const *b) {
     return cuda_grouped_dgrad_pair_wgmma(b[5], b[1], b[2], b[3], b[4], b[0], c->E, c->C, c->OC) == 0;
 }
-static void init_offsets(const Case *c, void *const *h) { memcpy(h[0], c->offsets, (c->E + 1) * sizeof(int)); }
 // dw = (accumulate 0, a step's first backward) gives the same bits as += into zeros
 static void extra_g_dw_set(const Run *r, const char *label) {
     const Case *c = r->c;
@@ -1447,6 +1488,18 @@ static void make_cases(void) {
         add_unpermute(300, 4, 256, acc, 1, 0);
         add_unpermute(100, 6, 1000, acc, 0, 0); // slots in two groups, the second partial
     }
+    // capacity drops: the OLMoE shape (64 experts, ~512 rows each, capacity
+    // 1.0 x the mean), scalar rows, one expert, a capacity nothing exceeds,
+    // 256 mostly small experts; with and without the count
+    add_capacity_drop(64, 512, 512, 2048, 1, 0, PERF);
+    add_capacity_drop(7, 6, 3, 100, 1, 1, 0);
+    add_capacity_drop(7, 6, 3, 100, 0, 0, 0);
+    add_capacity_drop(1, 40, 1, 8, 1, 0, 0);
+    add_capacity_drop(16, 8, 100, 256, 1, 0, 0);
+    add_capacity_drop(256, 2, 1, 264, 1, 1, 0);
+    add_segment_sizes(64, 512);
+    add_segment_sizes(5, 3);
+    add_segment_sizes(1536, 4);
     section = "loss";
     add_crossentropy(1024, 50304, 0, 7, 0);
     add_crossentropy(7, 1001, 0, 7, 0);
@@ -1959,7 +2012,7 @@ static const char *const compute_ops[] = {
     "router_probs_forward", "router_probs_backward", "router_topk", "router_weights_forward",
     "router_weights_backward", "router_count", "router_bias_update", "lb_loss_forward", "lb_loss_backward", "zloss_forward",
     "zloss_backward", "moe_route_index", "permute_forward", "permute_backward", "unpermute_forward",
-    "unpermute_backward", "grouped_matmul_forward", "grouped_matmul_backward", "grouped_dgrad_pair",
+    "unpermute_backward", "moe_capacity_drop", "moe_segment_sizes", "grouped_matmul_forward", "grouped_matmul_backward", "grouped_dgrad_pair",
     "crossentropy_forward", "crossentropy_backward", "loss_sum", "add_act", "copy_act", "add_f32", "copy_f32",
     "zero", "adamw_update", "sum_squares"};
 static void special_coverage(void) {

@@ -5,7 +5,11 @@
 //  3. the forward + backward runs under CUDA graph capture (which fails on
 //     any host synchronisation) and a replay gives the uncaptured loss;
 //  4. 1-3 with intra-document masking (data.doc_mask) on batches of short
-//     EOS-delimited documents.
+//     EOS-delimited documents;
+//  5. 1-3 with model.capacity_factor 1.0 and 0.5 on the tiny config: the
+//     rows each layer drops equal the CPU's (random routing), a captured
+//     step counts its drops on every replay, and recompute stays
+//     bit-identical.
 //
 // Tolerances: the GPU runs BF16 weights and activations (8 bits of
 // mantissa: ~4e-3 relative per rounding) through 4 layers, against FP32 on
@@ -20,7 +24,10 @@
 // differed by up to 13% and 50-step curves by 2-4%); a flipped choice moves
 // a token's whole contribution between experts, which no rounding bound
 // covers. For learned routing the test checks the loss and reports the
-// fraction of flipped choices and the gradient error.
+// fraction of flipped choices and the gradient error. Capacity drops the
+// tail of each expert's rows in (token, slot) order, so its drops are
+// compared where the choices are the same: random routing (a flipped choice
+// would also move which rows are the tail).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +63,7 @@ static const TestConfig doc_config = {
                         {"norm", "pre"}, {"qk_norm", "full"}, {NULL, NULL}}};
 
 static const char *routing = "random";
+static const char *capacity = "0"; // model.capacity_factor
 // >= 0: models mask attention to documents ending with this token, and the
 // batches hold documents of 1 to ~40 tokens (1 in 16 tokens is an EOS)
 static int doc_eos = -1;
@@ -67,10 +75,19 @@ static void build(Model *m, const TestConfig *tc, const Ops *ops, int B, int T) 
     for (int i = 0; tc->keys[i][0]; i++)
         if (model_config_set(&c, tc->keys[i][0], tc->keys[i][1], err, sizeof err)) { printf("%s\n", err); exit(1); }
     model_config_set(&c, "routing", routing, err, sizeof err);
+    if (model_config_set(&c, "capacity_factor", capacity, err, sizeof err)) { printf("%s\n", err); exit(1); }
     if (model_init(m, &c, ops, err, sizeof err)) { printf("%s\n", err); exit(1); }
     model_init_weights(m, 7);
     if (doc_eos >= 0) { m->doc_mask = 1; m->doc_eos = doc_eos; }
     model_alloc_acts(m, B, T);
+}
+
+// the test's name: the config's, and the capacity factor when there is one
+static const char *tag(const TestConfig *tc) {
+    static char buf[96];
+    if (!strcmp(capacity, "0")) return tc->name;
+    snprintf(buf, sizeof buf, "%s + capacity_factor %s", tc->name, capacity);
+    return buf;
 }
 
 static void add_eos(int *tok, int n, unsigned seed) {
@@ -119,7 +136,7 @@ static void compare_step(const TestConfig *tc) {
         model_backward(ms[i], 1.0f / ms[i]->n_valid, 1.0f);
     }
     char what[160];
-    snprintf(what, sizeof what, "%s, %s routing: loss (cpu %.5f, gpu %.5f)", tc->name, routing, loss[0], loss[1]);
+    snprintf(what, sizeof what, "%s, %s routing: loss (cpu %.5f, gpu %.5f)", tag(tc), routing, loss[0], loss[1]);
     gt_check(what, &loss[1], &loss[0], 1, LOSS_TOL);
     int strict = strcmp(routing, "learned") != 0;
     // expert choices that differ between the backends, per MoE layer
@@ -135,6 +152,23 @@ static void compare_step(const TestConfig *tc) {
     }
     printf("      %s routing: %d of %d expert choices differ between CPU and GPU\n", routing, flips, choices);
     if (strict && flips) { printf("FAIL random routing must choose the same experts on both backends\n"); gt_fail++; }
+    if (cpu.cfg.capacity_factor > 0) {
+        // the same choices in the same stable order: the same rows dropped
+        int same = 1;
+        double dropped = 0;
+        for (int li = 0; li < cpu.n_moe; li++) {
+            same &= cpu.step_dropped[li] == gpu.step_dropped[li];
+            dropped += cpu.step_dropped[li];
+            printf("      MoE layer %d: %.0f rows dropped on the CPU, %.0f on the GPU, of %d\n", li, cpu.step_dropped[li],
+                   gpu.step_dropped[li], N * cpu.cfg.top_k);
+        }
+        if (strict) {
+            int ok = same && dropped > 0;
+            printf("%s %s, %s routing: dropped rows equal the CPU's in every layer (%.0f in all)\n", ok ? "ok  " : "FAIL",
+                   tag(tc), routing, dropped);
+            if (ok) gt_pass++; else gt_fail++;
+        }
+    }
     // every gradient tensor; report the worst and fail on any above the bound
     double worst = 0;
     const char *worst_name = "";
@@ -159,10 +193,10 @@ static void compare_step(const TestConfig *tc) {
     }
     if (!strict) {
         printf("info %s, learned routing: %d gradients, worst rel err %.3e (%s): not bounded, see the header\n",
-               tc->name, cpu.store.table.n, worst, worst_name);
+               tag(tc), cpu.store.table.n, worst, worst_name);
     } else {
         printf("%s %s, %s routing: %d gradients, worst rel err %.3e (%s), tol %.0e\n", bad ? "FAIL" : "ok  ",
-               tc->name, routing, cpu.store.table.n, worst, worst_name, GRAD_TOL);
+               tag(tc), routing, cpu.store.table.n, worst, worst_name, GRAD_TOL);
         if (bad) gt_fail++; else gt_pass++;
     }
     free(tok); free(tgt);
@@ -205,7 +239,7 @@ static void compare_curves(const TestConfig *tc) {
     }
     int ok = worst <= CURVE_TOL && last[0] < first[0];
     printf("%s %s, %s routing: 50-step losses cpu %.4f -> %.4f, gpu %.4f -> %.4f; worst rel diff %.3e at step %d (tol %.0e)\n",
-           ok ? "ok  " : "FAIL", tc->name, routing, first[0], last[0], first[1], last[1], worst, worst_step, CURVE_TOL);
+           ok ? "ok  " : "FAIL", tag(tc), routing, first[0], last[0], first[1], last[1], worst, worst_step, CURVE_TOL);
     if (ok) gt_pass++; else gt_fail++;
     free(tok); free(tgt);
     adamw_free(&oa); adamw_free(&og);
@@ -227,6 +261,9 @@ static void graph_capture(const TestConfig *tc) {
     model_backward(&gpu, 1.0f / gpu.n_valid, 1.0f);
     double ref, got;
     cuda_to_host(&ref, gpu.ce_acc, sizeof(double));
+    int L = gpu.n_moe;
+    float drop_ref[L + 1], drop_got[L + 1];
+    cuda_to_host(drop_ref, gpu.dropped_step, L * sizeof(float));
     model_zero_grads(&gpu);
     model_begin_step(&gpu);
     char err[256];
@@ -235,7 +272,7 @@ static void graph_capture(const TestConfig *tc) {
     model_backward(&gpu, 1.0f / gpu.n_valid, 1.0f);
     void *exec = cuda_capture_end(err, sizeof err);
     if (!exec) {
-        printf("FAIL %s: the step cannot be captured as a CUDA graph: %s\n", tc->name, err);
+        printf("FAIL %s: the step cannot be captured as a CUDA graph: %s\n", tag(tc), err);
         gt_fail++;
     } else {
         for (int r = 0; r < 3; r++) cuda_graph_launch(exec); // replays give the same CE sum
@@ -243,8 +280,18 @@ static void graph_capture(const TestConfig *tc) {
         cuda_to_host(&got, gpu.ce_acc, sizeof(double));
         int ok = got == ref;
         printf("%s %s: forward + backward captured as a CUDA graph (no host sync); replay CE sum %.6f vs %.6f\n",
-               ok ? "ok  " : "FAIL", tc->name, got, ref);
+               ok ? "ok  " : "FAIL", tag(tc), got, ref);
         if (ok) gt_pass++; else gt_fail++;
+        if (gpu.cfg.capacity_factor > 0) { // the drops are counted inside the graph: 3 replays, 3 times the rows
+            cuda_to_host(drop_got, gpu.dropped_step, L * sizeof(float));
+            double a = 0, b = 0;
+            ok = 1;
+            for (int li = 0; li < L; li++) { ok &= drop_got[li] == 3 * drop_ref[li]; a += drop_got[li]; b += drop_ref[li]; }
+            ok &= b > 0;
+            printf("%s %s: 3 replays count %.0f dropped rows, 3 x the uncaptured step's %.0f\n", ok ? "ok  " : "FAIL",
+                   tag(tc), a, b);
+            if (ok) gt_pass++; else gt_fail++;
+        }
         // time the captured step
         void *t0 = cuda_event_record();
         for (int r = 0; r < 10; r++) cuda_graph_launch(exec);
@@ -287,23 +334,23 @@ static void recompute_step(const TestConfig *tc) {
     for (int i = 0; i < m[0].store.table.n && same; i++) {
         float *a = grads_host(&m[0], i), *b = grads_host(&m[1], i);
         same = !memcmp(a, b, m[0].store.table.entries[i].numel * sizeof(float));
-        if (!same) printf("      %s: grads of %s differ with recompute\n", tc->name, m[0].store.table.entries[i].name);
+        if (!same) printf("      %s: grads of %s differ with recompute\n", tag(tc), m[0].store.table.entries[i].name);
         free(a); free(b);
     }
     int ok = same && m[1].arena_bytes < m[0].arena_bytes;
     printf("%s %s: recompute=experts grads bit-identical over 2 micro-batches, arena %.1f vs %.1f MiB\n",
-           ok ? "ok  " : "FAIL", tc->name, m[1].arena_bytes / 1048576.0, m[0].arena_bytes / 1048576.0);
+           ok ? "ok  " : "FAIL", tag(tc), m[1].arena_bytes / 1048576.0, m[0].arena_bytes / 1048576.0);
     if (ok) gt_pass++; else gt_fail++;
     same = 1;
     for (int i = 0; i < m[0].store.table.n && same; i++) {
         float *a = grads_host(&m[0], i), *b = grads_host(&m[2], i);
         same = !memcmp(a, b, m[0].store.table.entries[i].numel * sizeof(float));
-        if (!same) printf("      %s: grads of %s differ when written by the first backward\n", tc->name,
+        if (!same) printf("      %s: grads of %s differ when written by the first backward\n", tag(tc),
                           m[0].store.table.entries[i].name);
         free(a); free(b);
     }
     printf("%s %s: expert grads written by the first backward (over NaN) bit-identical to zero + add\n",
-           same ? "ok  " : "FAIL", tc->name);
+           same ? "ok  " : "FAIL", tag(tc));
     if (same) gt_pass++; else gt_fail++;
     free(tok); free(tgt);
     model_free(&m[0]); model_free(&m[1]); model_free(&m[2]);
@@ -325,5 +372,17 @@ int main(void) {
     compare_step(&doc_config);
     compare_curves(&doc_config);
     graph_capture(&doc_config);
+    doc_eos = -1;
+    const char *factors[] = {"1.0", "0.5"};
+    for (int i = 0; i < 2; i++) {
+        capacity = factors[i];
+        routing = "random";
+        compare_step(&configs[0]);
+        if (i == 1) compare_curves(&configs[0]);
+        recompute_step(&configs[0]);
+        routing = "learned";
+        compare_step(&configs[0]); // the loss; the drops only reported (flipped choices move the tail)
+        graph_capture(&configs[0]);
+    }
     return gt_finish();
 }

@@ -89,6 +89,20 @@ static void c_unpermute_backward(void *dy, float *dweights, const void *dout, co
                                  const float *weights, const int *row_of, int N, int k, int C) {
     cpu_unpermute_backward(F(dy), dweights, CF(dout), CF(y), weights, row_of, N, k, C);
 }
+static void c_moe_capacity_drop(void *y, float *dropped, const int *offsets, int E, int R, int C, int capacity) {
+    (void)R;
+    long n = 0;
+    for (int e = 0; e < E; e++) {
+        int first = offsets[e] + capacity, end = offsets[e + 1];
+        if (end <= first) continue;
+        memset(F(y) + (size_t)first * C, 0, (size_t)(end - first) * C * sizeof(float));
+        n += end - first;
+    }
+    if (dropped) dropped[0] += (float)n;
+}
+static void c_moe_segment_sizes(int *sizes, const int *offsets, int E) {
+    for (int e = 0; e < E; e++) sizes[e] = offsets[e + 1] - offsets[e];
+}
 static void c_grouped_matmul_forward(void *out, const void *inp, const void *w, const int *offsets,
                                      int E, int C, int OC) {
     cpu_grouped_matmul_forward(F(out), CF(inp), CF(w), offsets, E, C, OC);
@@ -165,6 +179,8 @@ const Ops ops_cpu = {
     .permute_backward = c_permute_backward,
     .unpermute_forward = c_unpermute_forward,
     .unpermute_backward = c_unpermute_backward,
+    .moe_capacity_drop = c_moe_capacity_drop,
+    .moe_segment_sizes = c_moe_segment_sizes,
     .grouped_matmul_forward = c_grouped_matmul_forward,
     .grouped_matmul_backward = c_grouped_matmul_backward,
     .grouped_dgrad_pair = c_grouped_dgrad_pair,

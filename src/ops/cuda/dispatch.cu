@@ -3,7 +3,8 @@
 // moe_route_index (the expert-sorted row order and each expert's offset),
 // permute (token rows to expert rows) and unpermute (each token's k expert
 // rows, weighted, back into one row), forward and backward; embedding
-// forward and backward.
+// forward and backward; the capacity tail drop and the segment sizes that
+// expert parallelism exchanges.
 //
 // Determinism: no floating-point atomics. Scatter-adds sum each
 // destination's rows in ascending source order: embedding backward
@@ -362,5 +363,71 @@ extern "C" void cuda_unpermute_backward(void *dy, float *dweights, const void *d
     (vec ? unpermute_backward_kernel<true> : unpermute_backward_kernel<false>)<<<N, row_block_threads(C), 0,
                                                                                  cuda_stream()>>>(
         (bf16 *)dy, dweights, (const bf16 *)dout, (const bf16 *)y, weights, row_of, N, k, C);
+    cudaLaunchCheck();
+}
+
+// ---------------------------------------------------------------------------
+// Capacity (tail drop) and the per-expert counts of expert parallelism. Both
+// read the segment offsets in device memory, so the host never sees the
+// counts (capture-safe).
+
+// One warp per row r < R: the segment holding r is the last e with
+// offsets[e] <= r (binary search; empty segments are skipped since the next
+// one starts at the same row); the row is zeroed when it lies `capacity` or
+// more rows into its segment.
+static __global__ void capacity_drop_kernel(bf16 *y, const int *__restrict__ offsets, int E, int R, int C,
+                                            int capacity, bool vec) {
+    int r = blockIdx.x * ROW_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (r >= R || r >= offsets[E]) return;
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (offsets[mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    if (r - offsets[lo] < capacity) return;
+    bf16 *o = y + (size_t)r * C;
+    if (!vec) {
+        for (int c = lane; c < C; c += WARP) o[c] = __float2bfloat16(0.f);
+        return;
+    }
+    for (int c = lane * 8; c < C; c += WARP * 8) *reinterpret_cast<uint4 *>(o + c) = make_uint4(0, 0, 0, 0);
+}
+
+// dropped[0] += sum_e max(0, size_e - capacity): one block, integer partials
+// (exact), one FP32 add of the total, as the CPU does.
+static __global__ void capacity_count_kernel(float *dropped, const int *__restrict__ offsets, int E, int capacity) {
+    long long n = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int over = offsets[e + 1] - offsets[e] - capacity;
+        if (over > 0) n += over;
+    }
+    n = block_sum(n);
+    if (threadIdx.x == 0) dropped[0] += (float)n;
+}
+
+extern "C" void cuda_moe_capacity_drop(void *y, float *dropped, const int *offsets, int E, int R, int C,
+                                       int capacity) {
+    if (E <= 0) return;
+    if (R > 0 && C > 0) {
+        bool vec = C % 8 == 0 && aligned16(y);
+        capacity_drop_kernel<<<row_blocks(R), ROW_THREADS, 0, cuda_stream()>>>((bf16 *)y, offsets, E, R, C,
+                                                                             capacity, vec);
+        cudaLaunchCheck();
+    }
+    if (dropped) {
+        capacity_count_kernel<<<1, 256, 0, cuda_stream()>>>(dropped, offsets, E, capacity);
+        cudaLaunchCheck();
+    }
+}
+
+static __global__ void segment_sizes_kernel(int *sizes, const int *__restrict__ offsets, int E) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < E) sizes[e] = offsets[e + 1] - offsets[e];
+}
+
+extern "C" void cuda_moe_segment_sizes(int *sizes, const int *offsets, int E) {
+    if (E <= 0) return;
+    segment_sizes_kernel<<<ceil_div(E, 256), 256, 0, cuda_stream()>>>(sizes, offsets, E);
     cudaLaunchCheck();
 }

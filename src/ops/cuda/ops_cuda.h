@@ -80,6 +80,8 @@ void cuda_unpermute_forward(void *out, const void *y, const float *weights, cons
                             int N, int k, int C, int accumulate);
 void cuda_unpermute_backward(void *dy, float *dweights, const void *dout, const void *y,
                              const float *weights, const int *row_of, int N, int k, int C);
+void cuda_moe_capacity_drop(void *y, float *dropped, const int *offsets, int E, int R, int C, int capacity);
+void cuda_moe_segment_sizes(int *sizes, const int *offsets, int E);
 void cuda_embedding_forward(void *out, const int *tokens, const void *wte, int N, int C);
 void cuda_embedding_backward(float *dwte, const void *dout, const int *tokens, int N, int C);
 

@@ -122,6 +122,10 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *dy, float *dweights, const void *dout, const void *y, const float *weights, const int *row_of,  \
        int N, int k, int C),                                                                                 \
       (dy, dweights, dout, y, weights, row_of, N, k, C))                                                     \
+    X(moe_capacity_drop, C_DISPATCH,                                                                         \
+      (void *y, float *dropped, const int *offsets, int E, int R, int C, int capacity),                      \
+      (y, dropped, offsets, E, R, C, capacity))                                                              \
+    X(moe_segment_sizes, C_DISPATCH, (int *sizes, const int *offsets, int E), (sizes, offsets, E))           \
     X(grouped_matmul_forward, C_EXPERT,                                                                      \
       (void *out, const void *inp, const void *w, const int *offsets, int E, int C, int OC),                 \
       (out, inp, w, offsets, E, C, OC))                                                                      \
