@@ -19,7 +19,8 @@
 //     bit for bit, and each rank the main weights of its shard; loading a
 //     checkpoint fills a rank's shard of main weights and moments and all of
 //     its compute weights; each rank saves its shard from a sharded store
-//     and the ORed files are the unsharded store's.
+//     and the ORed files are the unsharded store's; a layout that owns more
+//     than a sharded store holds is refused.
 #include <check.h>
 #include <fcntl.h>
 #include <math.h>
@@ -346,6 +347,16 @@ START_TEST(test_sharded_separate_compute_weights) {
     for (int r = 0; r < D; r++) save_layout(&rk[r], dir, 10 + r, rk[r].ps.main_begin, rk[r].ps.main_end);
     assert_or_is(dir, 10, D, 1, CKPT_MODEL_FILE);
     assert_or_is(dir, 10, D, 1, CKPT_OPTIM_FILE);
+    // a layout that owns more than the store holds is an error, not zeros in the file
+    {
+        CkptLayout all;
+        ckpt_layout_single(&all, &rk[1].ps);
+        rk[1].st.step = 20;
+        ck_assert_int_eq(ckpt_save(dir, &rk[1].cfg, &rk[1].ps, &rk[1].opt, &rk[1].st, NULL, 0, &all, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "owns elements") && strstr(err, "holds"), "message: %s", err);
+        snprintf(ck, sizeof ck, "%s/step-00000020", dir);
+        ck_assert(access(ck, F_OK) != 0);
+    }
 
     // loading into fresh sharded stores of other values restores everything held
     snprintf(ck, sizeof ck, "%s/step-00000001", dir);
