@@ -13,8 +13,10 @@
 #  3. with a capacity factor below 1 the reported dropped fraction equals an
 #     independent count;
 #  4. a rank that fails ends the whole job with a clear error, not a hang;
-#  5. the per-rank memory accounting matches 8 + 8/D bytes per parameter held
-#     (FP32 weights + FP32 grads + the Adam moments of the rank's 1/D shard);
+#  5. the per-rank memory line (train/memory.h) matches 8 + 8/D bytes per
+#     parameter held on CPU (FP32 weights, which are the main weights, + FP32
+#     grads + the Adam moments of the rank's 1/D shard), with D and the
+#     expert share of the layout, and agrees with what was allocated;
 #  6. rank 0 locks the run directory (the ranks of one job never refuse each
 #     other: every run above has several), and a second job on a run directory
 #     in use ends with the holder's pid, not a hang.
@@ -195,15 +197,26 @@ else
 fi
 
 # ---- 5. memory accounting -------------------------------------------------------------------------
-for name in ep2xep_dp2_sharded_learned dp2_learned; do
-  if out=$($py - "$tmp/$name.log" <<'PY'
+# each: run name, its dense and expert optimizer divisors (dp, ep_dp when
+# sharded; 1 otherwise) and its ep, from the layout the run was given
+for spec in "ep2xep_dp2_sharded_learned 4 2 2" "dp2_learned 1 1 1"; do
+  set -- $spec; name=$1
+  if out=$($py - "$tmp/$name.log" "$2" "$3" "$4" <<'PY'
 import re, sys
+log, dd_want, de_want, ep = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 n = 0
-for line in open(sys.argv[1]):
-    m = re.match(r"rank (\d+): holds (\d+) dense \+ (\d+) expert parameters: weights (\d+) B \+ grads (\d+) B \+ optimizer state (\d+) B \(moments of 1/(\d+) of dense, 1/(\d+) of expert\) = ([\d.]+) B/param", line)
+text = open(log).read()
+assert "memory: warning" not in text and "no accounting" not in text, "the accounting differs from the allocation"
+for line in text.splitlines():
+    m = re.match(r"rank (\d+): memory: (\d+) dense \+ (\d+) expert parameters; compute weights (\d+) B, grads (\d+) B, "
+                 r"main weights (\d+) B[^,]*, moments (\d+) B \(1/(\d+) of dense, 1/(\d+) of expert\).*; ([\d.]+) B/param", line)
     if not m: continue
-    r, pd, pe, w, g, o, dd, de = (int(x) for x in m.groups()[:8]); per = float(m.group(9))
-    assert w == 4 * (pd + pe) and g == 4 * (pd + pe), line
+    r, pd, pe, w, g, mw, o, dd, de = (int(x) for x in m.groups()[:9]); per = float(m.group(10))
+    assert (dd, de) == (dd_want, de_want), (line, dd_want, de_want)
+    # the model of test_dist: 2 MoE layers of 8 experts [32 -> 32]: 3 matrices each
+    assert pe * ep == 2 * 8 * 3 * 32 * 32, (line, ep)
+    # CPU: the FP32 compute weights are the main weights
+    assert w == 4 * (pd + pe) and g == 4 * (pd + pe) and mw == 0, line
     expect_o = 8 * (pd / dd + pe / de)
     assert abs(o - expect_o) <= 16, (line, expect_o)   # shard sizes round to whole elements
     expect_per = 8 + 8 * (pd / dd + pe / de) / (pd + pe)

@@ -58,13 +58,59 @@ static int all_finite(const float *x, size_t n) {
     return !bad;
 }
 
+// Tensors move between backend memory and the files through one host buffer
+// of at most chunk_bytes (page-locked on CUDA), a chunk at a time: a rank
+// never holds a host copy of its model.
+static size_t chunk_bytes = CKPT_CHUNK_BYTES;
+
+void ckpt_set_chunk_bytes(size_t bytes) {
+    chunk_bytes = bytes ? (bytes < 4 ? 4 : bytes / 4 * 4) : CKPT_CHUNK_BYTES;
+}
+
+typedef struct {
+    const Ops *ops;
+    float *buf;
+    size_t floats;  // its capacity
+} Stage;
+
+// A staging buffer for ranges of at most max_floats elements.
+static void stage_open(Stage *g, const Ops *ops, size_t max_floats) {
+    g->ops = ops;
+    g->floats = chunk_bytes / 4 < max_floats ? chunk_bytes / 4 : max_floats;
+    if (g->floats == 0) g->floats = 1;
+    g->buf = ops->alloc_host(g->floats * 4);
+}
+
+static void stage_close(Stage *g) {
+    if (g->buf) g->ops->free_host(g->buf);
+    g->buf = NULL;
+}
+
+// Writes n floats of backend memory src at element file_elem of tensor idx,
+// chunk by chunk. A checkpoint is never written from non-finite numbers:
+// such a tensor is an error naming it (the caller discards the directory).
+static int write_range(int fd, const char *path, const StFile *st, int idx, uint64_t file_elem, const float *src,
+                       size_t n, Stage *g, char *err, size_t errlen) {
+    for (size_t done = 0; done < n; done += g->floats) {
+        size_t k = n - done < g->floats ? n - done : g->floats;
+        g->ops->to_host(g->buf, src + done, k * 4);
+        if (!all_finite(g->buf, k)) FAIL("%s holds non-finite values (NaN or Inf)", st->tensors[idx].name);
+        if (st_write_range(fd, path, st, idx, (file_elem + done) * 4, g->buf, k * 4, err, errlen)) return -1;
+    }
+    return 0;
+}
+
 // Writes this rank's bytes: for prefix b and entry i, the elements of
-// [own_begin, own_end) held in bufs[b][class] starting at element base[b][class].
-// A checkpoint is never written from non-finite numbers: such a tensor is
-// an error naming it.
+// [own_begin, own_end) held in bufs[b][class] (backend memory) starting at
+// element base[b][class]. Every owned element must be held there.
 static int write_own(const char *path, const StFile *st, const ParamTable *t, int nbufs,
                      float *const *const *bufs, const size_t (*base)[N_CLASSES], const size_t (*lim)[N_CLASSES],
-                     const CkptLayout *l, char *err, size_t errlen) {
+                     const CkptLayout *l, Stage *g, char *err, size_t errlen) {
+    for (int b = 0; b < nbufs; b++)
+        for (int c = 0; c < N_CLASSES; c++)
+            if (l->own_begin[c] < l->own_end[c] && (l->own_begin[c] < base[b][c] || l->own_end[c] > lim[b][c]))
+                FAIL("%s: this rank owns elements %zu..%zu of the %s buffer but holds %zu..%zu of them", path,
+                     l->own_begin[c], l->own_end[c], c == CLASS_DENSE ? "dense" : "expert", base[b][c], lim[b][c]);
     int fd = open(path, O_WRONLY);
     if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno)); return -1; }
     int idx = 0;
@@ -75,17 +121,9 @@ static int write_own(const char *path, const StFile *st, const ParamTable *t, in
             size_t lo = e->offset, hi = e->offset + e->numel;
             if (l->own_begin[c] > lo) lo = l->own_begin[c];
             if (l->own_end[c] < hi) hi = l->own_end[c];
-            if (base[b][c] > lo) lo = base[b][c];
-            if (lim[b][c] < hi) hi = lim[b][c];
             if (hi <= lo) continue;
             uint64_t file_elem = param_global_offset(e) + (lo - e->offset);
-            const float *src = bufs[b][c] + (lo - base[b][c]);
-            if (!all_finite(src, hi - lo)) {
-                errorf(err, errlen, "%s holds non-finite values (NaN or Inf)", st->tensors[idx].name);
-                close(fd);
-                return -1;
-            }
-            if (st_write_range(fd, path, st, idx, file_elem * 4, src, (hi - lo) * 4, err, errlen)) {
+            if (write_range(fd, path, st, idx, file_elem, bufs[b][c] + (lo - base[b][c]), hi - lo, g, err, errlen)) {
                 close(fd);
                 return -1;
             }
@@ -296,46 +334,31 @@ int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, con
     }
     if (agree(l, rc)) goto fail;
     {
-        // device buffers are written from host copies
-        const Ops *ops = ps->ops;
-        float *hp[N_CLASSES], *hm[N_CLASSES], *hv[N_CLASSES], *hbias = ps->router_bias;
-        for (int c = 0; c < N_CLASSES; c++) {
-            hp[c] = ps->params[c]; hm[c] = opt->m[c]; hv[c] = opt->v[c];
-            if (ops->host_memory) continue;
-            size_t n = ps->table.class_numel[c], no = opt->end[c] - opt->begin[c];
-            hp[c] = mallocCheck(n * 4 + 4); hm[c] = mallocCheck(no * 4 + 4); hv[c] = mallocCheck(no * 4 + 4);
-            ops->to_host(hp[c], ps->params[c], n * 4);
-            ops->to_host(hm[c], opt->m[c], no * 4);
-            ops->to_host(hv[c], opt->v[c], no * 4);
-        }
-        if (!ops->host_memory && n_moe) {
-            hbias = mallocCheck((size_t)bshape[0] * bshape[1] * 4);
-            ops->to_host(hbias, ps->router_bias, (size_t)bshape[0] * bshape[1] * 4);
-        }
-        float *const *pb[1] = {hp};
-        size_t zero[1][N_CLASSES] = {{0}}, full[1][N_CLASSES];
-        for (int c = 0; c < N_CLASSES; c++) full[0][c] = ps->table.class_numel[c];
-        rc = write_own(mpath, &sm, &ps->table, 1, pb, zero, full, l, err, errlen);
-        float *const *ob[2] = {hm, hv};
+        // backend memory -> file through one staging buffer, never a host
+        // copy of the model
+        Stage g;
+        size_t most = (size_t)bshape[0] * bshape[1];
+        for (int c = 0; c < N_CLASSES; c++)
+            if (ps->table.class_numel[c] > most) most = ps->table.class_numel[c];
+        stage_open(&g, ps->ops, most);
+        float *const *pb[1] = {ps->params};
+        size_t pbase[1][N_CLASSES], plim[1][N_CLASSES];
+        for (int c = 0; c < N_CLASSES; c++) { pbase[0][c] = ps->main_begin[c]; plim[0][c] = ps->main_end[c]; }
+        rc = write_own(mpath, &sm, &ps->table, 1, pb, pbase, plim, l, &g, err, errlen);
+        float *const *ob[2] = {opt->m, opt->v};
         size_t obase[2][N_CLASSES], olim[2][N_CLASSES];
         for (int b = 0; b < 2; b++)
             for (int c = 0; c < N_CLASSES; c++) { obase[b][c] = opt->begin[c]; olim[b][c] = opt->end[c]; }
-        if (!rc) rc = write_own(opath, &so, &ps->table, 2, ob, obase, olim, l, err, errlen);
+        if (!rc) rc = write_own(opath, &so, &ps->table, 2, ob, obase, olim, l, &g, err, errlen);
         if (!rc && rank0 && n_moe) {
             int fd = open(opath, O_WRONLY);
             if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", opath, strerror(errno)); rc = -1; }
             else {
-                if (!all_finite(hbias, (size_t)bshape[0] * bshape[1]))
-                    rc = errorf(err, errlen, "router_bias holds non-finite values (NaN or Inf)");
-                else
-                    rc = st_write_range(fd, opath, &so, so.n - 1, 0, hbias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen);
+                rc = write_range(fd, opath, &so, so.n - 1, 0, ps->router_bias, (size_t)bshape[0] * bshape[1], &g, err, errlen);
                 if ((fsync(fd) | close(fd)) && !rc) { snprintf(err, errlen, "fsync %s: %s", opath, strerror(errno)); rc = -1; }
             }
         }
-        if (!ops->host_memory) {
-            for (int c = 0; c < N_CLASSES; c++) { free(hp[c]); free(hm[c]); free(hv[c]); }
-            if (n_moe) free(hbias);
-        }
+        stage_close(&g);
     }
     if (agree(l, rc)) goto fail;
     if (rank0) {
@@ -378,22 +401,55 @@ int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, siz
     return 1;
 }
 
-// Reads, for every table entry under prefix, the elements of [lo, hi) of
-// its class buffer that this rank holds into dst[class] + (i - base[class]).
-static int load_tensors(const char *path, const StFile *st, int fd, const ParamTable *t, const char *prefix,
-                        float *const *dst, const size_t *base, const size_t *lim, char *err, size_t errlen) {
+// Checks that every table entry is in st under prefix with its global shape
+// (FP32); idx[i] gets entry i's tensor index.
+static int expect_tensors(const char *path, const StFile *st, const ParamTable *t, const char *prefix, int *idx,
+                          char *err, size_t errlen) {
     char name[PARAM_NAME_MAX + 32];
     for (int i = 0; i < t->n; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, t->entries[i].name);
+        if ((idx[i] = st_expect(st, path, name, ST_F32, t->entries[i].ndim, t->entries[i].global_shape, err, errlen)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+// Where load_range puts what it reads: into the store (main and compute
+// weights of class cls from element at), or into backend memory dst.
+typedef struct {
+    ParamStore *ps;
+    int cls;
+    size_t at;
+    float *dst;
+} LoadDest;
+
+// Reads n floats from element file_elem of tensor idx, chunk by chunk.
+static int load_range(int fd, const char *path, const StFile *st, int idx, uint64_t file_elem, size_t n,
+                      LoadDest d, Stage *g, char *err, size_t errlen) {
+    for (size_t done = 0; done < n; done += g->floats) {
+        size_t k = n - done < g->floats ? n - done : g->floats;
+        if (st_read_range(fd, path, st, idx, (file_elem + done) * 4, g->buf, k * 4, err, errlen)) return -1;
+        if (d.ps) param_store_write(d.ps, d.cls, d.at + done, g->buf, k);
+        else g->ops->to_device(d.dst + done, g->buf, k * 4);
+    }
+    return 0;
+}
+
+// Reads, for every table entry, the elements of [lo, hi) of its class buffer
+// that this rank holds: into the store's weights (dst NULL) or into
+// dst[class] + (i - lo[class]).
+static int load_tensors(const char *path, const StFile *st, int fd, const int *idx, ParamStore *ps,
+                        float *const *dst, const size_t *lim_lo, const size_t *lim_hi, Stage *g, char *err,
+                        size_t errlen) {
+    const ParamTable *t = &ps->table;
+    for (int i = 0; i < t->n; i++) {
         const ParamEntry *e = &t->entries[i];
-        snprintf(name, sizeof name, "%s%s", prefix, e->name);
-        int idx = st_expect(st, path, name, ST_F32, e->ndim, e->global_shape, err, errlen);
-        if (idx < 0) return -1;
         int c = e->cls;
-        size_t lo = e->offset > base[c] ? e->offset : base[c];
-        size_t hi = e->offset + e->numel < lim[c] ? e->offset + e->numel : lim[c];
+        size_t lo = e->offset > lim_lo[c] ? e->offset : lim_lo[c];
+        size_t hi = e->offset + e->numel < lim_hi[c] ? e->offset + e->numel : lim_hi[c];
         if (hi <= lo) continue;
-        uint64_t file_elem = param_global_offset(e) + (lo - e->offset);
-        if (st_read_range(fd, path, st, idx, file_elem * 4, dst[c] + (lo - base[c]), (hi - lo) * 4, err, errlen))
+        LoadDest d = {dst ? NULL : ps, c, lo, dst ? dst[c] + (lo - lim_lo[c]) : NULL};
+        if (load_range(fd, path, st, idx[i], param_global_offset(e) + (lo - e->offset), hi - lo, d, g, err, errlen))
             return -1;
     }
     return 0;
@@ -429,24 +485,24 @@ static int check_model_config(const char *path, json_object *saved, const ModelC
 
 int ckpt_load(const char *dir, const ModelConfig *cfg, ParamStore *ps, AdamW *opt, TrainState *s, char *err,
               size_t errlen) {
-    char path[4400];
+    char path[4400], mpath[4400], opath[4400];
     json_object *js = NULL;
     StFile sm, so;
     st_init(&sm);
     st_init(&so);
-    int fdm = -1, fdo = -1, rc = -1;
-    size_t dn = ps->table.class_numel[CLASS_DENSE], en = ps->table.class_numel[CLASS_EXPERT];
+    int fdm = -1, fdo = -1, rc = -1, bias_idx = -1;
     int n_moe = model_moe_layers(cfg);
-    // stage into fresh buffers so that a failure leaves the model untouched
-    size_t od = opt->end[CLASS_DENSE] - opt->begin[CLASS_DENSE], oe = opt->end[CLASS_EXPERT] - opt->begin[CLASS_EXPERT];
-    float *p[N_CLASSES] = {mallocCheck(dn * 4), mallocCheck(en * 4)};
-    float *mm[N_CLASSES] = {mallocCheck(od * 4), mallocCheck(oe * 4)};
-    float *vv[N_CLASSES] = {mallocCheck(od * 4), mallocCheck(oe * 4)};
-    size_t zero[N_CLASSES] = {0, 0}, full[N_CLASSES] = {dn, en};
-    float *bias = mallocCheck((size_t)n_moe * cfg->n_experts * 4 + 4);
+    int64_t bshape[2] = {n_moe, cfg->n_experts};
+    int nt = ps->table.n;
+    int *im = mallocCheck((size_t)nt * sizeof(int) + 4), *ia = mallocCheck((size_t)nt * sizeof(int) + 4),
+        *iv = mallocCheck((size_t)nt * sizeof(int) + 4);
+    Stage g = {0};
     TrainState ns;
     memset(&ns, 0, sizeof ns);
 
+    // 1. everything that can be wrong with the checkpoint is found before
+    // the model is touched: state, headers (st_open checks that the tensors
+    // tile the file), names, dtypes and shapes
     snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, dir);
     js = json_object_from_file(path);
     if (!js || !json_object_is_type(js, json_type_object)) FAIL_GOTO("%s: missing or not a JSON object", path);
@@ -477,37 +533,42 @@ int ckpt_load(const char *dir, const ModelConfig *cfg, ParamStore *ps, AdamW *op
     }
     if (ns.step < 0 || ns.data_position < 0 || adam_t < 0) FAIL_GOTO("%s: negative counters", path);
 
-    snprintf(path, sizeof path, "%s/" CKPT_MODEL_FILE, dir);
-    if (st_open(path, &fdm, &sm, err, errlen)) goto fail;
-    if (load_tensors(path, &sm, fdm, &ps->table, "", p, zero, full, err, errlen)) goto fail;
-    snprintf(path, sizeof path, "%s/" CKPT_OPTIM_FILE, dir);
-    if (st_open(path, &fdo, &so, err, errlen)) goto fail;
-    if (load_tensors(path, &so, fdo, &ps->table, "exp_avg.", mm, opt->begin, opt->end, err, errlen)) goto fail;
-    if (load_tensors(path, &so, fdo, &ps->table, "exp_avg_sq.", vv, opt->begin, opt->end, err, errlen)) goto fail;
-    if (n_moe) {
-        int64_t bshape[2] = {n_moe, cfg->n_experts};
-        int idx = st_expect(&so, path, "router_bias", ST_F32, 2, bshape, err, errlen);
-        if (idx < 0 || st_read_range(fdo, path, &so, idx, 0, bias, (uint64_t)bshape[0] * bshape[1] * 4, err, errlen))
+    snprintf(mpath, sizeof mpath, "%s/" CKPT_MODEL_FILE, dir);
+    if (st_open(mpath, &fdm, &sm, err, errlen) || expect_tensors(mpath, &sm, &ps->table, "", im, err, errlen)) goto fail;
+    snprintf(opath, sizeof opath, "%s/" CKPT_OPTIM_FILE, dir);
+    if (st_open(opath, &fdo, &so, err, errlen) || expect_tensors(opath, &so, &ps->table, "exp_avg.", ia, err, errlen) ||
+        expect_tensors(opath, &so, &ps->table, "exp_avg_sq.", iv, err, errlen))
+        goto fail;
+    if (n_moe && (bias_idx = st_expect(&so, opath, "router_bias", ST_F32, 2, bshape, err, errlen)) < 0) goto fail;
+
+    // 2. file -> backend memory through one staging buffer (no host copy of
+    // the model). Only a read error of the system (EIO) can fail from here
+    // on, and it leaves the model partly loaded: the caller must not use it
+    // (the trainer ends).
+    {
+        size_t most = (size_t)bshape[0] * bshape[1], zero[N_CLASSES] = {0, 0};
+        for (int c = 0; c < N_CLASSES; c++)
+            if (ps->table.class_numel[c] > most) most = ps->table.class_numel[c];
+        stage_open(&g, ps->ops, most);
+        // the weights of everything held (compute weights of the whole
+        // buffer, main weights where held)
+        if (load_tensors(mpath, &sm, fdm, im, ps, NULL, zero, ps->table.class_numel, &g, err, errlen)) goto fail;
+        if (load_tensors(opath, &so, fdo, ia, ps, opt->m, opt->begin, opt->end, &g, err, errlen)) goto fail;
+        if (load_tensors(opath, &so, fdo, iv, ps, opt->v, opt->begin, opt->end, &g, err, errlen)) goto fail;
+        LoadDest d = {NULL, 0, 0, ps->router_bias};
+        if (n_moe && load_range(fdo, opath, &so, bias_idx, 0, (size_t)bshape[0] * bshape[1], d, &g, err, errlen))
             goto fail;
     }
-    // commit
-    for (int c = 0; c < N_CLASSES; c++) {
-        ps->ops->to_device(ps->params[c], p[c], ps->table.class_numel[c] * 4);
-        ps->ops->to_device(opt->m[c], mm[c], (opt->end[c] - opt->begin[c]) * 4);
-        ps->ops->to_device(opt->v[c], vv[c], (opt->end[c] - opt->begin[c]) * 4);
-    }
-    if (n_moe) ps->ops->to_device(ps->router_bias, bias, (size_t)n_moe * cfg->n_experts * 4);
-    param_store_sync_weights(ps);
     opt->t = adam_t;
     *s = ns;
     rc = 0;
 fail:
+    stage_close(&g);
     if (fdm >= 0) close(fdm);
     if (fdo >= 0) close(fdo);
     st_free(&sm);
     st_free(&so);
     if (js) json_object_put(js);
-    for (int c = 0; c < N_CLASSES; c++) { free(p[c]); free(mm[c]); free(vv[c]); }
-    free(bias);
+    free(im); free(ia); free(iv);
     return rc;
 }

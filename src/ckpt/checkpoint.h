@@ -30,6 +30,14 @@
 #define CKPT_STATE_FILE "train_state.json"
 #define CKPT_COMMITTED "COMMITTED"
 
+// Save and load move tensors between backend memory and the files through
+// one host buffer of at most this many bytes (page-locked on CUDA), so that
+// a rank never holds a host copy of its model.
+#define CKPT_CHUNK_BYTES ((size_t)64 << 20)
+// Sets that size (rounded down to whole floats; 0: back to CKPT_CHUNK_BYTES),
+// for tests that make tensors cross chunk boundaries.
+void ckpt_set_chunk_bytes(size_t bytes);
+
 typedef struct {
     int64_t step;           // optimizer steps completed
     int64_t tokens_seen;
@@ -70,10 +78,12 @@ int ckpt_remove_all(const char *dir, int *removed, char *err, size_t errlen);
 int ckpt_find_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
 // Loads a checkpoint into the store ps and optimizer of an initialised model
 // of config cfg with the same architecture; a mismatch (config, names,
-// shapes, dtypes) is an error naming the field or tensor, and nothing is
-// modified in that case. Each rank reads the global-tensor ranges of what it
-// holds (its experts, its optimizer range), so the checkpoint may come from
-// any layout.
+// shapes, dtypes, a malformed or truncated file) is an error naming the
+// field or tensor, found before anything is modified. Each rank reads the
+// global-tensor ranges of what it holds (its experts, its optimizer range,
+// its shard of the main weights), so the checkpoint may come from any
+// layout. A read error of the system after those checks (EIO) leaves the
+// model partly loaded; the caller must then not use it.
 int ckpt_load(const char *path, const ModelConfig *cfg, ParamStore *ps, AdamW *opt, TrainState *st, char *err,
               size_t errlen);
 

@@ -7,6 +7,11 @@
 
 static void on_ready(void *ctx, int first, int end);
 
+void ddp_shard_range(size_t total, int n, int r, size_t *begin, size_t *end) {
+    *begin = total * r / n;
+    *end = total * (r + 1) / n;
+}
+
 void ddp_init(Ddp *d, ParamStore *s, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
               size_t bucket_elems) {
     memset(d, 0, sizeof(*d));
@@ -18,13 +23,20 @@ void ddp_init(Ddp *d, ParamStore *s, Comm *dense_group, Comm *expert_group, Comm
     d->norm_acc = s->ops->alloc(sizeof(double));
     for (int c = 0; c < N_CLASSES; c++) {
         int n = comm_size(d->group[c]), r = comm_rank(d->group[c]);
-        size_t total = s->table.class_numel[c];
+        size_t total = s->table.class_numel[c], b, e;
         d->shard_counts[c] = mallocCheck(n * sizeof(size_t));
-        for (int i = 0; i < n; i++) d->shard_counts[c][i] = total * (i + 1) / n - total * i / n;
-        d->shard_begin[c] = total * r / n;
-        d->shard_end[c] = total * (r + 1) / n;
+        d->shard_act_bytes[c] = mallocCheck(n * sizeof(size_t));
+        for (int i = 0; i < n; i++) {
+            ddp_shard_range(total, n, i, &b, &e);
+            d->shard_counts[c][i] = e - b;
+            d->shard_act_bytes[c][i] = (e - b) * s->ops->act_bytes;
+        }
+        ddp_shard_range(total, n, r, &d->shard_begin[c], &d->shard_end[c]);
         if (sharded) d->grad_shard[c] = s->ops->alloc((d->shard_end[c] - d->shard_begin[c]) * sizeof(float) + 4);
     }
+    // the distributed optimizer keeps FP32 main weights for the shard only
+    // (a no-op where they are the compute weights)
+    if (sharded) param_store_shard_main(s, d->shard_begin, d->shard_end);
     // buckets: per class, whole tensors in reverse table order
     const ParamTable *t = &s->table;
     d->entry_bucket = mallocCheck(t->n * sizeof(int));
@@ -62,6 +74,7 @@ void ddp_init(Ddp *d, ParamStore *s, Comm *dense_group, Comm *expert_group, Comm
 void ddp_free(Ddp *d) {
     for (int c = 0; c < N_CLASSES; c++) {
         free(d->shard_counts[c]);
+        free(d->shard_act_bytes[c]);
         if (d->grad_shard[c]) d->store->ops->free(d->grad_shard[c]);
     }
     d->store->ops->free(d->norm_acc);
@@ -151,6 +164,11 @@ double ddp_grad_norm(Ddp *d) {
 
 void ddp_gather_params(Ddp *d) {
     if (!d->sharded) return;
-    for (int c = 0; c < N_CLASSES; c++)
-        comm_all_gather(d->group[c], d->store->params[c], d->shard_counts[c], COMM_F32);
+    ParamStore *s = d->store;
+    for (int c = 0; c < N_CLASSES; c++) {
+        if (s->wact[c] == (void *)s->params[c]) // FP32 compute weights are the (whole) main weights
+            comm_all_gather(d->group[c], s->params[c], d->shard_counts[c], COMM_F32);
+        else // the optimizer wrote its shard's compute weights (BF16): gather those
+            comm_all_gather(d->group[c], s->wact[c], d->shard_act_bytes[c], COMM_BYTE);
+    }
 }

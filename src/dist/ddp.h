@@ -8,8 +8,10 @@
 // Each class buffer is split into one contiguous shard per rank of its
 // group. With the distributed optimizer (sharded) the buckets are
 // reduce-scattered, so a rank only receives the summed grads of its shard,
-// keeps FP32 moments for it alone, updates it, and all-gathers the updated
-// parameters. Without it the buckets are all-reduced and every rank
+// keeps FP32 main weights and moments for it alone (where the compute
+// weights are a separate BF16 copy; FP32 compute weights are the main
+// weights and stay whole), updates it, and all-gathers the updated compute
+// weights (BF16 on the GPU, FP32 on the CPU). Without it the buckets are all-reduced and every rank
 // updates the whole buffer. Either way the shards partition the global
 // parameters, which makes the grad norm and checkpoint byte ranges a sum
 // over ranks with nothing counted twice.
@@ -35,6 +37,7 @@ typedef struct {
     int sharded;
     size_t shard_begin[N_CLASSES], shard_end[N_CLASSES];
     size_t *shard_counts[N_CLASSES];  // per rank of the class group
+    size_t *shard_act_bytes[N_CLASSES]; // the same in bytes of compute weights
     float *grad_shard[N_CLASSES];     // sharded: the reduced grads of this rank's shard
     Bucket *buckets;
     int n_buckets, next_launch;
@@ -42,7 +45,10 @@ typedef struct {
     double *norm_acc;                 // backend scalar for the grad norm
 } Ddp;
 
+// The shard [begin, end) of rank r of n of a class buffer of total elements.
+void ddp_shard_range(size_t total, int n, int r, size_t *begin, size_t *end);
 // bucket_elems: target bucket size in elements (tensors are never split).
+// With sharded, the store keeps main weights for this rank's shards only.
 void ddp_init(Ddp *d, ParamStore *s, Comm *dense_group, Comm *expert_group, Comm *world, int sharded,
               size_t bucket_elems);
 void ddp_free(Ddp *d);
@@ -57,5 +63,5 @@ void ddp_finish(Ddp *d);
 double ddp_grad_norm(Ddp *d);
 // The grads the optimizer reads for element begin of its range.
 void ddp_optimizer_grads(Ddp *d, float **grads);
-// After a sharded optimizer step: all-gathers the updated parameters.
+// After a sharded optimizer step: all-gathers the updated compute weights.
 void ddp_gather_params(Ddp *d);

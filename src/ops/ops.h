@@ -59,6 +59,11 @@ typedef struct Ops {
     void (*free)(void *p);
     void (*to_device)(void *dst, const void *host_src, size_t bytes);
     void (*to_host)(void *host_dst, const void *src, size_t bytes); // waits for the device
+    // Host memory for staging copies to and from the device (checkpoints):
+    // page-locked on CUDA, so that copies run at full speed; plain zero-filled
+    // memory on the CPU.
+    void *(*alloc_host)(size_t bytes);
+    void (*free_host)(void *p);
     // bytes of device memory in use (NULL on the CPU)
     size_t (*device_memory_used)(void);
     // Graphs of the work issued between capture_begin and capture_end (NULL

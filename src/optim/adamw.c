@@ -10,6 +10,10 @@ void adamw_init_range(AdamW *o, const OptimConfig *cfg, const ParamStore *s, con
     memset(o, 0, sizeof(*o));
     o->cfg = *cfg;
     for (int c = 0; c < N_CLASSES; c++) {
+        // the range's FP32 main weights must be held (params/store.h)
+        if (begin[c] < s->main_begin[c] || end[c] > s->main_end[c] || begin[c] > end[c])
+            die("adamw_init_range: class %d range %zu..%zu outside the main weights held (%zu..%zu)", c, begin[c],
+                end[c], s->main_begin[c], s->main_end[c]);
         o->begin[c] = begin[c];
         o->end[c] = end[c];
         o->m[c] = s->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
@@ -48,7 +52,7 @@ void adamw_step_grads(AdamW *o, ParamStore *s, float *const *grads, float lr, fl
         float wd = adamw_decays(c, e) ? c->weight_decay : 0.0f;
         size_t r = lo - o->begin[k];
         void *act = (char *)s->wact[k] + lo * s->ops->act_bytes;
-        s->ops->adamw_update(s->params[k] + lo, act, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,
+        s->ops->adamw_update(s->params[k] + (lo - s->main_begin[k]), act, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,
                              lr, c->beta1, c->beta2, c->eps, wd, grad_scale, o->t);
     }
 }

@@ -7,7 +7,8 @@
 
 // The optimizer updates elements [begin, end) of each class buffer: the
 // whole buffer, or with the distributed optimizer this rank's shard; the
-// moments exist for that range only.
+// moments exist for that range only, and the store must hold its main
+// weights (params/store.h).
 typedef struct {
     OptimConfig cfg;
     size_t begin[N_CLASSES], end[N_CLASSES];

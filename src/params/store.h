@@ -3,6 +3,14 @@
 // and FP32 grads, in the backend's memory. The model owns it and lends it to
 // what works on parameters without running the model: DDP reduces the
 // grads, AdamW updates the weights, checkpoints save and load them.
+//
+// Compute weights and grads always cover the whole class buffer. The FP32
+// main weights cover elements [main_begin, main_end) of it: everything,
+// except with the distributed optimizer on a backend whose compute weights
+// are a separate (BF16) copy, where a rank keeps main weights only for its
+// optimizer shard (param_store_shard_main) and the other ranks' updates
+// arrive as compute weights. When the compute dtype is FP32 (the CPU) the
+// main weights are the compute weights and stay whole.
 #pragma once
 #include <stddef.h>
 
@@ -19,7 +27,8 @@ typedef void (*GradsReadyFn)(void *ctx, int first_entry, int end_entry);
 typedef struct {
     ParamTable table;
     const Ops *ops;                   // the backend that holds the buffers
-    float *params[N_CLASSES];         // FP32 main weights
+    float *params[N_CLASSES];         // FP32 main weights: params[c][i - main_begin[c]]
+    size_t main_begin[N_CLASSES], main_end[N_CLASSES];
     void *wact[N_CLASSES];            // compute weights (the same buffer when they are FP32)
     float *grads[N_CLASSES];          // FP32, accumulated over micro-batches
     // The aux-loss-free router bias [MoE layers, n_experts]: not a parameter
@@ -27,6 +36,7 @@ typedef struct {
     float *router_bias;
     GradsReadyFn grads_ready;         // optional backward hook
     void *grads_ready_ctx;
+    float *stage;                     // FP32 backend scratch of param_store_write (lazy)
 } ParamStore;
 
 // Lays out cfg (validated) for expert-parallel rank ep_rank of ep_size into
@@ -35,9 +45,20 @@ void param_store_init(ParamStore *s, const ModelConfig *cfg, const Ops *ops, int
                       ParamLayout *layout);
 void param_store_free(ParamStore *s);
 
-float *param_store_main(const ParamStore *s, int idx);    // FP32 main weights of entry idx
+// FP32 main weights of entry idx; the store must hold all of them (it dies
+// naming the tensor otherwise: a sharded store has only its shard).
+float *param_store_main(const ParamStore *s, int idx);
 void *param_store_weight(const ParamStore *s, int idx);   // its compute weights
 float *param_store_grad(const ParamStore *s, int idx);
-// After the main weights changed outside the optimizer (init, load): refresh
-// the compute weights.
+// After the main weights changed outside the optimizer: refresh the compute
+// weights of the elements whose main weights are held.
 void param_store_sync_weights(ParamStore *s);
+// Keeps FP32 main weights only for elements [begin[c], end[c]) of each class
+// (the values held there stay); a no-op when the compute weights are the
+// main weights. The range must lie inside what is held.
+void param_store_shard_main(ParamStore *s, const size_t *begin, const size_t *end);
+int param_store_main_is_whole(const ParamStore *s);
+// Sets elements [lo, lo + n) of class buffer cls to the FP32 values src (host
+// memory): the main weights where held, the compute weights everywhere
+// (through a fixed-size backend scratch where there is no main weight).
+void param_store_write(ParamStore *s, int cls, size_t lo, const float *src, size_t n);

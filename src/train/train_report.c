@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "train/memory.h"
 #include "train/metrics.h"
 #include "train/mfu.h"
 #include "train/trainer.h"
@@ -99,6 +100,34 @@ static void mfu_denominator(Trainer *tr) {
     comm_broadcast(tr->world, &tr->peak, 1, COMM_F64, 0);
 }
 
+// This rank's memory line (train/memory.h), from the config and the layout;
+// what was allocated must agree with it, or the line says where it does not.
+static void print_memory(const Trainer *tr) {
+    const Mesh *mesh = &tr->mesh;
+    const ParamStore *ps = &tr->m.store;
+    char err[400];
+    MemoryLayout l = {mesh->dp, comm_rank(mesh->dp_comm), mesh->ep, mesh->ep_dp, comm_rank(mesh->ep_dp_comm),
+                      tr->cfg.optim_sharded, tr->ops->act_bytes, tr->m.arena_bytes};
+    MemoryPlan p;
+    if (memory_plan(&p, &tr->m.cfg, &l, err, sizeof err)) {
+        printf("rank %d: memory: no accounting: %s\n", comm_rank(tr->world), err);
+        fflush(stdout);
+        return;
+    }
+    memory_print(stdout, comm_rank(tr->world), &p);
+    size_t held[N_CLASSES] = {p.dense, p.expert}, opt[N_CLASSES] = {p.dense_opt, p.expert_opt};
+    size_t main[N_CLASSES] = {p.dense_main, p.expert_main};
+    for (int c = 0; c < N_CLASSES; c++) {
+        size_t main_held = ps->wact[c] == (void *)ps->params[c] ? 0 : ps->main_end[c] - ps->main_begin[c];
+        if (held[c] != ps->table.class_numel[c] || opt[c] != tr->adamw.end[c] - tr->adamw.begin[c] || main[c] != main_held)
+            printf("rank %d: memory: warning: the %s accounting (%zu parameters, %zu with moments, %zu with main weights) "
+                   "differs from what was allocated (%zu, %zu, %zu)\n", comm_rank(tr->world),
+                   c == CLASS_DENSE ? "dense" : "expert", held[c], opt[c], main[c], ps->table.class_numel[c],
+                   tr->adamw.end[c] - tr->adamw.begin[c], main_held);
+    }
+    fflush(stdout);
+}
+
 // The run header: what trains on what, with which layout and kernels.
 void print_header(Trainer *tr) {
     const RunConfig *cfg = &tr->cfg;
@@ -133,19 +162,7 @@ void print_header(Trainer *tr) {
             cuda_kernels_name(s->grouped_wgrad), s->gemm_tma ? "true" : "false", s->attention_ds_mib);
     }
 #endif
-    {
-        // memory accounting of this rank; on CPU the FP32 compute weights are
-        // the main weights, so a parameter costs 4 (weight) + 4 (grad) + 8/D
-        // (Adam moments of this rank's 1/D shard); the BF16 GPU layout is 6 + 12/D
-        size_t pd = m->store.table.class_numel[CLASS_DENSE], pe = m->store.table.class_numel[CLASS_EXPERT], nopt = 0;
-        for (int c = 0; c < N_CLASSES; c++) nopt += tr->adamw.end[c] - tr->adamw.begin[c];
-        int dd = cfg->optim_sharded ? mesh->dp : 1, de = cfg->optim_sharded ? mesh->ep_dp : 1;
-        printf("rank %d: holds %zu dense + %zu expert parameters: weights %zu B + grads %zu B + optimizer state "
-               "%zu B (moments of 1/%d of dense, 1/%d of expert) = %.4f B/param\n",
-               comm_rank(tr->world), pd, pe, (pd + pe) * 4, (pd + pe) * 4, nopt * 8, dd, de,
-               (double)((pd + pe) * 8 + nopt * 8) / (pd + pe));
-        fflush(stdout);
-    }
+    print_memory(tr);
     comm_barrier(tr->world);
     SAY("run dir: %s, checkpoints: %s%s\n", cfg->logging.run_dir, cfg->checkpoint.dir,
         tr->tb ? ", TensorBoard events in the run dir" : "");

@@ -108,6 +108,19 @@ extern "C" void *cuda_alloc(size_t bytes) {
     return p;
 }
 extern "C" void cuda_free(void *p) { if (p) cudaCheck(cudaFree(p)); }
+extern "C" void *cuda_alloc_host(size_t bytes) {
+    init_once();
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "moecore: cannot allocate %.3f MiB of page-locked host memory: %s\n", bytes / 1048576.0,
+                cudaGetErrorString(e));
+        exit(3);
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+extern "C" void cuda_free_host(void *p) { if (p) cudaCheck(cudaFreeHost(p)); }
 // Host -> device. Synchronous for now: callers may free the source at once.
 extern "C" void cuda_to_device(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;

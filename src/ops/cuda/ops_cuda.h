@@ -133,6 +133,8 @@ typedef struct {
 void cuda_device_info(CudaDeviceInfo *d);
 void *cuda_alloc(size_t bytes);
 void cuda_free(void *p);
+void *cuda_alloc_host(size_t bytes);   // page-locked (cudaHostAlloc), zero-filled
+void cuda_free_host(void *p);
 void cuda_to_device(void *dst, const void *src, size_t bytes);
 void cuda_to_host(void *dst, const void *src, size_t bytes);
 void cuda_zero(void *p, size_t bytes);

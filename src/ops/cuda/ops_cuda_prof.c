@@ -221,6 +221,8 @@ const Ops ops_cuda_timed = {
     .alloc = cuda_alloc,
     .free = cuda_free,
     .to_device = cuda_to_device,
+    .alloc_host = cuda_alloc_host,
+    .free_host = cuda_free_host,
     .to_host = timed_to_host,
     .device_memory_used = cuda_device_memory_used,
     // capture_begin, capture_end, graph_launch, graph_free: NULL, no graphs

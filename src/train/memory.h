@@ -1,0 +1,47 @@
+// Memory accounting (DESIGN.md §4): the bytes one rank holds, by category,
+// computed from the model config and the layout alone, so that the same
+// numbers can be printed by a run at start and checked by a test for
+// layouts no test machine has.
+//
+// Per parameter a rank holds: its compute weight (act_bytes: 2 for BF16, 4
+// for FP32), its FP32 grad (4), and, for the parameters in its optimizer
+// range, an FP32 main weight (4) and two FP32 AdamW moments (8). With the
+// distributed optimizer that range is the rank's 1/D shard of its group
+// (D = dp for dense parameters, ep_dp for expert ones, which ep has already
+// divided), so a BF16 rank holds 6 + 12/D bytes per parameter. An FP32
+// compute weight is the main weight (the CPU keeps one buffer), so an FP32
+// rank holds 4 + 4 + 8/D.
+#pragma once
+#include <stddef.h>
+#include <stdio.h>
+
+#include "config/model_config.h"
+
+typedef struct {
+    int dp, dp_rank;            // the dense data-parallel group: size, this rank's index in it
+    int ep, ep_dp, ep_dp_rank;  // expert parallelism; the expert data-parallel group
+    int sharded;                // optim.sharded
+    size_t act_bytes;           // bytes per compute weight; 4 (FP32): the main weights are the compute weights
+    size_t arena_bytes;         // the activation arena (0: not known)
+} MemoryLayout;
+
+typedef struct {
+    size_t dense, expert;           // parameters held (expert: E/ep of the experts)
+    size_t dense_opt, expert_opt;   // of which in the optimizer's range (moments)
+    size_t dense_main, expert_main; // of which with an FP32 main weight of their own
+    int dense_div, expert_div;      // the optimizer range's divisor (1: not sharded)
+    // bytes by category
+    size_t compute_weights, grads, main_weights, moments;
+    size_t comm;                    // the reduced-grad shard of the distributed optimizer
+    size_t arena;                   // activations (0: not known)
+    size_t other;                   // the aux-free router bias
+} MemoryPlan;
+
+// The plan of this rank of layout l for model cfg (validated). -1 with a
+// message when the layout does not fit the model.
+int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, char *err, size_t errlen);
+// compute weights + grads + main weights + moments, per parameter held.
+double memory_bytes_per_param(const MemoryPlan *p);
+size_t memory_total(const MemoryPlan *p);
+// One line: "rank R: memory: ...", every number with its unit.
+void memory_print(FILE *f, int rank, const MemoryPlan *p);
