@@ -7,6 +7,7 @@
 #include "ckpt/hf.h"
 #include "data/tokenizer.h"
 #include "dist/comm.h"
+#include "dist/pp_schedule.h"
 #include "config/config.h"
 #include "model/model.h"
 #include "train/train.h"
@@ -31,6 +32,8 @@ static void usage(FILE *f) {
             "                                    validate a model config (a run config's model\n"
             "                                    section, then overrides), print its parameter table\n"
             "                                    and counts\n"
+            "  schedule --pp N --micro M --kind gpipe|1f1b|interleaved|zb1 [--virtual V]\n"
+            "                                    print a pipeline schedule and its simulated bubble\n"
             "  --version                        version and compiled backends\n"
             "  --help                           this text\n"
             "\n"
@@ -163,6 +166,7 @@ int main(int argc, char **argv) {
         return rc;
     }
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "schedule")) return cmd_schedule(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "export-hf")) return cmd_export_hf(argc - 2, argv + 2);
