@@ -63,6 +63,14 @@ static void comm_of(PPActionKind kind, int stage, int pp, int n_stages, int *rec
     if (kind == PP_B || kind == PP_BI) *recv_from = next, *send_to = prev;
 }
 
+static const char *label(const PPAction *a, int virt, char *buf, size_t n) {
+    static const char *k[] = {".", "F", "B", "Bi", "W"};
+    if (a->kind == PP_IDLE) snprintf(buf, n, ".");
+    else if (virt == 1) snprintf(buf, n, "%s%d", k[a->kind], a->mb);
+    else snprintf(buf, n, "%s%dc%d", k[a->kind], a->mb, a->chunk);
+    return buf;
+}
+
 // ---------------------------------------------------------------------------
 // per-rank orders
 
@@ -205,10 +213,9 @@ int pp_schedule_build(PPSchedule *s, PPScheduleKind kind, int pp, int micro, int
         if (!progress) {
             int p = 0;
             while (pos[p] >= orders[p].n) p++;
-            PPAction *a = &orders[p].a[pos[p]];
+            char l[32];
             fail(err, errlen, "%s schedule (pp %d, %d micro-batches, %d chunks): rank %d's order waits forever at "
-                 "action %d (kind %d, micro-batch %d, chunk %d)", name, pp, micro, virt, p, pos[p], a->kind, a->mb,
-                 a->chunk);
+                 "its action %d, %s", name, pp, micro, virt, p, pos[p], label(&orders[p].a[pos[p]], virt, l, sizeof l));
             free(orders), free(all), free(done[0]), free(done[1]), free(slot);
             return -1;
         }
@@ -232,14 +239,6 @@ void pp_schedule_free(PPSchedule *s) {
 
 // ---------------------------------------------------------------------------
 // validate
-
-static const char *label(const PPAction *a, int virt, char *buf, size_t n) {
-    static const char *k[] = {".", "F", "B", "Bi", "W"};
-    if (a->kind == PP_IDLE) snprintf(buf, n, ".");
-    else if (virt == 1) snprintf(buf, n, "%s%d", k[a->kind], a->mb);
-    else snprintf(buf, n, "%s%dc%d", k[a->kind], a->mb, a->chunk);
-    return buf;
-}
 
 int pp_schedule_validate(const PPSchedule *s, PPCosts costs, PPSimResult *out, char *err, size_t errlen) {
     int pp = s->pp, m = s->micro, v = s->virt, n_stages = pp * v, rc = -1;
