@@ -88,6 +88,10 @@
 #pragma once
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Ints of a plan for E global experts over P ranks.
 static inline size_t ep_sym_plan_ints(int P, int E) { return 2 * (size_t)E + (size_t)(E / P) + 1; }
 // The plan's parts: where this rank's rows of global expert g go in their
@@ -126,4 +130,8 @@ void ep_sym_cuda_dispatch(void *const *recv, const int *plan, const int *offsets
                           int R, int C);
 void ep_sym_cuda_combine(void *y, void *const *out, const int *plan, const int *offsets, int P, int E, int R,
                          int C);
+#endif
+
+#ifdef __cplusplus
+}
 #endif
