@@ -13,11 +13,17 @@
 //     owners' weight grads equal a direct per-row computation;
 //  4. dropless with a receive buffer too small for the skewed rows drops the
 //     tail of the largest experts and counts it, and never writes past the
-//     buffer.
+//     buffer;
+//  5. against src/dist/ep.c itself: tests/tool_ep_a2a runs the a2a path over
+//     MPI (mpirun -np P) on the same per-rank inputs; each owner's segments
+//     hold the same rows bit for bit (ours the kept prefix of each), the
+//     dropped counts and the combined rows are equal.
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ep_sym_harness.h"
 
@@ -223,6 +229,74 @@ START_TEST(test_grouped_matmul_forward_backward) {
 }
 END_TEST
 
+// 5: one case of tool_ep_a2a under mpirun against the harness.
+static void check_against_ep_c(int P, int skewed, double cf, uint64_t seed, const char *dir) {
+    EpSymCase c = {P, 20, 2, 16, 8, 0, 0, skewed, seed};
+    c.capacity = capacity_of(cf, c.N, c.P, c.k, c.E);
+    c.max_rows = c.N * c.k * c.P;
+    int El = c.E / P, C = c.C, R = c.N * c.k;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+             "OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 mpirun --oversubscribe -np %d "
+             "build/tests/tool_ep_a2a %d %d %d %d %d %d %llu %s > %s/log 2>&1",
+             P, c.N, c.k, c.E, C, c.capacity, skewed, (unsigned long long)seed, dir, dir);
+    ck_assert_msg(system(cmd) == 0, "%s failed (see %s/log)", cmd, dir);
+    EpSymRank *rk = eh_alloc(&c);
+    eh_dispatch_cpu(&c, rk);
+    float *out[P];
+    for (int q = 0; q < P; q++) out[q] = rk[q].recv;
+    eh_combine_cpu(&c, rk, out);
+    long dropped_all = 0;
+    for (int q = 0; q < P; q++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%d.bin", dir, q);
+        FILE *f = fopen(path, "rb");
+        ck_assert_msg(f != NULL, "no %s", path);
+        int rows, lo[El + 1];
+        float dropped;
+        ck_assert(fread(&rows, sizeof(int), 1, f) == 1 && fread(lo, sizeof(int), El + 1, f) == (size_t)El + 1 &&
+                  fread(&dropped, sizeof(float), 1, f) == 1);
+        float *xl = calloc((size_t)rows * C + 1, sizeof(float)), *y = calloc((size_t)R * C, sizeof(float));
+        ck_assert(fread(xl, sizeof(float), (size_t)rows * C, f) == (size_t)rows * C &&
+                  fread(y, sizeof(float), (size_t)R * C, f) == (size_t)R * C);
+        fclose(f);
+        const int *ro = ep_sym_recv_offsets(rk[q].plan, c.E);
+        long lost = 0;
+        for (int e = 0; e < El; e++) {
+            int kept = ro[e + 1] - ro[e], all = lo[e + 1] - lo[e];
+            ck_assert_msg(kept <= all && (c.capacity > 0 || kept == all), "P %d owner %d expert %d: %d rows, ep.c %d",
+                          P, q, e, kept, all);
+            ck_assert_msg(!memcmp(rk[q].recv + (size_t)ro[e] * C, xl + (size_t)lo[e] * C, (size_t)kept * C * sizeof(float)),
+                          "P %d owner %d expert %d: rows differ from ep.c's", P, q, e);
+            lost += all - kept;
+        }
+        ck_assert_msg(rk[q].dropped == dropped && lost == (long)dropped, "P %d owner %d: dropped %g, ep.c %g (%ld)", P,
+                      q, rk[q].dropped, dropped, lost);
+        ck_assert_msg(!memcmp(rk[q].y, y, (size_t)R * C * sizeof(float)), "P %d rank %d: combined rows differ from ep.c's",
+                      P, q);
+        dropped_all += lost;
+        free(xl);
+        free(y);
+    }
+    if (cf > 0) ck_assert_msg(dropped_all > 0, "P %d cf %g: nothing dropped, the case tests nothing", P, cf);
+    eh_free(&c, rk);
+}
+
+START_TEST(test_against_ep_c_over_mpi) {
+    char dir[] = "/tmp/test_ep_sym.XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    int Ps[] = {2, 4, 8};
+    for (int pi = 0; pi < 3; pi++) {
+        check_against_ep_c(Ps[pi], 0, 0, 300 + pi, dir);
+        check_against_ep_c(Ps[pi], 1, 0.5, 400 + pi, dir);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert(system(cmd) == 0);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("ep_sym");
     TCase *tc = tcase_create("virtual ranks");
@@ -230,6 +304,7 @@ int main(void) {
     tcase_add_test(tc, test_dispatch_combine_vs_a2a_order);
     tcase_add_test(tc, test_dropless_bounded_by_the_buffer);
     tcase_add_test(tc, test_grouped_matmul_forward_backward);
+    tcase_add_test(tc, test_against_ep_c_over_mpi);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
