@@ -303,20 +303,26 @@ static void *staging(size_t bytes) {
 
 // ---- collectives --------------------------------------------------------------
 
+// Runs body on device memory d: buf itself, or a staged copy of bytes of it
+// (copied in when copy_in, always copied back, then a host wait).
+#define STAGED(buf, bytes, copy_in, body)                                                             \
+    do {                                                                                              \
+        cudaStream_t s = cuda_stream();                                                               \
+        int dev_ = on_device(buf);                                                                    \
+        char *d = dev_ ? (char *)(buf) : staging(bytes);                                              \
+        if (!dev_ && (copy_in)) CU_CHECK(cudaMemcpyAsync(d, buf, bytes, cudaMemcpyHostToDevice, s));   \
+        body;                                                                                         \
+        if (!dev_) {                                                                                  \
+            CU_CHECK(cudaMemcpyAsync((void *)(buf), d, bytes, cudaMemcpyDeviceToHost, s));            \
+            CU_CHECK(cudaStreamSynchronize(s));                                                       \
+        }                                                                                             \
+    } while (0)
+
 void nccl_allreduce(Comm *c, void *buf, size_t n, CommType t) {
-    cudaStream_t s = cuda_stream();
-    if (on_device(buf)) {
-        NCCL_CHECK(api->ncclAllReduce(buf, buf, n, nccl_type(t), ncclSum, nc(c), s));
+    STAGED(buf, n * comm_type_size(t), 1, {
+        NCCL_CHECK(api->ncclAllReduce(d, d, n, nccl_type(t), ncclSum, nc(c), s));
         watch(s, "all_reduce", c);
-        return;
-    }
-    size_t bytes = n * comm_type_size(t);
-    void *d = staging(bytes);
-    CU_CHECK(cudaMemcpyAsync(d, buf, bytes, cudaMemcpyHostToDevice, s));
-    NCCL_CHECK(api->ncclAllReduce(d, d, n, nccl_type(t), ncclSum, nc(c), s));
-    watch(s, "all_reduce", c);
-    CU_CHECK(cudaMemcpyAsync(buf, d, bytes, cudaMemcpyDeviceToHost, s));
-    CU_CHECK(cudaStreamSynchronize(s));
+    });
 }
 
 // The communication stream after what the compute stream has enqueued (a
@@ -381,19 +387,6 @@ void nccl_wait(CommReq *r) {
     free(r);
 }
 
-// Runs fn on device memory: buf itself, or a staged copy of bytes of it.
-#define STAGED(buf, bytes, copy_in, body)                                                             \
-    do {                                                                                              \
-        cudaStream_t s = cuda_stream();                                                               \
-        int dev_ = on_device(buf);                                                                    \
-        char *d = dev_ ? (char *)(buf) : staging(bytes);                                              \
-        if (!dev_ && (copy_in)) CU_CHECK(cudaMemcpyAsync(d, buf, bytes, cudaMemcpyHostToDevice, s));   \
-        body;                                                                                         \
-        if (!dev_) {                                                                                  \
-            CU_CHECK(cudaMemcpyAsync((void *)(buf), d, bytes, cudaMemcpyDeviceToHost, s));            \
-            CU_CHECK(cudaStreamSynchronize(s));                                                       \
-        }                                                                                             \
-    } while (0)
 
 void nccl_all_gather(Comm *c, void *buf, const size_t *counts, CommType t) {
     size_t es = comm_type_size(t), total = 0;
