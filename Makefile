@@ -25,7 +25,7 @@ LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
-CUDA_SRC  := $(sort $(wildcard src/ops/cuda/*.cu))
+CUDA_SRC  := $(sort $(wildcard src/ops/cuda/*.cu src/dist/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=build/%.o)
 CFLAGS    += -DMOECORE_CUDA -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O3 -lineinfo

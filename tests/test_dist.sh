@@ -11,7 +11,12 @@
 #     rank; one rank -> ep4 + sharded) with the next loss within 1e-6 of the
 #     uninterrupted run's;
 #  3. with a capacity factor below 1 the reported dropped fraction equals an
-#     independent count;
+#     independent count, for both expert dispatches (symmetric and a2a), and
+#     so does symmetric's receive bound (parallel.ep_recv_factor below 1);
+#  1b. the symmetric dispatch (the default where the ranks share memory, ops/ep_sym.h)
+#     and the all-to-all (ep_backend: a2a) give bit-identical losses and weights
+#     (the experts see the same rows in the same order), and the symmetric path
+#     forced on one rank is bit-identical to no dispatch at all;
 #  4. a rank that fails ends the whole job with a clear error, not a hang;
 #  5. the per-rank memory line (train/memory.h) matches 8 + 8/D bytes per
 #     parameter held on CPU (FP32 weights, which are the main weights, + FP32
@@ -95,9 +100,20 @@ against_one_rank() {
 for routing in learned random; do
   against_one_rank "$routing" "$routing" "--model.routing=$routing" "" \
     "dp2 2 --parallel.dp=2" "ep2 2 --parallel.dp=2 --parallel.ep=2" \
+    "ep2_a2a 2 --parallel.dp=2 --parallel.ep=2 --parallel.ep_backend=a2a" \
+    "one_sym 1 --parallel.ep_backend=symmetric" \
     "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2" "ep4 4 --parallel.dp=4 --parallel.ep=4" \
     "dp2_sharded 2 --parallel.dp=2 --optim.sharded=true" \
     "ep2xep_dp2_sharded 4 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true"
+done
+
+grep -q "expert dispatch: symmetric.*mpi-shared" "$tmp/ep2_learned.log" || bad "ep2 did not pick the symmetric dispatch"
+grep -q "expert dispatch: a2a" "$tmp/ep2_a2a_learned.log" || bad "ep2_a2a did not run the all-to-all"
+for routing in learned random; do
+  if out=$(compare "ep2_a2a_$routing" "ep2_$routing" 0 0); then ok "ep2 symmetric = a2a bit for bit ($routing): $out"
+  else bad "ep2 symmetric against a2a ($routing): $out"; fi
+  if out=$(compare "single_$routing" "one_sym_$routing" 0 0); then ok "symmetric on one rank = no dispatch bit for bit ($routing)"
+  else bad "symmetric on one rank against no dispatch ($routing): $out"; fi
 done
 
 # aux-loss-free balancing: the bias moves by the expert counts of the whole
@@ -131,9 +147,8 @@ if out=$(compare straight to4 1e-6 1e-5 5); then ok "one rank -> ep4 + sharded: 
 # The test recomputes random routing from its definition (docs/model.md and
 # the generator in src/ops/cpu/cpu_kernels.h), the capacity from the config,
 # and the tail drop per micro-batch of the ep group, then compares.
-run cap 2 --parallel.dp=2 --parallel.ep=2 --model.capacity_factor=0.6 --model.routing=random --train.steps=2 \
-  || { tail "$tmp/cap.log"; bad "capacity run failed"; }
-if out=$($py - "$tmp/cap/metrics.jsonl" <<'PY'
+recount() { # metrics capacity_factor max_rows: the drops of every step and layer, recounted
+  $py - "$@" <<'PY'
 import json, math, sys
 M64 = (1 << 64) - 1
 def splitmix(s):
@@ -158,9 +173,15 @@ def random_topk(seed, n, E, k):
         perm[s], perm[j] = perm[j], perm[s]
         out.append(perm[s])
     return out
+def bound(cut, max_rows):
+    # the receive bound of ops/ep_sym.h: the largest c with sum min(cut, c) <= max_rows
+    if max_rows <= 0 or sum(cut) <= max_rows: return cut
+    c = max(x for x in range(max(cut) + 1) if sum(min(v, x) for v in cut) <= max_rows)
+    return [min(v, c) for v in cut]
+cf, max_rows = float(sys.argv[2]), int(sys.argv[3])
 seed, E, k, layers, dp, ep, MB, T, G = 1, 8, 2, 2, 2, 2, 2, 16, 8
-M = G // dp // MB; N = MB * T
-cap = math.ceil(0.6 * N * ep * k / E)
+M = G // dp // MB; N = MB * T; El = E // ep
+cap = math.ceil(cf * N * ep * k / E) if cf > 0 else 0
 rows = [json.loads(l) for l in open(sys.argv[1])]
 worst = 0
 for r in rows:
@@ -173,16 +194,32 @@ for r in rows:
                 s = layer_seed(mix(seed, step * 1024 + rank * M + mi), l)
                 for n in range(N):
                     for e in random_topk(s, n, E, k): counts[e] += 1
-            dropped += sum(max(0, c - cap) for c in counts)
+            cut = [min(c, cap) if cap else c for c in counts]
+            for q in range(ep):
+                kept = bound(cut[q * El:(q + 1) * El], max_rows)
+                dropped += sum(counts[q * El:(q + 1) * El]) - sum(kept)
         got = r["moe_layers"][l]
         expect = dropped / (G * T * k)
         if got["dropped_rows"] != dropped or abs(got["dropped_fraction"] - expect) > 1e-12:
             print(f"step {step + 1} layer {l}: reported {got['dropped_rows']} rows ({got['dropped_fraction']:.4f}), counted {dropped} ({expect:.4f})")
             sys.exit(1)
         worst = max(worst, expect)
-print(f"capacity {cap} rows per expert per micro-batch; dropped fractions match the recount (up to {worst:.3f})")
+if worst == 0: print("nothing was dropped: the test would not see a wrong count"); sys.exit(1)
+what = f"capacity {cap} rows per expert per micro-batch" if cap else "no capacity"
+if max_rows: what += f", receive buffers of {max_rows} rows"
+print(f"{what}; dropped fractions match the recount (up to {worst:.3f})")
 PY
-); then ok "capacity 0.6: $out"; else bad "capacity: $out"; fi
+}
+for be in symmetric a2a; do
+  run "cap_$be" 2 --parallel.dp=2 --parallel.ep=2 --model.capacity_factor=0.6 --model.routing=random --train.steps=2 \
+    --parallel.ep_backend=$be || { tail "$tmp/cap_$be.log"; bad "capacity run ($be) failed"; }
+  if out=$(recount "$tmp/cap_$be/metrics.jsonl" 0.6 0); then ok "capacity 0.6 ($be): $out"; else bad "capacity ($be): $out"; fi
+done
+# dropless with receive buffers of 0.75 x the 64 rows a rank routes (48 rows): the
+# largest experts' tails are dropped and counted instead of overflowing
+run bound 2 --parallel.dp=2 --parallel.ep=2 --parallel.ep_recv_factor=0.75 --model.routing=random --train.steps=2 \
+  || { tail "$tmp/bound.log"; bad "receive-bound run failed"; }
+if out=$(recount "$tmp/bound/metrics.jsonl" 0 48); then ok "receive bound: $out"; else bad "receive bound: $out"; fi
 
 # ---- 4. a failing rank ends the job -------------------------------------------------------------
 cp "$tmp/t.bin" "$tmp/data0.bin"   # rank 1's file, data1.bin, does not exist

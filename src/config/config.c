@@ -28,8 +28,8 @@ static const char *const sched_names[] = {"cosine", "wsd", "constant", "linear",
 static const char *const decay_shape_names[] = {"linear", "cosine", "1-sqrt", NULL}; // DecayShape
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const recompute_names[] = {"none", "experts", "gather", NULL};
-// parallel.ep_backend; the next issue adds symmetric (NCCL symmetric memory)
-static const char *const ep_backend_names[] = {"a2a", NULL};
+// parallel.ep_backend, in EpBackend's order (model.h)
+static const char *const ep_backend_names[] = {"auto", "a2a", "symmetric", NULL};
 static const char *const gemm_kernel_names[] = CUDA_KERNELS_NAMES;
 
 #define F(field, type) {#field, type, offsetof(RunConfig, field), NULL}
@@ -52,7 +52,7 @@ static const Key table[] = {
     F(logging.run_dir, T_STR), F(logging.log_interval, T_I64), F(logging.gerrymander_window, T_INT),
     F(logging.tensorboard, T_BOOL),
     F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE), F(parallel.timeout_s, T_DOUBLE),
-    FE(parallel.ep_backend, ep_backend_names),
+    FE(parallel.ep_backend, ep_backend_names), F(parallel.ep_recv_factor, T_DOUBLE),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
     F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT),
@@ -580,6 +580,9 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (p->dp <= 0 || p->ep <= 0 || p->pp <= 0) FAIL("parallel.dp, parallel.ep and parallel.pp must be positive");
     if (p->pp > 1) FAIL("parallel.pp (%d): pipeline parallelism is not implemented yet; use parallel.pp: 1", p->pp);
     if (!(p->bucket_mb > 0)) FAIL("parallel.bucket_mb must be positive, got %g", p->bucket_mb);
+    if (!(p->ep_recv_factor >= 0) || p->ep_recv_factor > 1e6)
+        FAIL("parallel.ep_recv_factor must be 0 (auto) or a positive number of times the rows a rank routes, got %g",
+             p->ep_recv_factor);
     if (!(p->timeout_s > 0)) FAIL("parallel.timeout_s must be positive, got %g", p->timeout_s);
     if (p->dp % p->ep) FAIL("parallel.ep (%d) must divide parallel.dp (%d): dp = ep x ep_dp", p->ep, p->dp);
     if ((int64_t)p->dp * p->pp != world)

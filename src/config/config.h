@@ -73,7 +73,9 @@ typedef struct {
     int dp, ep, pp;          // world = pp x dp, dp = ep x ep_dp
     double bucket_mb;        // gradient-reduction bucket size, MiB of FP32 grads
     double timeout_s;        // NCCL: a collective not done after this aborts the job
-    int ep_backend;          // expert dispatch: 0 a2a (all-to-all with host-known split sizes, dist/ep.h)
+    int ep_backend;          // expert dispatch (EpBackend of model.h): 0 auto, 1 a2a (all-to-all with
+                             // host-known split sizes, dist/ep.h), 2 symmetric (direct writes, ops/ep_sym.h)
+    double ep_recv_factor;   // symmetric: receive-buffer rows per layer / rows a rank routes (0: auto)
 } ParallelSection;
 
 typedef struct {

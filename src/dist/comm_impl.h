@@ -41,4 +41,5 @@ void nccl_broadcast(Comm *c, void *buf, size_t n, CommType t, int root);
 void nccl_barrier(Comm *c);
 void nccl_wait(CommReq *r);
 void nccl_shutdown(void);
+void *nccl_handle(Comm *c);  // its ncclComm_t (symmem_nccl.cu)
 #endif

@@ -107,6 +107,7 @@ static ncclDataType_t nccl_type(CommType t) {
 }
 
 static ncclComm_t nc(const Comm *c) { return c->nccl->comm; }
+void *nccl_handle(Comm *c) { return nc(c); }
 
 // ---- the watchdog -------------------------------------------------------------
 

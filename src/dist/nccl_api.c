@@ -44,6 +44,7 @@ const NcclApi *nccl_api(char *err, size_t errlen) {
     NCCL_FUNCS(NCCL_LOAD)
 #undef NCCL_LOAD
     if (api.ncclGetVersion(&api.version) != ncclSuccess) api.version = 0;
+    api.dl = h;
     loaded = 1;
     return &api;
 }

@@ -21,6 +21,7 @@ typedef struct {
 #define NCCL_MEMBER(f) __typeof__(&f) f;
     NCCL_FUNCS(NCCL_MEMBER)
 #undef NCCL_MEMBER
+    void *dl;        // its dlopen handle (symmem_nccl.cu looks up the device-API host calls)
     char path[512];  // the library that was loaded
     int version;     // ncclGetVersion: 22809 for 2.28.9
 } NcclApi;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ops/ep_sym.h"
 #include "util/check.h"
 
 // the compute weights of entry i, and its FP32 grad
@@ -23,12 +24,29 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     m->cfg = *cfg;
     if (model_config_validate(&m->cfg, err, errlen)) return -1;
     m->ops = ops;
-    m->par = par ? *par : (ModelParallel){0, 1, comm_world(), NULL};
+    m->par = par ? *par : (ModelParallel){.ep_size = 1, .ep_comm = comm_world()};
     if (m->par.ep_size > 1 && (m->cfg.n_experts == 0 || m->cfg.n_experts % m->par.ep_size)) {
         snprintf(err, errlen, "parallel.ep (%d) must divide model.n_experts (%d)", m->par.ep_size, m->cfg.n_experts);
         return -1;
     }
     m->E_local = m->cfg.n_experts / m->par.ep_size;
+    // the expert dispatch (ModelParallel.ep_backend); symmem_available is
+    // collective over the ep group, like this call
+    int want = m->par.ep_backend, ep = m->par.ep_size;
+    if (m->cfg.n_experts > 0 && (want == EP_SYMMETRIC || (want == EP_AUTO && ep > 1))) {
+        char why[256] = "";
+        if (symmem_available(m->par.ep_comm, ops, why, sizeof why)) {
+            m->ep_sym = 1;
+        } else if (want == EP_SYMMETRIC) {
+            snprintf(err, errlen, "parallel.ep_backend: symmetric needs symmetric memory in the ep group: %s", why);
+            return -1;
+        } else {
+            snprintf(m->ep_note, sizeof m->ep_note, "expert dispatch: a2a (all-to-all), since symmetric memory is "
+                     "not available: %s", why);
+        }
+    } else if (ep > 1) {
+        snprintf(m->ep_note, sizeof m->ep_note, "expert dispatch: a2a (all-to-all)");
+    }
     ParamLayout lay;
     param_store_init(&m->store, &m->cfg, ops, m->par.ep_rank, m->par.ep_size, &lay);
     m->embed = lay.embed;
@@ -110,14 +128,26 @@ static void *take(Carver *cv, size_t n) { return take_bytes(cv, n * cv->act_byte
 static float *ftake(Carver *cv, size_t n) { return take_bytes(cv, n * sizeof(float)); }
 static int *itake(Carver *cv, size_t n) { return take_bytes(cv, n * sizeof(int)); }
 
-// Carves every activation and scratch buffer; run once to measure, once to assign.
-static void carve(Model *m, Carver *cv) {
+// Carves every activation and scratch buffer; run once to measure, once to
+// assign. sv carves the symmetric memory (m->ep_sym): the same layout on
+// every rank of the ep group, so a buffer's offset in it names the peers'.
+static void carve(Model *m, Carver *cv, Carver *sv) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
     size_t E = c->n_experts, k = c->top_k, R = N * k, Fe = c->expert_hidden;
     int ep = m->par.ep_size, El = m->E_local;
-    size_t Rl = (size_t)ep * R; // dropless bound on the rows an expert rank receives
-    m->max_rows_local = (int)Rl;
+    // rows an expert rank receives: the dropless bound, or symmetric's
+    // receive buffers (max_rows_local, set by model_alloc_acts)
+    size_t Rl = m->ep_sym ? (size_t)m->max_rows_local : (size_t)ep * R;
+    if (!m->ep_sym) m->max_rows_local = (int)Rl;
+    int sym = m->ep_sym;
+    size_t tab = (size_t)ep * sizeof(void *);
+    if (sym) {
+        m->sym_counts = take_bytes(sv, (size_t)ep * E * sizeof(int));
+        m->sym_out = take(sv, Rl * D); m->sym_dout = take(sv, Rl * D); m->sym_dxl = take(sv, Rl * D);
+        m->sym_counts_tab = take_bytes(cv, tab);
+        m->sym_out_tab = take_bytes(cv, tab); m->sym_dout_tab = take_bytes(cv, tab); m->sym_dxl_tab = take_bytes(cv, tab);
+    }
     size_t Fs = (size_t)c->n_shared * c->shared_hidden, F = c->dense_hidden;
     size_t Vp = c->padded_vocab;
     int pre = c->norm != NORM_POST, post = c->norm != NORM_PRE;
@@ -125,7 +155,7 @@ static void carve(Model *m, Carver *cv) {
     for (int l = 0; l <= c->n_layers; l++) m->resid[l] = take(cv, N * D);
     // recompute: one buffer each, shared by the MoE layers (model.h)
     int rc_ea = m->recompute == 1 && m->n_moe;
-    int rc_xp = m->recompute && m->n_moe && ep == 1;
+    int rc_xp = m->recompute && m->n_moe && ep == 1 && !m->ep_sym;
     void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = rc_xp ? take(cv, R * D) : NULL;
     for (int l = 0; l < c->n_layers; l++) {
         LayerActs *a = &m->acts[l];
@@ -152,10 +182,11 @@ static void carve(Model *m, Carver *cv) {
         a->offsets = itake(cv, E + 1);
         a->counts = ftake(cv, E); a->lb_counts = ftake(cv, E);
         a->xp = rc_xp ? xp_shared : take(cv, R * D); a->ey = take(cv, R * D);
-        a->xl = ep > 1 ? take(cv, Rl * D) : a->xp;
-        a->yl = ep > 1 ? take(cv, Rl * D) : a->ey;
+        a->xl = sym ? take(sv, Rl * D) : ep > 1 ? take(cv, Rl * D) : a->xp;
+        a->yl = sym ? m->sym_out : ep > 1 ? take(cv, Rl * D) : a->ey;
+        if (sym) { a->sym_plan = itake(cv, ep_sym_plan_ints(ep, (int)E)); a->sym_recv = take_bytes(cv, tab); }
         a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe); a->ea = rc_ea ? ea_shared : take(cv, Rl * Fe);
-        if (ep > 1) { // the plan's backend arrays here, its host ones in plan_host
+        if (ep > 1 && !sym) { // the plan's backend arrays here, its host ones in plan_host
             size_t pn = ep_plan_ints(ep, El, (int)Rl);
             int *plan_ints = itake(cv, pn);
             if (!cv->measure)
@@ -178,13 +209,71 @@ static void carve(Model *m, Carver *cv) {
     if (F) { m->da = take(cv, N * F); m->dg = take(cv, N * F); m->du = take(cv, N * F); }
     if (m->n_moe) {
         m->dey = take(cv, R * D); m->dxp = take(cv, R * D);
-        m->dyl = ep > 1 ? take(cv, Rl * D) : m->dey;
-        m->dxl = ep > 1 ? take(cv, Rl * D) : m->dxp;
+        m->dyl = sym ? m->sym_dout : ep > 1 ? take(cv, Rl * D) : m->dey;
+        m->dxl = sym ? m->sym_dxl : ep > 1 ? take(cv, Rl * D) : m->dxp;
         m->dea = take(cv, Rl * Fe); m->deg = take(cv, Rl * Fe); m->deu = take(cv, Rl * Fe);
-        m->ep_scratch = ep > 1 ? take(cv, Rl * D) : NULL;
+        m->ep_scratch = ep > 1 && !sym ? take(cv, Rl * D) : NULL;
         m->dweights = ftake(cv, N * k); m->dprobs = ftake(cv, N * E); m->dlogits = ftake(cv, N * E);
         if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
     }
+}
+
+// Symmetric expert parallelism: the receive buffers' rows per layer. The
+// bound ep x R (every rank's rows to one rank: nothing can overflow) unless
+// parallel.ep_recv_factor sets fewer; on a device, shrunk to what its free
+// memory holds beside the rest of the arena, keeping a tenth of it for the
+// rest of the run. Past the bound a micro-batch drops the largest experts'
+// tails (counted as dropped) instead of failing.
+static void sym_size_rows(Model *m) {
+    int ep = m->par.ep_size;
+    size_t R = (size_t)m->B * m->T * m->cfg.top_k, full = (size_t)ep * R, rows = full;
+    double f = m->par.ep_recv_factor;
+    if (f > 0) rows = (size_t)ceil(f * (double)R);
+    if (rows > full) rows = full;
+    if (rows < 1) rows = 1;
+    const char *why = f > 0 ? "parallel.ep_recv_factor" : "ep x the rows routed here: nothing can overflow";
+    if (!(f > 0) && m->ops->device_memory_free) {
+        // the arena and symmetric bytes are affine in the rows: two measures
+        size_t at[2], r2[2] = {R, full};
+        for (int i = 0; i < 2; i++) {
+            m->max_rows_local = (int)r2[i];
+            Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes}, sv = cv;
+            carve(m, &cv, &sv);
+            at[i] = cv.used + sv.used;
+        }
+        size_t spare = (size_t)(0.9 * (double)m->ops->device_memory_free());
+        if (at[1] > spare && full > R) {
+            double per_row = (double)(at[1] - at[0]) / (double)(full - R);
+            double fit = spare > at[0] ? (double)R + (double)(spare - at[0]) / per_row : (double)R;
+            rows = (size_t)fit;
+            if (rows < R) rows = R;
+            why = "what the device's free memory holds";
+        }
+    }
+    m->max_rows_local = (int)rows;
+    snprintf(m->ep_note, sizeof m->ep_note,
+             "expert dispatch: symmetric (direct writes into %d ranks' receive buffers); receive buffers "
+             "%zu rows per layer = %.2f x the %zu rows a rank routes (%s); beyond them a micro-batch drops the "
+             "largest experts' tails and counts them",
+             ep, rows, (double)rows / (double)R, R, why);
+}
+
+// The peer tables: entry q of a buffer's table is peer q's copy of it.
+static void sym_table(Model *m, void *table_b, const void *local) {
+    int P = m->par.ep_size;
+    size_t off = (const char *)local - (const char *)symmem_local(m->sym);
+    void *t[P];
+    for (int q = 0; q < P; q++) t[q] = (char *)symmem_peer(m->sym, q) + off;
+    m->ops->to_device(table_b, t, sizeof t);
+}
+
+static void sym_fill_tables(Model *m) {
+    sym_table(m, m->sym_counts_tab, m->sym_counts);
+    sym_table(m, m->sym_out_tab, m->sym_out);
+    sym_table(m, m->sym_dout_tab, m->sym_dout);
+    sym_table(m, m->sym_dxl_tab, m->sym_dxl);
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (model_is_moe_layer(&m->cfg, l)) sym_table(m, m->acts[l].sym_recv, m->acts[l].xl);
 }
 
 void model_alloc_acts(Model *m, int B, int T) {
@@ -198,7 +287,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->plan_sizes = NULL;
     m->plan_host = NULL;
     int ep = m->par.ep_size;
-    if (ep > 1) { // the host side of the expert-parallel plans (dist/ep.h), per layer
+    if (ep > 1 && !m->ep_sym) { // the host side of the expert-parallel plans (dist/ep.h), per layer
         size_t L = m->cfg.n_layers, Rl = (size_t)ep * B * T * m->cfg.top_k;
         m->plan_sizes = mallocCheck(L * ep_plan_sizes(ep) * sizeof(size_t));
         m->plan_host = mallocCheck(L * ep_plan_ints(ep, m->E_local, (int)Rl) * sizeof(int));
@@ -206,12 +295,25 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->resid = mallocCheck((m->cfg.n_layers + 1) * sizeof(void *));
     free(m->doc_start_host);
     m->doc_start_host = m->doc_mask ? mallocCheck((size_t)B * T * sizeof(int)) : NULL;
-    Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes};
-    carve(m, &cv);
+    if (m->ep_sym) sym_size_rows(m);
+    Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes}, sv = cv;
+    carve(m, &cv, &sv);
     m->arena_bytes = cv.used;
     m->arena = m->ops->alloc(cv.used);
-    Carver real_cv = {.base = m->arena, .act_bytes = m->ops->act_bytes};
-    carve(m, &real_cv);
+    Carver real_cv = {.base = m->arena, .act_bytes = m->ops->act_bytes}, real_sv = real_cv;
+    if (m->ep_sym) {
+        symmem_free(m->sym);
+        char err[256] = "";
+        m->sym_bytes = sv.used;
+        m->sym = symmem_create(m->par.ep_comm, m->ops, sv.used, err, sizeof err);
+        if (!m->sym) {
+            fprintf(stderr, "moecore: symmetric expert parallelism: %s\n", err);
+            exit(1);
+        }
+        real_sv.base = symmem_local(m->sym);
+    }
+    carve(m, &real_cv, &real_sv);
+    if (m->ep_sym) sym_fill_tables(m);
     size_t nt = (size_t)T * m->cfg.head_dim / 2;
     float *cs = mallocCheck(2 * nt * sizeof(float));
     rope_tables(cs, cs + nt, T, m->cfg.head_dim, m->cfg.rope_theta);
@@ -224,6 +326,7 @@ void model_free(Model *m) {
     const Ops *ops = m->ops;
     param_store_free(&m->store);
     if (m->arena) ops->free(m->arena);
+    symmem_free(m->sym);
     free(m->layers); free(m->acts); free(m->resid); free(m->lb); free(m->z); free(m->plan_sizes); free(m->plan_host);
     free(m->step_dropped); free(m->step_rows); free(m->doc_start_host);
     float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts, m->dropped_step};
@@ -312,6 +415,58 @@ static int expert_capacity(const Model *m) {
     return (int)ceil((double)c->capacity_factor * N * m->par.ep_size * c->top_k / c->n_experts);
 }
 
+// Symmetric expert parallelism (ops/ep_sym.h): from the routed rows a->xp
+// in expert order to their expert outputs a->ey in the same order, through
+// the owners' receive buffers, with no host-visible size: counts into every
+// peer's window, barrier, the plan (capacity and the receive bound), the
+// rows straight into their owners' a->xl, barrier, the experts on the valid
+// prefix, barrier, the outputs read back. The plan's drops are counted at
+// the experts (dropped_step) and give zero outputs.
+static void sym_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a, int li, int capacity) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, E = c->n_experts, R = N * c->top_k, Fe = c->expert_hidden;
+    int P = m->par.ep_size, me = m->par.ep_rank, El = m->E_local, rows = m->max_rows_local;
+    a->use_plan = 0;
+    a->rows_local = -1;
+    ops->ep_sym_write_counts(m->sym_counts_tab, a->offsets, P, me, E);
+    symmem_barrier(m->sym);
+    ops->ep_sym_plan(a->sym_plan, m->dropped_step + li, m->sym_counts, P, me, E, capacity, rows);
+    ops->ep_sym_dispatch(a->sym_recv, a->sym_plan, a->offsets, a->xp, P, E, R, D);
+    symmem_barrier(m->sym);
+    const int *lo = ep_sym_recv_offsets(a->sym_plan, E);
+    a->local_offsets = lo;
+    ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), lo, El, D, Fe);
+    ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), lo, El, D, Fe);
+    ops->swiglu_forward_rows(a->ea, a->eg, a->eu, lo + El, rows, Fe);
+    ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), lo, El, Fe, D);
+    symmem_barrier(m->sym);
+    ops->ep_sym_combine(a->ey, m->sym_out_tab, a->sym_plan, a->offsets, P, E, R, D);
+}
+
+// Its backward, mirrored: the output grads (dey, xp's order) straight into
+// the owners' dout buffers, barrier, the experts' backward on the valid
+// prefix (weight grads from a->xl), barrier, the input grads read back into
+// dxp (zeros for dropped rows).
+static void sym_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, E = c->n_experts, R = N * c->top_k, Fe = c->expert_hidden;
+    int P = m->par.ep_size, El = m->E_local, rows = m->max_rows_local;
+    const int *lo = a->local_offsets;
+    ops->ep_sym_dispatch(m->sym_dout_tab, a->sym_plan, a->offsets, m->dey, P, E, R, D);
+    symmem_barrier(m->sym);
+    if (m->recompute == 1) ops->swiglu_forward_rows(a->ea, a->eg, a->eu, lo + El, rows, Fe);
+    int accw = !m->expert_grads_unset;
+    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->sym_dout, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
+    ops->swiglu_backward_rows(m->deg, m->deu, m->dea, a->eg, a->eu, lo + El, rows, Fe);
+    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe, accw);
+    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
+    ops->grouped_dgrad_pair(m->sym_dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
+    symmem_barrier(m->sym);
+    ops->ep_sym_combine(m->dxp, m->sym_dxl_tab, a->sym_plan, a->offsets, P, E, R, D);
+}
+
 static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in,
                         uint64_t seed) {
     const Ops *ops = m->ops;
@@ -353,6 +508,11 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     // segments, combine back. One rank needs no plan: the experts' segments
     // are the routed rows' offsets, which stay where they are (device memory).
     Comm *epc = m->par.ep_comm;
+    int capacity = expert_capacity(m);
+    if (m->ep_sym) {
+        sym_moe_experts_forward(m, L, a, li, capacity);
+        goto combined;
+    }
     a->use_plan = ep > 1;
     int Rl = R;
     a->local_offsets = a->offsets;
@@ -369,9 +529,9 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->local_offsets, El, Fe, D);
     // capacity: the rows past each local expert's first `capacity` give zero
     // outputs (and get zero grads in backward), counted where they are
-    int capacity = expert_capacity(m);
     if (capacity > 0) ops->moe_capacity_drop(a->yl, m->dropped_step + li, a->local_offsets, El, Rl, D, capacity);
     if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
+combined:
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
     if (c->n_shared > 0) {
         int Fs = c->n_shared * c->shared_hidden;
@@ -517,6 +677,10 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     const int *lo = a->local_offsets;
     Comm *epc = m->par.ep_comm;
     ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
+    if (m->ep_sym) {
+        sym_moe_experts_backward(m, L, a);
+        goto experts_done;
+    }
     // the grad of combine is a dispatch, and the grad of dispatch a combine
     void *dyl = m->dey, *dxl = m->dxp;
     if (a->use_plan) {
@@ -538,6 +702,7 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
     ops->grouped_dgrad_pair(dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
     if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
+experts_done:
     ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
     // router: weights <- probs <- logits, plus the aux losses
     ops->router_weights_backward(m->dprobs, m->dweights, a->probs, a->idx, N, E, k, c->renorm_topk, 0);

@@ -14,6 +14,7 @@
 #include "config/model_config.h"
 #include "dist/comm.h"
 #include "dist/ep.h"
+#include "dist/symmem.h"
 #include "ops/ops.h"
 #include "params/layout.h"
 #include "params/store.h"
@@ -22,10 +23,25 @@
 // and exchanges routed rows inside ep_comm. model.lb_global sums the
 // expert counts of each micro-batch over dp_comm, the data-parallel group
 // (NULL: one rank). NULL in model_init = one rank.
+//
+// ep_backend (parallel.ep_backend) picks how rows reach the experts' ranks:
+// EP_A2A the all-to-alls of dist/ep.h (split sizes through the host, one
+// host wait per layer); EP_SYMMETRIC the direct writes of ops/ep_sym.h into
+// the owners' receive buffers in symmetric memory (dist/symmem.h: nothing
+// through the host, captures in a CUDA graph), also with one rank (a P = 1
+// run of the same path, for tests); EP_AUTO symmetric where the ep group
+// shares memory (one node of CPU ranks, one NVLink domain of GPUs) and
+// ep > 1, else a2a (ep > 1) or no dispatch at all (ep = 1).
+// ep_recv_factor (symmetric): the receive buffers hold ceil(factor x the
+// rows a rank routes) rows per layer; 0: ep x those rows (nothing can
+// overflow), shrunk to what the device can spare (model_alloc_acts).
+typedef enum { EP_AUTO = 0, EP_A2A = 1, EP_SYMMETRIC = 2 } EpBackend;
 typedef struct {
     int ep_rank, ep_size;
     Comm *ep_comm;
     Comm *dp_comm;
+    int ep_backend;
+    double ep_recv_factor;
 } ModelParallel;
 
 // What one block keeps from forward for backward. act buffers (void *)
@@ -53,9 +69,11 @@ typedef struct {
     float lb_tokens;                  // tokens those counts cover
     void *xp, *ey;                    // routed rows sorted by global expert [R,D]
     EpPlan plan;                      // dispatch to the experts' ranks (use_plan)
-    int use_plan;                     // 0: one rank: no dispatch at all
+    int use_plan;                     // 0: one rank (or symmetric): no all-to-all plan
+    int *sym_plan;                    // symmetric: this layer's plan (ops/ep_sym.h), kept for backward
+    void **sym_recv;                  // symmetric: [ep] the peers' receive buffers of this layer (xl here)
     const int *local_offsets;         // the local experts' segments
-    int rows_local;                   // rows at the local experts
+    int rows_local;                   // rows at the local experts (-1: symmetric, only the device knows)
     void *xl, *eg, *eu, *ea, *yl;     // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
     void *sg, *su, *sa, *so;          // shared experts [N,Fs] x3, [N,D]
 } LayerActs;
@@ -106,6 +124,18 @@ typedef struct {
     float *dweights, *dprobs, *dlogits;
     void *dsa, *dsg, *dsu, *ep_scratch;
     int max_rows_local;               // bound on rows an expert rank receives
+    // symmetric expert parallelism (ModelParallel.ep_backend): the layers'
+    // receive buffers (acts[].xl) and the shared count window, expert
+    // outputs, output grads and input grads live in symmetric memory; the
+    // peer tables of each are in the arena
+    int ep_sym;                       // the symmetric path runs
+    SymMem *sym;
+    size_t sym_bytes;
+    int *sym_counts;                  // this rank's count window [ep][E]
+    void *sym_out, *sym_dout, *sym_dxl;
+    int **sym_counts_tab;
+    void **sym_out_tab, **sym_dout_tab, **sym_dxl_tab;
+    char ep_note[320];                // what model_init_parallel / model_alloc_acts chose, for the log
 
     // router state across micro-batches and steps (backend memory; the
     // aux-loss-free bias is store.router_bias)

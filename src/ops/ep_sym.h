@@ -102,7 +102,7 @@ static inline int *ep_sym_send_keep(int *plan, int E) { return plan + E; }
 static inline int *ep_sym_recv_offsets(int *plan, int E) { return plan + 2 * (size_t)E; }
 
 // The CPU reference (ep_sym_cpu.c): host pointers, act = float. The CUDA
-// twins (src/ops/cuda/ep_sym.cu, ep_sym_cuda_*) take the same arguments in
+// twins (src/ops/cuda/ep_sym.cu, cuda_ep_sym_*) take the same arguments in
 // device memory (the pointer tables included), act = BF16, all on
 // cuda_stream(), no host synchronisation.
 //
@@ -123,12 +123,12 @@ void ep_sym_cpu_combine(void *y, void *const *out, const int *plan, const int *o
                         int C);
 
 #ifdef MOECORE_CUDA
-void ep_sym_cuda_write_counts(int *const *windows, const int *offsets, int P, int rank, int E);
-void ep_sym_cuda_plan(int *plan, float *dropped, const int *counts, int P, int rank, int E, int capacity,
+void cuda_ep_sym_write_counts(int *const *windows, const int *offsets, int P, int rank, int E);
+void cuda_ep_sym_plan(int *plan, float *dropped, const int *counts, int P, int rank, int E, int capacity,
                       int max_rows);
-void ep_sym_cuda_dispatch(void *const *recv, const int *plan, const int *offsets, const void *xp, int P, int E,
+void cuda_ep_sym_dispatch(void *const *recv, const int *plan, const int *offsets, const void *xp, int P, int E,
                           int R, int C);
-void ep_sym_cuda_combine(void *y, void *const *out, const int *plan, const int *offsets, int P, int E, int R,
+void cuda_ep_sym_combine(void *y, void *const *out, const int *plan, const int *offsets, int P, int E, int R,
                          int C);
 #endif
 

@@ -66,6 +66,7 @@ typedef struct Ops {
     void (*free_host)(void *p);
     // bytes of device memory in use (NULL on the CPU)
     size_t (*device_memory_used)(void);
+    size_t (*device_memory_free)(void);  // bytes the device has free (NULL on the CPU)
     // Graphs of the work issued between capture_begin and capture_end (NULL
     // on the CPU). capture_end returns NULL, with the reason in err, when the
     // work could not be captured (a host synchronisation inside, say).
@@ -131,6 +132,13 @@ typedef struct Ops {
     void (*swiglu_forward)(void *out, const void *gate, const void *up, size_t n);
     void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate,
                             const void *up, size_t n);
+    // The same on the first rows[0] rows of [max_rows, F] (rows read where it
+    // lives, clamped to max_rows): the rows at the experts under symmetric
+    // expert parallelism, whose number only the device knows.
+    void (*swiglu_forward_rows)(void *out, const void *gate, const void *up, const int *rows, int max_rows,
+                                int F);
+    void (*swiglu_backward_rows)(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                                 const int *rows, int max_rows, int F);
 
     // --- router (all f32) -------------------------------------------------
     // probs[N,E] = softmax(logits) or sigmoid(logits)
@@ -198,6 +206,18 @@ typedef struct Ops {
     // sizes[e] = offsets[e+1] - offsets[e]: the segments' row counts, where
     // the offsets live (the per-expert counts expert parallelism exchanges).
     void (*moe_segment_sizes)(int *sizes, const int *offsets, int E);
+    // Symmetric ("direct-write") expert parallelism, parallel.ep_backend:
+    // symmetric: the count exchange, the plan, the dispatch that writes rows
+    // straight into their owner's receive buffer and the combine that reads
+    // them back, over tables of peer pointers in backend memory. The
+    // semantics, buffers and barriers are in ops/ep_sym.h.
+    void (*ep_sym_write_counts)(int *const *windows, const int *offsets, int P, int rank, int E);
+    void (*ep_sym_plan)(int *plan, float *dropped, const int *counts, int P, int rank, int E, int capacity,
+                        int max_rows);
+    void (*ep_sym_dispatch)(void *const *recv, const int *plan, const int *offsets, const void *xp, int P, int E,
+                            int R, int C);
+    void (*ep_sym_combine)(void *y, void *const *out, const int *plan, const int *offsets, int P, int E, int R,
+                           int C);
 
     // Grouped matmul over expert segments: rows offsets[e]..offsets[e+1] of
     // inp use w[e] ([OC, C]); offsets are read where they live (device

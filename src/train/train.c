@@ -277,7 +277,9 @@ static int setup_model(Trainer *tr) {
     const TrainSection *t = &cfg->train;
     const Ops *ops = tr->ops;
     Model *m = &tr->m;
-    ModelParallel par = {tr->mesh.ep_rank, tr->mesh.ep, tr->mesh.ep_comm, tr->mesh.dp_comm};
+    ModelParallel par = {.ep_rank = tr->mesh.ep_rank, .ep_size = tr->mesh.ep, .ep_comm = tr->mesh.ep_comm,
+                         .dp_comm = tr->mesh.dp_comm, .ep_backend = cfg->parallel.ep_backend,
+                         .ep_recv_factor = cfg->parallel.ep_recv_factor};
     if (model_init_parallel(m, &cfg->model, ops, &par, err, sizeof err)) return fatal("%s", err);
     // every rank draws the same full model and keeps its slice of the experts
     if (tr->mesh.ep == 1) {
@@ -297,6 +299,7 @@ static int setup_model(Trainer *tr) {
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);
     model_alloc_acts(m, tr->MB, tr->T);
+    if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
     ddp_init(&tr->ddp, &m->store, tr->mesh.dp_comm, tr->mesh.ep_dp_comm, tr->world, cfg->optim_sharded,
              (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / 4));
     if (cfg->optim_sharded) adamw_init_range(&tr->adamw, &cfg->optim, &m->store, tr->ddp.shard_begin, tr->ddp.shard_end);

@@ -25,12 +25,12 @@ typedef struct {
 
 static void phases(const EpSymCase *c, DevRank *d, int **windows, void **recv) {
     int P = c->P, R = c->N * c->k;
-    for (int r = 0; r < P; r++) ep_sym_cuda_write_counts(windows, d[r].offsets, P, r, c->E);
+    for (int r = 0; r < P; r++) cuda_ep_sym_write_counts(windows, d[r].offsets, P, r, c->E);
     for (int r = 0; r < P; r++)
-        ep_sym_cuda_plan(d[r].plan, d[r].dropped, d[r].window, P, r, c->E, c->capacity, c->max_rows);
-    for (int r = 0; r < P; r++) ep_sym_cuda_dispatch(recv, d[r].plan, d[r].offsets, d[r].xp, P, c->E, R, c->C);
+        cuda_ep_sym_plan(d[r].plan, d[r].dropped, d[r].window, P, r, c->E, c->capacity, c->max_rows);
+    for (int r = 0; r < P; r++) cuda_ep_sym_dispatch(recv, d[r].plan, d[r].offsets, d[r].xp, P, c->E, R, c->C);
     // identity experts: combine reads the receive buffers back
-    for (int r = 0; r < P; r++) ep_sym_cuda_combine(d[r].y, recv, d[r].plan, d[r].offsets, P, c->E, R, c->C);
+    for (int r = 0; r < P; r++) cuda_ep_sym_combine(d[r].y, recv, d[r].plan, d[r].offsets, P, c->E, R, c->C);
 }
 
 static void check_results(const char *tag, const EpSymCase *c, EpSymRank *rk, DevRank *d) {

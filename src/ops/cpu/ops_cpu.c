@@ -10,6 +10,7 @@
 
 typedef float real;
 #include "ops/cpu/cpu_kernels.h"
+#include "ops/ep_sym.h"
 
 #define F(p) ((float *)(p))
 #define CF(p) ((const float *)(p))
@@ -100,6 +101,16 @@ static void c_moe_capacity_drop(void *y, float *dropped, const int *offsets, int
     }
     if (dropped) dropped[0] += (float)n;
 }
+static void c_swiglu_forward_rows(void *out, const void *gate, const void *up, const int *rows, int max_rows,
+                                  int cols) {
+    size_t n = (size_t)(rows[0] < max_rows ? rows[0] : max_rows) * cols;
+    cpu_swiglu_forward(F(out), CF(gate), CF(up), n);
+}
+static void c_swiglu_backward_rows(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                                   const int *rows, int max_rows, int cols) {
+    size_t n = (size_t)(rows[0] < max_rows ? rows[0] : max_rows) * cols;
+    cpu_swiglu_backward(F(dgate), F(dup), CF(dout), CF(gate), CF(up), n);
+}
 static void c_moe_segment_sizes(int *sizes, const int *offsets, int E) {
     for (int e = 0; e < E; e++) sizes[e] = offsets[e + 1] - offsets[e];
 }
@@ -165,6 +176,8 @@ const Ops ops_cpu = {
     .attention_scratch_floats = cpu_attention_scratch_floats,
     .swiglu_forward = c_swiglu_forward,
     .swiglu_backward = c_swiglu_backward,
+    .swiglu_forward_rows = c_swiglu_forward_rows,
+    .swiglu_backward_rows = c_swiglu_backward_rows,
     .router_probs_forward = cpu_router_probs_forward,
     .router_probs_backward = cpu_router_probs_backward,
     .router_topk = cpu_router_topk,
@@ -183,6 +196,10 @@ const Ops ops_cpu = {
     .unpermute_backward = c_unpermute_backward,
     .moe_capacity_drop = c_moe_capacity_drop,
     .moe_segment_sizes = c_moe_segment_sizes,
+    .ep_sym_write_counts = ep_sym_cpu_write_counts,
+    .ep_sym_plan = ep_sym_cpu_plan,
+    .ep_sym_dispatch = ep_sym_cpu_dispatch,
+    .ep_sym_combine = ep_sym_cpu_combine,
     .grouped_matmul_forward = c_grouped_matmul_forward,
     .grouped_matmul_backward = c_grouped_matmul_backward,
     .grouped_dgrad_pair = c_grouped_dgrad_pair,

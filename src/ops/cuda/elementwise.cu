@@ -25,8 +25,17 @@ extern "C" void cuda_cast_to_act(void *dst, const float *src, size_t n) {
     cudaLaunchCheck();
 }
 
-static __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, bool vec) {
+// rows (may be NULL): only the first min(rows[0], n / F) rows of F elements
+__device__ __forceinline__ size_t rows_bound(size_t n, const int *rows, int F) {
+    if (!rows) return n;
+    size_t m = (size_t)(rows[0] > 0 ? rows[0] : 0) * F;
+    return m < n ? m : n;
+}
+
+static __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, bool vec,
+                                             const int *rows, int F) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    n = rows_bound(n, rows, F);
     if (i >= n) return;
     float g[8], u[8], o[8];
     load8(gate, i, n, vec, g);
@@ -37,8 +46,9 @@ static __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gate, const 
 }
 
 static __global__ void swiglu_backward_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
-                                              const bf16 *up, size_t n, bool vec) {
+                                              const bf16 *up, size_t n, bool vec, const int *rows, int F) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    n = rows_bound(n, rows, F);
     if (i >= n) return;
     float g[8], u[8], d[8], dg[8], du[8];
     load8(gate, i, n, vec, g);
@@ -59,7 +69,18 @@ extern "C" void cuda_swiglu_forward(void *out, const void *gate, const void *up,
     if (!n) return;
     bool vec = aligned16(out) && aligned16(gate) && aligned16(up);
     swiglu_forward_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>((bf16 *)out, (const bf16 *)gate,
-                                                                         (const bf16 *)up, n, vec);
+                                                                         (const bf16 *)up, n, vec, nullptr, 1);
+    cudaLaunchCheck();
+}
+
+// the grid covers max_rows; the blocks past the device's row count return
+extern "C" void cuda_swiglu_forward_rows(void *out, const void *gate, const void *up, const int *rows,
+                                         int max_rows, int F) {
+    size_t n = (size_t)max_rows * F;
+    if (!n) return;
+    bool vec = aligned16(out) && aligned16(gate) && aligned16(up) && F % 8 == 0;
+    swiglu_forward_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>((bf16 *)out, (const bf16 *)gate,
+                                                                         (const bf16 *)up, n, vec, rows, F);
     cudaLaunchCheck();
 }
 
@@ -68,7 +89,18 @@ extern "C" void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, c
     if (!n) return;
     bool vec = aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) && aligned16(up);
     swiglu_backward_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(
-        (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n, vec);
+        (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n, vec, nullptr, 1);
+    cudaLaunchCheck();
+}
+
+extern "C" void cuda_swiglu_backward_rows(void *dgate, void *dup, const void *dout, const void *gate,
+                                          const void *up, const int *rows, int max_rows, int F) {
+    size_t n = (size_t)max_rows * F;
+    if (!n) return;
+    bool vec = aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) && aligned16(up) &&
+               F % 8 == 0;
+    swiglu_backward_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(
+        (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n, vec, rows, F);
     cudaLaunchCheck();
 }
 

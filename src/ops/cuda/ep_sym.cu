@@ -22,7 +22,7 @@ static __global__ void write_counts_kernel(int *const *windows, const int *__res
     windows[q][(size_t)rank * E + g] = offsets[g + 1] - offsets[g];
 }
 
-extern "C" void ep_sym_cuda_write_counts(int *const *windows, const int *offsets, int P, int rank, int E) {
+extern "C" void cuda_ep_sym_write_counts(int *const *windows, const int *offsets, int P, int rank, int E) {
     if (P <= 0 || E <= 0) return;
     write_counts_kernel<<<ceil_div(P * E, 256), 256, 0, cuda_stream()>>>(windows, offsets, P, rank, E);
     cudaLaunchCheck();
@@ -89,7 +89,7 @@ static __global__ void plan_kernel(int *plan, float *dropped, const int *__restr
     }
 }
 
-extern "C" void ep_sym_cuda_plan(int *plan, float *dropped, const int *counts, int P, int rank, int E, int capacity,
+extern "C" void cuda_ep_sym_plan(int *plan, float *dropped, const int *counts, int P, int rank, int E, int capacity,
                                  int max_rows) {
     if (P <= 0 || E <= 0) return;
     plan_kernel<<<1, PLAN_THREADS, 2 * (size_t)E * sizeof(int), cuda_stream()>>>(plan, dropped, counts, P, rank, E,
@@ -150,7 +150,7 @@ static __global__ void move_rows_kernel(bf16 *local, bf16 *const *peers, const i
     }
 }
 
-extern "C" void ep_sym_cuda_dispatch(void *const *recv, const int *plan, const int *offsets, const void *xp, int P,
+extern "C" void cuda_ep_sym_dispatch(void *const *recv, const int *plan, const int *offsets, const void *xp, int P,
                                      int E, int R, int C) {
     if (R <= 0 || C <= 0 || E <= 0) return;
     bool vec = C % 8 == 0 && aligned16(xp);
@@ -159,7 +159,7 @@ extern "C" void ep_sym_cuda_dispatch(void *const *recv, const int *plan, const i
     cudaLaunchCheck();
 }
 
-extern "C" void ep_sym_cuda_combine(void *y, void *const *out, const int *plan, const int *offsets, int P, int E,
+extern "C" void cuda_ep_sym_combine(void *y, void *const *out, const int *plan, const int *offsets, int P, int E,
                                     int R, int C) {
     if (R <= 0 || C <= 0 || E <= 0) return;
     bool vec = C % 8 == 0 && aligned16(y);

@@ -179,6 +179,12 @@ extern "C" float cuda_event_elapsed_ms(void *start, void *stop) {
     return ms;
 }
 
+extern "C" size_t cuda_device_memory_free(void) {
+    size_t free_b = 0, total = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total));
+    return free_b;
+}
+
 extern "C" size_t cuda_device_memory_used(void) {
     size_t free_b = 0, total = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total));

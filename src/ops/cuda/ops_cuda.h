@@ -40,6 +40,9 @@ size_t cuda_attention_scratch_floats(int B, int T, int H, int KV, int hd);
 void cuda_cast_to_act(void *dst, const float *src, size_t n);
 void cuda_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
 void cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+void cuda_swiglu_forward_rows(void *out, const void *gate, const void *up, const int *rows, int max_rows, int F);
+void cuda_swiglu_backward_rows(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                               const int *rows, int max_rows, int F);
 void cuda_add_act(void *y, const void *x, size_t n);
 void cuda_copy_act(void *dst, const void *src, size_t n);
 void cuda_add_f32(float *y, const float *x, size_t n);
@@ -140,6 +143,7 @@ void cuda_to_host(void *dst, const void *src, size_t bytes);
 void cuda_zero(void *p, size_t bytes);
 void cuda_synchronize(void);
 size_t cuda_device_memory_used(void);
+size_t cuda_device_memory_free(void);
 #ifdef __cplusplus
 }
 #endif

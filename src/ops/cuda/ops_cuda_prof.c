@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "ops/cuda/ops_cuda.h"
+#include "ops/ep_sym.h"
 
 cudaStream_t cuda_stream(void); // ops_cuda.cu (declared for C++ in cuda_common.cuh)
 
@@ -76,6 +77,13 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
     X(swiglu_backward, C_OTHER,                                                                              \
       (void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n),                \
       (dgate, dup, dout, gate, up, n))                                                                       \
+    X(swiglu_forward_rows, C_OTHER,                                                                          \
+      (void *out, const void *gate, const void *up, const int *rows, int max_rows, int F),                   \
+      (out, gate, up, rows, max_rows, F))                                                                    \
+    X(swiglu_backward_rows, C_OTHER,                                                                         \
+      (void *dgate, void *dup, const void *dout, const void *gate, const void *up, const int *rows,          \
+       int max_rows, int F),                                                                                 \
+      (dgate, dup, dout, gate, up, rows, max_rows, F))                                                       \
     X(router_probs_forward, C_DISPATCH, (float *probs, const float *logits, int N, int E, Gating g),         \
       (probs, logits, N, E, g))                                                                              \
     X(router_probs_backward, C_DISPATCH,                                                                     \
@@ -126,6 +134,17 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *y, float *dropped, const int *offsets, int E, int R, int C, int capacity),                      \
       (y, dropped, offsets, E, R, C, capacity))                                                              \
     X(moe_segment_sizes, C_DISPATCH, (int *sizes, const int *offsets, int E), (sizes, offsets, E))           \
+    X(ep_sym_write_counts, C_DISPATCH, (int *const *windows, const int *offsets, int P, int rank, int E),    \
+      (windows, offsets, P, rank, E))                                                                        \
+    X(ep_sym_plan, C_DISPATCH,                                                                               \
+      (int *plan, float *dropped, const int *counts, int P, int rank, int E, int capacity, int max_rows),    \
+      (plan, dropped, counts, P, rank, E, capacity, max_rows))                                               \
+    X(ep_sym_dispatch, C_DISPATCH,                                                                           \
+      (void *const *recv, const int *plan, const int *offsets, const void *xp, int P, int E, int R, int C),  \
+      (recv, plan, offsets, xp, P, E, R, C))                                                                 \
+    X(ep_sym_combine, C_DISPATCH,                                                                            \
+      (void *y, void *const *out, const int *plan, const int *offsets, int P, int E, int R, int C),          \
+      (y, out, plan, offsets, P, E, R, C))                                                                   \
     X(grouped_matmul_forward, C_EXPERT,                                                                      \
       (void *out, const void *inp, const void *w, const int *offsets, int E, int C, int OC),                 \
       (out, inp, w, offsets, E, C, OC))                                                                      \
@@ -225,6 +244,7 @@ const Ops ops_cuda_timed = {
     .free_host = cuda_free_host,
     .to_host = timed_to_host,
     .device_memory_used = cuda_device_memory_used,
+    .device_memory_free = cuda_device_memory_free,
     // capture_begin, capture_end, graph_launch, graph_free: NULL, no graphs
     .attention_saved_floats = cuda_attention_saved_floats,
     .attention_scratch_floats = cuda_attention_scratch_floats,

@@ -1,6 +1,7 @@
 // The CUDA backend's op table (compiled only when nvcc was found).
 #ifdef MOECORE_CUDA
 #include "ops/cuda/ops_cuda.h"
+#include "ops/ep_sym.h"
 
 int cuda_supports(const OpDesc *d, char *why, size_t whylen) {
     switch (d->op) {
@@ -22,6 +23,7 @@ const Ops ops_cuda = {
     .free_host = cuda_free_host,
     .to_host = cuda_to_host,
     .device_memory_used = cuda_device_memory_used,
+    .device_memory_free = cuda_device_memory_free,
     .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end,
     .graph_launch = cuda_graph_launch,
@@ -43,6 +45,8 @@ const Ops ops_cuda = {
     .attention_scratch_floats = cuda_attention_scratch_floats,
     .swiglu_forward = cuda_swiglu_forward,
     .swiglu_backward = cuda_swiglu_backward,
+    .swiglu_forward_rows = cuda_swiglu_forward_rows,
+    .swiglu_backward_rows = cuda_swiglu_backward_rows,
     .router_probs_forward = cuda_router_probs_forward,
     .router_probs_backward = cuda_router_probs_backward,
     .router_topk = cuda_router_topk,
@@ -61,6 +65,10 @@ const Ops ops_cuda = {
     .unpermute_backward = cuda_unpermute_backward,
     .moe_capacity_drop = cuda_moe_capacity_drop,
     .moe_segment_sizes = cuda_moe_segment_sizes,
+    .ep_sym_write_counts = cuda_ep_sym_write_counts,
+    .ep_sym_plan = cuda_ep_sym_plan,
+    .ep_sym_dispatch = cuda_ep_sym_dispatch,
+    .ep_sym_combine = cuda_ep_sym_combine,
     .grouped_matmul_forward = cuda_grouped_matmul_forward,
     .grouped_matmul_backward = cuda_grouped_matmul_backward,
     .grouped_dgrad_pair = cuda_grouped_dgrad_pair,
