@@ -5,7 +5,8 @@
 // host-visible split sizes, no permutation on either side, no host wait: the
 // counts, offsets and capacity cut live in device memory from routing to the
 // grouped GEMM. `parallel.ep_backend: a2a` (src/dist/ep.h) is the reference
-// it must agree with; nothing calls these ops from the model yet.
+// it must agree with; the model runs these ops (through the Ops table) with
+// `parallel.ep_backend: symmetric` over dist/symmem.h's memory.
 //
 // Where the pointers come from. Rank r of an ep group of P ranks holds
 // E_local = E / P experts (global expert g belongs to rank g / E_local). For
