@@ -42,6 +42,7 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
     p->moments = (p->dense_opt + p->expert_opt) * 2 * sizeof(float);
     p->comm = l->sharded ? (p->dense_opt + p->expert_opt) * sizeof(float) : 0;
     p->arena = l->arena_bytes;
+    p->dispatch = l->dispatch_bytes;
     p->other = (size_t)model_moe_layers(cfg) * cfg->n_experts * sizeof(float);
     return 0;
 }
@@ -52,7 +53,7 @@ double memory_bytes_per_param(const MemoryPlan *p) {
 }
 
 size_t memory_total(const MemoryPlan *p) {
-    return p->compute_weights + p->grads + p->main_weights + p->moments + p->comm + p->arena + p->other;
+    return p->compute_weights + p->grads + p->main_weights + p->moments + p->comm + p->arena + p->dispatch + p->other;
 }
 
 void memory_print(FILE *f, int rank, const MemoryPlan *p) {
@@ -61,6 +62,7 @@ void memory_print(FILE *f, int rank, const MemoryPlan *p) {
     char arena[64];
     if (p->arena) snprintf(arena, sizeof arena, "%zu B", p->arena);
     else snprintf(arena, sizeof arena, "unknown");
+    if (p->dispatch) snprintf(arena + strlen(arena), sizeof arena - strlen(arena), ", expert dispatch %zu B", p->dispatch);
     fprintf(f, "rank %d: memory: %zu dense + %zu expert parameters; compute weights %zu B, grads %zu B, "
                "main weights %zu B%s, moments %zu B (1/%d of dense, 1/%d of expert), comm buffers %zu B, "
                "activations %s, router bias %zu B; %.4f B/param (weights + grads + main + moments), %.2f MiB in all\n",

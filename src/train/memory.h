@@ -22,7 +22,9 @@ typedef struct {
     int ep, ep_dp, ep_dp_rank;  // expert parallelism; the expert data-parallel group
     int sharded;                // optim.sharded
     size_t act_bytes;           // bytes per compute weight; 4 (FP32): the main weights are the compute weights
-    size_t arena_bytes;         // the activation arena (0: not known)
+    size_t arena_bytes;         // the activation arena (0: not known); with the all-to-all dispatch
+                                // it holds the expert-parallel receive buffers too
+    size_t dispatch_bytes;      // symmetric expert parallelism: its symmetric memory (model.h)
 } MemoryLayout;
 
 typedef struct {
@@ -34,6 +36,7 @@ typedef struct {
     size_t compute_weights, grads, main_weights, moments;
     size_t comm;                    // the reduced-grad shard of the distributed optimizer
     size_t arena;                   // activations (0: not known)
+    size_t dispatch;                // symmetric memory of the expert dispatch (0: none)
     size_t other;                   // the aux-free router bias
 } MemoryPlan;
 

@@ -498,7 +498,11 @@ static int train_setup(Trainer *tr) {
     // (a different CE scale, from a batch with other masked targets, runs
     // uncaptured). Random routing and lb_global change kernel arguments per
     // micro-batch, and DDP hooks need the host: those run uncaptured.
-    tr->use_graph = cfg->device.cuda_graph && tr->ops->capture_begin && train_world_size == 1 &&
+    // With several ranks the step captures when nothing in forward and
+    // backward talks to the host: no expert dispatch, or the symmetric one
+    // (the all-to-all's split sizes pass through the host).
+    tr->use_graph = cfg->device.cuda_graph && tr->ops->capture_begin &&
+                    (train_world_size == 1 || tr->m.par.ep_size == 1 || tr->m.ep_sym) &&
                     tr->m.cfg.routing != ROUTING_RANDOM && !tr->m.cfg.lb_global;
     if (tr->ops->capture_begin) SAY("cuda graph: %s\n", tr->use_graph ? "on" : "off");
     return -1;

@@ -107,7 +107,7 @@ static void print_memory(const Trainer *tr) {
     const ParamStore *ps = &tr->m.store;
     char err[400];
     MemoryLayout l = {mesh->dp, comm_rank(mesh->dp_comm), mesh->ep, mesh->ep_dp, comm_rank(mesh->ep_dp_comm),
-                      tr->cfg.optim_sharded, tr->ops->act_bytes, tr->m.arena_bytes};
+                      tr->cfg.optim_sharded, tr->ops->act_bytes, tr->m.arena_bytes, tr->m.sym_bytes};
     MemoryPlan p;
     if (memory_plan(&p, &tr->m.cfg, &l, err, sizeof err)) {
         printf("rank %d: memory: no accounting: %s\n", comm_rank(tr->world), err);
