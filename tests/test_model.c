@@ -58,19 +58,27 @@ START_TEST(test_grad_accumulation) {
 }
 END_TEST
 
-// Activation recompute (train.recompute = experts) runs the same kernels on
-// the same inputs, so losses and grads must be bit-identical to keeping the
-// activations, with a smaller arena, with and without capacity (one rank:
-// the rows stay in place, and the dropped ones are zeroed in the outputs and
-// their grads, never in the routed rows). Two micro-batches with shared
-// experts and a dense first layer: every path through moe_backward.
+// Activation recompute (train.recompute = experts, gather, layers) runs the
+// same kernels on the same inputs, so losses and grads must be bit-identical
+// to keeping the activations, with a smaller arena, with and without
+// capacity (one rank: the rows stay in place, and the dropped ones are
+// zeroed in the outputs and their grads, never in the routed rows). Two
+// micro-batches with shared experts and a dense first layer: every path
+// through moe_backward. layers: every block but the last, every other one,
+// the first three; and with model.lb_global (the recomputed block must reuse
+// the step's global counts, not add them again) and the capacity drop count
+// (counted once, not again in the recompute).
 START_TEST(test_recompute_experts) {
-    for (int mode = 1; mode <= 2; mode++)
+    struct { int mode, every, first, lb_global; } modes[] = {
+        {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {3, 2, 0, 0}, {3, 0, 3, 0}, {3, 0, 0, 1}};
+    for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++)
     for (int cap = 0; cap < 2; cap++) {
+        int mode = modes[mi].mode;
         ModelConfig c;
         small_config(&c);
-        c.n_layers = 3; c.dense_layers = 1; c.dense_hidden = 24; c.n_shared = 1; c.shared_hidden = 8;
+        c.n_layers = 5; c.dense_layers = 1; c.dense_hidden = 24; c.n_shared = 1; c.shared_hidden = 8;
         c.capacity_factor = cap ? 1.0f : 0.0f;
+        c.lb_global = modes[mi].lb_global;
         char err[256];
         Model a, b;
         ck_assert_int_eq(model_init(&a, &c, &ops_cpu, err, sizeof err), 0);
@@ -78,10 +86,14 @@ START_TEST(test_recompute_experts) {
         model_init_weights(&a, 9);
         model_init_weights(&b, 9);
         b.recompute = mode;
+        b.recompute_every = modes[mi].every;
+        b.recompute_first = modes[mi].first;
         model_alloc_acts(&a, 2, 8);
         model_alloc_acts(&b, 2, 8);
-        ck_assert_msg(b.arena_bytes < a.arena_bytes, "recompute %d, capacity %d: arena %zu not below %zu", mode, cap,
-                      b.arena_bytes, a.arena_bytes);
+        // every other block: blocks 0 (dense) and 2 (MoE), one of each kind, so no sharing
+        if (modes[mi].every == 2) ck_assert(b.arena_bytes == a.arena_bytes);
+        else ck_assert_msg(b.arena_bytes < a.arena_bytes, "recompute %d, capacity %d: arena %zu not below %zu", mode,
+                           cap, b.arena_bytes, a.arena_bytes);
         int tok[32], tgt[32];
         make_batch(tok, tgt, 32, c.vocab_size, 11);
         model_zero_grads(&a); model_begin_step(&a);
@@ -97,6 +109,15 @@ START_TEST(test_recompute_experts) {
         for (int cl = 0; cl < N_CLASSES; cl++)
             ck_assert_msg(!memcmp(a.store.grads[cl], b.store.grads[cl], a.store.table.class_numel[cl] * sizeof(float)),
                           "recompute %d, capacity %d, class %d: grads differ with recompute", mode, cap, cl);
+        float da[8], db[8], ca[8 * 16], cb[8 * 16];
+        ck_assert(a.n_moe <= 8 && c.n_experts <= 16);
+        a.ops->to_host(da, a.dropped_step, a.n_moe * sizeof(float));
+        b.ops->to_host(db, b.dropped_step, b.n_moe * sizeof(float));
+        ck_assert_msg(!memcmp(da, db, a.n_moe * sizeof(float)), "recompute %d, capacity %d: drop counts differ", mode, cap);
+        a.ops->to_host(ca, a.step_counts, (size_t)a.n_moe * c.n_experts * sizeof(float));
+        b.ops->to_host(cb, b.step_counts, (size_t)a.n_moe * c.n_experts * sizeof(float));
+        ck_assert_msg(!memcmp(ca, cb, (size_t)a.n_moe * c.n_experts * sizeof(float)),
+                      "recompute %d, capacity %d: the step's expert counts differ", mode, cap);
         model_free(&a); model_free(&b);
     }
 }

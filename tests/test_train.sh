@@ -61,8 +61,8 @@ for f in model.safetensors optim.safetensors; do
     && ok "step-20 $f byte-identical" || bad "step-20 $f differs"
 done
 
-# ---- 1b. train.recompute=experts|gather changes memory, not numbers -----------------------
-for mode in experts gather; do
+# ---- 1b. train.recompute=experts|gather|layers changes memory, not numbers -----------------------
+for mode in experts gather layers; do
   train --train.steps=20 --checkpoint.interval=10 --logging.run_dir="$tmp/r-$mode" --train.recompute=$mode \
       >"$tmp/r-$mode.log" 2>&1 || { cat "$tmp/r-$mode.log"; bad "recompute=$mode run failed"; }
   if diff <(losses "$tmp/a/metrics.jsonl") <(losses "$tmp/r-$mode/metrics.jsonl") >/dev/null; then

@@ -27,7 +27,7 @@ static const char *const dtype_names[] = {"uint16", "uint32", NULL};
 static const char *const sched_names[] = {"cosine", "wsd", "constant", "linear", "inv_sqrt", NULL};
 static const char *const decay_shape_names[] = {"linear", "cosine", "1-sqrt", NULL}; // DecayShape
 static const char *const device_names[] = {"cpu", "cuda", NULL};
-static const char *const recompute_names[] = {"none", "experts", "gather", NULL};
+static const char *const recompute_names[] = {"none", "experts", "gather", "layers", NULL};
 // parallel.ep_backend, in EpBackend's order (model.h)
 static const char *const ep_backend_names[] = {"auto", "a2a", "symmetric", NULL};
 static const char *const gemm_kernel_names[] = CUDA_KERNELS_NAMES;
@@ -44,6 +44,7 @@ static const Key table[] = {
     F(train.skip_window, T_INT), F(train.skip_sigmas, T_DOUBLE), F(train.eval_interval, T_I64),
     F(train.max_nonfinite_steps, T_INT),
     F(train.eval_batches, T_INT), F(train.seed, T_U64), FE(train.recompute, recompute_names),
+    F(train.recompute_every, T_INT), F(train.recompute_first, T_INT),
     FE(train.decay_shape, decay_shape_names),
     F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
     F(optim.weight_decay, T_FLOAT), F(optim.decay_norms, T_BOOL), F(optim.decay_embeddings, T_BOOL),
@@ -580,6 +581,12 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (p->dp <= 0 || p->ep <= 0 || p->pp <= 0) FAIL("parallel.dp, parallel.ep and parallel.pp must be positive");
     if (p->pp > 1) FAIL("parallel.pp (%d): pipeline parallelism is not implemented yet; use parallel.pp: 1", p->pp);
     if (!(p->bucket_mb > 0)) FAIL("parallel.bucket_mb must be positive, got %g", p->bucket_mb);
+    if (c->train.recompute_every < 0 || c->train.recompute_first < 0)
+        FAIL("train.recompute_every (%d) and train.recompute_first (%d) must be >= 0 (0: every block, all blocks)",
+             c->train.recompute_every, c->train.recompute_first);
+    if ((c->train.recompute_every > 0 || c->train.recompute_first > 0) && c->train.recompute != 3)
+        FAIL("train.recompute_every and train.recompute_first choose the blocks of train.recompute: layers, "
+             "which is not set");
     if (!(p->ep_recv_factor >= 0) || p->ep_recv_factor > 1e6)
         FAIL("parallel.ep_recv_factor must be 0 (auto) or a positive number of times the rows a rank routes, got %g",
              p->ep_recv_factor);

@@ -128,6 +128,12 @@ static void *take(Carver *cv, size_t n) { return take_bytes(cv, n * cv->act_byte
 static float *ftake(Carver *cv, size_t n) { return take_bytes(cv, n * sizeof(float)); }
 static int *itake(Carver *cv, size_t n) { return take_bytes(cv, n * sizeof(int)); }
 
+int model_recomputes_layer(const Model *m, int l) {
+    if (m->recompute != 3 || l >= m->cfg.n_layers - 1) return 0; // the last block's backward comes right away
+    int every = m->recompute_every > 0 ? m->recompute_every : 1;
+    return l % every == 0 && (m->recompute_first <= 0 || l < m->recompute_first);
+}
+
 // Carves every activation and scratch buffer; run once to measure, once to
 // assign. sv carves the symmetric memory (m->ep_sym): the same layout on
 // every rank of the ep group, so a buffer's offset in it names the peers'.
@@ -155,11 +161,16 @@ static void carve(Model *m, Carver *cv, Carver *sv) {
     for (int l = 0; l <= c->n_layers; l++) m->resid[l] = take(cv, N * D);
     // recompute: one buffer each, shared by the MoE layers (model.h)
     int rc_ea = m->recompute == 1 && m->n_moe;
-    int rc_xp = m->recompute && m->n_moe && ep == 1 && !m->ep_sym;
+    int rc_xp = (m->recompute == 1 || m->recompute == 2) && m->n_moe && ep == 1 && !m->ep_sym;
     void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = rc_xp ? take(cv, R * D) : NULL;
+    // recompute layers: the recomputed blocks share one set of buffers per
+    // kind of block (MoE, dense); only their inputs (resid) stay
+    LayerActs shared[2];
+    int have_shared[2] = {0, 0};
     for (int l = 0; l < c->n_layers; l++) {
         LayerActs *a = &m->acts[l];
-        int moe = model_is_moe_layer(c, l);
+        int moe = model_is_moe_layer(c, l), rl = model_recomputes_layer(m, l);
+        if (rl && have_shared[moe]) { *a = shared[moe]; continue; }
         memset(a, 0, sizeof(*a));
         if (pre) { a->ln1 = take(cv, N * D); a->ln1_rstd = ftake(cv, N); }
         a->q = take(cv, N * qd); a->k = take(cv, N * kvd); a->v = take(cv, N * kvd);
@@ -176,7 +187,7 @@ static void carve(Model *m, Carver *cv, Carver *sv) {
         if (pre) { a->ln2 = take(cv, N * D); a->ln2_rstd = ftake(cv, N); }
         a->f = take(cv, N * D);
         if (post) { a->fn = take(cv, N * D); a->f_rstd = ftake(cv, N); }
-        if (!moe) { a->g = take(cv, N * F); a->u = take(cv, N * F); a->a = take(cv, N * F); continue; }
+        if (!moe) { a->g = take(cv, N * F); a->u = take(cv, N * F); a->a = take(cv, N * F); goto carved; }
         a->logits = ftake(cv, N * E); a->probs = ftake(cv, N * E); a->weights = ftake(cv, N * k);
         a->idx = itake(cv, N * k); a->row_of = itake(cv, R); a->token_of_row = itake(cv, R);
         a->offsets = itake(cv, E + 1);
@@ -194,6 +205,8 @@ static void carve(Model *m, Carver *cv, Carver *sv) {
                               m->plan_sizes + (size_t)l * ep_plan_sizes(ep));
         }
         if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = take(cv, N * Fs); a->so = take(cv, N * D); }
+    carved:
+        if (rl) { shared[moe] = *a; have_shared[moe] = 1; }
     }
     m->xf = take(cv, N * D); m->xf_rstd = ftake(cv, N);
     m->logits = take(cv, N * Vp); m->losses = ftake(cv, N);
@@ -431,7 +444,8 @@ static void sym_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
     a->rows_local = -1;
     ops->ep_sym_write_counts(m->sym_counts_tab, a->offsets, P, me, E);
     symmem_barrier(m->sym);
-    ops->ep_sym_plan(a->sym_plan, m->dropped_step + li, m->sym_counts, P, me, E, capacity, rows);
+    ops->ep_sym_plan(a->sym_plan, m->recomputing ? NULL : m->dropped_step + li, m->sym_counts, P, me, E, capacity,
+                     rows);
     ops->ep_sym_dispatch(a->sym_recv, a->sym_plan, a->offsets, a->xp, P, E, R, D);
     symmem_barrier(m->sym);
     const int *lo = ep_sym_recv_offsets(a->sym_plan, E);
@@ -481,8 +495,14 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->zero(a->counts, E * sizeof(float));
     ops->router_count(a->counts, a->idx, N, E, k);
     float *step_counts = m->step_counts + (size_t)li * E;
-    ops->add_f32(step_counts, a->counts, E);
-    if (c->lb_global) {
+    // a block recomputed in backward (recompute: layers) redoes the
+    // forward's values but not its bookkeeping: the step's counts, the
+    // global LB counts and the drop counts were taken the first time
+    int again = m->recomputing;
+    if (!again) ops->add_f32(step_counts, a->counts, E);
+    if (c->lb_global && again) { // the counts the first time saw (a->lb_tokens is kept from then)
+        ops->copy_f32(a->lb_counts, m->lb_global_counts + (size_t)li * E, E);
+    } else if (c->lb_global) {
         // Megatron-Core's global_aux_loss: this micro-batch's counts summed
         // over the dp group (every rank runs its i-th micro-batch at once),
         // added to those of the step's earlier micro-batches; f_i is their
@@ -529,7 +549,8 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->local_offsets, El, Fe, D);
     // capacity: the rows past each local expert's first `capacity` give zero
     // outputs (and get zero grads in backward), counted where they are
-    if (capacity > 0) ops->moe_capacity_drop(a->yl, m->dropped_step + li, a->local_offsets, El, Rl, D, capacity);
+    if (capacity > 0)
+        ops->moe_capacity_drop(a->yl, again ? NULL : m->dropped_step + li, a->local_offsets, El, Rl, D, capacity);
     if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
 combined:
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
@@ -573,28 +594,35 @@ double model_aux_loss(const ModelConfig *c, const double *lb, const double *z, i
     return aux;
 }
 
+// Block l: resid[l] -> resid[l + 1], its activations into acts[l].
+static void block_forward(Model *m, int l, uint64_t route_seed) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model;
+    const LayerParams *L = &m->layers[l];
+    LayerActs *a = &m->acts[l];
+    const void *x = m->resid[l];
+    const void *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
+    attention_forward(m, L, a, in);
+    const void *add = maybe_norm(m, a->on, a->o_rstd, a->o, L->attn_post_norm, N);
+    ops->copy_act(a->h, x, (size_t)N * D);
+    ops->add_act(a->h, add, (size_t)N * D);
+    in = maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N);
+    if (L->moe_index >= 0) moe_forward(m, l, L, a, in, route_seed);
+    else swiglu_mlp_forward(m, a->f, a->g, a->u, a->a, in, L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden);
+    add = maybe_norm(m, a->fn, a->f_rstd, a->f, L->ffn_post_norm, N);
+    void *y = m->resid[l + 1];
+    ops->copy_act(y, a->h, (size_t)N * D);
+    ops->add_act(y, add, (size_t)N * D);
+}
+
 void model_forward_async(Model *m, uint64_t route_seed) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model;
+    m->route_seed = route_seed;
     ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
-    for (int l = 0; l < c->n_layers; l++) {
-        const LayerParams *L = &m->layers[l];
-        LayerActs *a = &m->acts[l];
-        const void *x = m->resid[l];
-        const void *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
-        attention_forward(m, L, a, in);
-        const void *add = maybe_norm(m, a->on, a->o_rstd, a->o, L->attn_post_norm, N);
-        ops->copy_act(a->h, x, (size_t)N * D);
-        ops->add_act(a->h, add, (size_t)N * D);
-        in = maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N);
-        if (L->moe_index >= 0) moe_forward(m, l, L, a, in, route_seed);
-        else swiglu_mlp_forward(m, a->f, a->g, a->u, a->a, in, L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden);
-        add = maybe_norm(m, a->fn, a->f_rstd, a->f, L->ffn_post_norm, N);
-        void *y = m->resid[l + 1];
-        ops->copy_act(y, a->h, (size_t)N * D);
-        ops->add_act(y, add, (size_t)N * D);
-    }
+    for (int l = 0; l < c->n_layers; l++) block_forward(m, l, route_seed);
     if (m->n_moe) {
         ops->add_f32(m->lb_step, m->lb_mb, m->n_moe);
         ops->add_f32(m->z_step, m->z_mb, m->n_moe);
@@ -696,7 +724,7 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     int accw = !m->expert_grads_unset; // the step's first backward writes the expert grads
     ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
-    if (m->recompute && !a->use_plan) // the rows stayed here: xl is xp, shared (carve)
+    if ((m->recompute == 1 || m->recompute == 2) && !a->use_plan) // the rows stayed here: xl is xp, shared (carve)
         ops->permute_forward(a->xl, in, a->token_of_row, R, D);
     ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe, accw);
     ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
@@ -759,6 +787,11 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const LayerParams *L = &m->layers[l];
         LayerActs *a = &m->acts[l];
+        if (model_recomputes_layer(m, l)) { // its activations, again, from its input (same kernels: same bits)
+            m->recomputing = 1;
+            block_forward(m, l, m->route_seed);
+            m->recomputing = 0;
+        }
         // feed-forward half: y = h + post(ffn(pre(h))); dres holds dL/dy
         const void *df = maybe_norm_backward(m, m->d1, m->dres, a->f, a->f_rstd, L->ffn_post_norm, N);
         const void *in = L->ffn_norm >= 0 ? a->ln2 : a->h;

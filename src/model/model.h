@@ -96,7 +96,13 @@ typedef struct {
     // routed-rows buffer when the rows stay on this rank (one EP rank), and
     // the backward recomputes them (a gather and a SwiGLU);
     // 2 (gather) only the routed-rows buffer (the gather is redone).
-    int recompute;
+    // 3 (layers): whole blocks are recomputed in the backward from their
+    // inputs, and share one set of activation buffers (per kind of block):
+    // block l unless it is the last, when l % recompute_every == 0 (0: 1)
+    // and, with recompute_first > 0, l < recompute_first.
+    int recompute, recompute_every, recompute_first;
+    int recomputing;                  // set while backward recomputes a block
+    uint64_t route_seed;              // the micro-batch's, for the recompute
     // Intra-document attention masking (docs/model.md), set before
     // model_alloc_acts: with doc_mask, a position attends only to the
     // positions of its own document, the documents of a sequence each ending
@@ -208,6 +214,9 @@ double model_aux_loss(const ModelConfig *c, const double *lb, const double *z, i
 void model_backward(Model *m, float ce_scale, float aux_scale);
 // Aux-loss-free bias update from the step's counts (no-op when disabled).
 void model_end_step(Model *m);
+
+// 1 when backward recomputes block l (recompute = 3, layers).
+int model_recomputes_layer(const Model *m, int l);
 
 // Matmul parameters a token touches (attention, router, top-k + shared
 // experts, dense MLPs, LM head; not the embedding), for the FLOP count.

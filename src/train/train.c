@@ -296,6 +296,8 @@ static int setup_model(Trainer *tr) {
         param_store_sync_weights(&m->store);
     }
     m->recompute = cfg->train.recompute;
+    m->recompute_every = cfg->train.recompute_every;
+    m->recompute_first = cfg->train.recompute_first;
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);
     model_alloc_acts(m, tr->MB, tr->T);
