@@ -74,6 +74,14 @@ typedef struct {
     double bucket_mb;        // gradient-reduction bucket size, MiB of FP32 grads
     double timeout_s;        // NCCL: a collective not done after this aborts the job
     int ep_backend;          // expert dispatch: 0 a2a (all-to-all with host-known split sizes, dist/ep.h)
+    // pipeline parallelism (pp > 1): the schedule (PPScheduleKind order:
+    // 0 gpipe, 1 1f1b, 2 interleaved, 3 zb1), model chunks per rank, and an
+    // explicit split (layers per virtual stage; empty = the balanced one),
+    // parsed by validation into pp_layer_counts
+    int pp_schedule;
+    int pp_virtual;
+    StrList pp_layers;
+    int pp_layer_counts[CFG_MAX_LIST], n_pp_layers;
 } ParallelSection;
 
 typedef struct {

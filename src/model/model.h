@@ -22,10 +22,17 @@
 // and exchanges routed rows inside ep_comm. model.lb_global sums the
 // expert counts of each micro-batch over dp_comm, the data-parallel group
 // (NULL: one rank). NULL in model_init = one rank.
+//
+// Pipeline parallelism: stage (NULL: the whole model) names the layers this
+// rank holds, as one or more chunks (params/layout.h); the store then holds
+// only their tensors, and the trainer runs model_forward_chunk /
+// model_backward_chunk per action of its schedule, handing the residual
+// stream between ranks (model_chunk_input / model_chunk_output, dres).
 typedef struct {
     int ep_rank, ep_size;
     Comm *ep_comm;
     Comm *dp_comm;
+    const ParamStage *stage;
 } ModelParallel;
 
 // What one block keeps from forward for backward. act buffers (void *)
@@ -60,10 +67,26 @@ typedef struct {
     void *sg, *su, *sa, *so;          // shared experts [N,Fs] x3, [N,D]
 } LayerActs;
 
+// What one micro-batch in flight keeps (an activation slot): the model's
+// per-micro-batch fields below, swapped in by model_use_slot. Pipeline
+// schedules keep several micro-batches between their forward and backward.
+typedef struct {
+    LayerActs *acts;
+    void **resid;
+    void *xf, *logits; float *xf_rstd, *losses;
+    int *tokens, *targets, *doc_start, *doc_start_host;
+    int batch_docs, n_valid;
+    size_t *plan_sizes;
+    int *plan_host;
+    void *grad_out;                   // pipeline: the grad this micro-batch sends to the previous stage [N,D]
+} ModelSlot;
+
 typedef struct {
     ModelConfig cfg;
     const Ops *ops;
     ModelParallel par;
+    ParamStage stage;                 // the layers held (par.stage, or all of them as one chunk)
+    int staged;                       // the store holds part of the model (pipeline parallelism)
     int E_local;                      // experts held here
     ParamStore store;                 // table, weights, grads, router bias (params/store.h)
     int expert_grads_unset;           // set by model_zero_dense_grads, cleared by model_backward
@@ -87,11 +110,15 @@ typedef struct {
     int doc_mask, doc_eos;
     char *arena;                      // one backend allocation, carved
     size_t arena_bytes;
+    size_t slot_bytes;                // of which each activation slot
+    ModelSlot *slots;                 // [n_slots]; the fields below are those of slots[slot]
+    int n_slots, slot;
     LayerActs *acts;
     void **resid;                     // [L+1] residual stream [N,D]
     void *xf, *logits; float *xf_rstd, *losses;
     int *tokens, *targets;
     int *doc_start, *doc_start_host;  // [B*T] (ops.h), with doc_mask; else NULL
+    void *grad_out;                   // the slot's grad to the previous stage (staged models)
     // The micro-batch has a document boundary (an EOS before its last
     // position in some row): attention gets doc_start; without one it runs
     // the causal kernels (the same numbers, at the causal speed).
@@ -137,6 +164,11 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
 // Matrices ~ normal(0, init_std), norms 1, from a seeded generator.
 void model_init_weights(Model *m, uint64_t seed);
 void model_alloc_acts(Model *m, int B, int T);
+// The same with n_slots activation slots (micro-batches in flight); slot 0
+// is in use after it.
+void model_alloc_slots(Model *m, int B, int T, int n_slots);
+// Makes slot k the one model_set_batch, the forward and the backward use.
+void model_use_slot(Model *m, int k);
 void model_free(Model *m);
 
 void model_zero_grads(Model *m);
@@ -176,6 +208,26 @@ double model_aux_loss(const ModelConfig *c, const double *lb, const double *z, i
 // Backward of ce_scale * ce_sum + aux_scale * (lb_coef sum LB + z_coef sum Z);
 // grads accumulate.
 void model_backward(Model *m, float ce_scale, float aux_scale);
+// One model chunk of a pipeline stage (the whole model is chunk 0 of one):
+// the forward of its layers, from the embedding when it has it, else from
+// model_chunk_input (which the caller filled: the previous stage's output),
+// to model_chunk_output, or to the loss when it has the head; its step sums
+// as in model_forward_async. model_forward_async runs every chunk in order.
+void model_forward_chunk(Model *m, int chunk, uint64_t route_seed);
+// Its backward: from the loss when it has the head, else from the grad of
+// its output in dres (model_stage_dres, filled by the caller); leaves the
+// grad of its input in dres. model_backward runs every chunk in reverse.
+void model_backward_chunk(Model *m, int chunk, float ce_scale, float aux_scale);
+// Buffers of the slot in use [B*T, d_model] in the compute dtype.
+void *model_chunk_input(Model *m, int chunk);
+void *model_chunk_output(Model *m, int chunk);
+void *model_stage_dres(Model *m);
+// Copies dres into the slot's grad_out and returns it (the send stays valid
+// while other micro-batches run their backward).
+void *model_stage_grad_out(Model *m);
+// Host counts of one chunk's forward (as model_count_micro_batch for the
+// whole model): the routed rows of its MoE layers; the tokens with the last chunk.
+void model_count_chunk(Model *m, int chunk);
 // Aux-loss-free bias update from the step's counts (no-op when disabled).
 void model_end_step(Model *m);
 

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "config/model_config.h"
+#include "params/layout.h"
 
 typedef struct {
     int dp, dp_rank;            // the dense data-parallel group: size, this rank's index in it
@@ -23,6 +24,7 @@ typedef struct {
     int sharded;                // optim.sharded
     size_t act_bytes;           // bytes per compute weight; 4 (FP32): the main weights are the compute weights
     size_t arena_bytes;         // the activation arena (0: not known)
+    const ParamStage *stage;    // a pipeline stage's tensors only (NULL: the whole model)
 } MemoryLayout;
 
 typedef struct {
