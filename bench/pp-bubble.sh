@@ -15,7 +15,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
-args=(--data.synthetic=true --data.eval= --model.d_model=256 --model.n_layers=8 --model.n_heads=4
+args=(--data.synthetic=true --data.eval= --train.eval_interval=0 --model.d_model=256 --model.n_layers=8 --model.n_heads=4
       --model.n_experts=8 --model.top_k=2 --model.expert_hidden=256 --model.seq_len=64
       --train.micro_batch=2 --train.global_batch=$((2 * m)) --train.steps=$steps --train.warmup_steps=1
       --logging.log_interval=100 --checkpoint.save_final=false --parallel.pp=$pp)

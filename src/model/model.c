@@ -159,6 +159,7 @@ static void carve_slot(Model *m, Carver *cv) {
             a->qn_rstd = ftake(cv, N * c->n_heads); a->kn_rstd = ftake(cv, N * c->n_kv_heads);
         } else { a->qn = a->q; a->kn = a->k; }
         a->qr = take(cv, N * qd); a->kr = take(cv, N * kvd);
+        if (m->defer_wgrad) { a->w_do = take(cv, N * D); a->w_dq = take(cv, N * qd); a->w_dk = take(cv, N * kvd); a->w_dv = take(cv, N * kvd); }
         a->att = ftake(cv, att);
         a->ao = take(cv, N * qd);
         a->o = take(cv, N * D);
@@ -686,7 +687,9 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
     int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
-    ops->matmul_backward(m->dao, G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
+    int defer = m->defer_wgrad; // the weight grads come later, in model_wgrad_chunk
+    ops->matmul_backward(m->dao, defer ? NULL : G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
+    if (defer) ops->copy_act(a->w_do, dout, (size_t)N * D);
     ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao, model_docs(m),
                             m->att_scratch, B, T, H, KV, hd);
     // RoPE back into dq2/dk2 (grads w.r.t. the QK-normed q, k)
@@ -702,9 +705,32 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
         ops->rmsnorm_backward(m->dk, G(L->k_norm), m->dk2, a->k, P(L->k_norm), a->kn_rstd, N * KV, hd, 0);
         dq = m->dq; dk = m->dk;
     }
-    ops->matmul_backward(dinp, G(L->wq), dq, in, P(L->wq), N, D, qd, accumulate);
-    ops->matmul_backward(dinp, G(L->wk), dk, in, P(L->wk), N, D, kvd, 1);
-    ops->matmul_backward(dinp, G(L->wv), m->dv, in, P(L->wv), N, D, kvd, 1);
+    if (defer) {
+        ops->copy_act(a->w_dq, dq, (size_t)N * qd);
+        ops->copy_act(a->w_dk, dk, (size_t)N * kvd);
+        ops->copy_act(a->w_dv, m->dv, (size_t)N * kvd);
+    }
+    ops->matmul_backward(dinp, defer ? NULL : G(L->wq), dq, in, P(L->wq), N, D, qd, accumulate);
+    ops->matmul_backward(dinp, defer ? NULL : G(L->wk), dk, in, P(L->wk), N, D, kvd, 1);
+    ops->matmul_backward(dinp, defer ? NULL : G(L->wv), m->dv, in, P(L->wv), N, D, kvd, 1);
+}
+
+void model_wgrad_chunk(Model *m, int ch) {
+    if (!m->defer_wgrad) return;
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    if (m->stage.head && ch == m->stage.n_chunks - 1) // the logits hold their grads (in place)
+        ops->matmul_backward(NULL, G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, c->padded_vocab, 0);
+    for (int l = m->stage.end[ch] - 1; l >= m->stage.begin[ch]; l--) {
+        const LayerParams *L = &m->layers[l];
+        LayerActs *a = &m->acts[l];
+        const void *in = L->attn_norm >= 0 ? a->ln1 : m->resid[l];
+        ops->matmul_backward(NULL, G(L->wo), a->w_do, a->ao, P(L->wo), N, qd, D, 0);
+        ops->matmul_backward(NULL, G(L->wq), a->w_dq, in, P(L->wq), N, D, qd, 0);
+        ops->matmul_backward(NULL, G(L->wk), a->w_dk, in, P(L->wk), N, D, kvd, 0);
+        ops->matmul_backward(NULL, G(L->wv), a->w_dv, in, P(L->wv), N, D, kvd, 0);
+    }
 }
 
 // Tells the store's hook (DDP) that the grads of entries [first, end) are final.
@@ -719,7 +745,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
     if (m->stage.head && ch == m->stage.n_chunks - 1) {
         // classifier: dlogits overwrite the logits in place
         ops->crossentropy_backward(m->logits, m->logits, m->targets, ce_scale, N, Vp);
-        ops->matmul_backward(m->d1, G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, Vp, 0);
+        ops->matmul_backward(m->d1, m->defer_wgrad ? NULL : G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, Vp, 0);
         ops->rmsnorm_backward(m->dres, G(m->final_norm), m->d1, m->resid[c->n_layers],
                               P(m->final_norm), m->xf_rstd, N, D, 0);
         grads_final(m, m->final_norm, m->store.table.n);

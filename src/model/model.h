@@ -65,6 +65,9 @@ typedef struct {
     int rows_local;                   // rows at the local experts
     void *xl, *eg, *eu, *ea, *yl;     // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
     void *sg, *su, *sa, *so;          // shared experts [N,Fs] x3, [N,D]
+    // defer_wgrad: the output grads of wo, wq, wk, wv, kept from the input-grad
+    // backward for the weight-grad one [N,D], [N,qd], [N,kvd] x2
+    void *w_do, *w_dq, *w_dk, *w_dv;
 } LayerActs;
 
 // What one micro-batch in flight keeps (an activation slot): the model's
@@ -102,6 +105,11 @@ typedef struct {
     // the backward recomputes them (a gather and a SwiGLU);
     // 2 (gather) only the routed-rows buffer (the gather is redone).
     int recompute;
+    // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
+    // backward leaves the weight grads of the attention projections and the
+    // LM head to model_wgrad_chunk, keeping their output grads in the slot
+    // (the MoE and MLP weight grads stay in the backward).
+    int defer_wgrad;
     // Intra-document attention masking (docs/model.md), set before
     // model_alloc_acts: with doc_mask, a position attends only to the
     // positions of its own document, the documents of a sequence each ending
@@ -218,6 +226,9 @@ void model_forward_chunk(Model *m, int chunk, uint64_t route_seed);
 // its output in dres (model_stage_dres, filled by the caller); leaves the
 // grad of its input in dres. model_backward runs every chunk in reverse.
 void model_backward_chunk(Model *m, int chunk, float ce_scale, float aux_scale);
+// With defer_wgrad: the weight grads model_backward_chunk left out, for the
+// slot in use (which keeps what they need until then).
+void model_wgrad_chunk(Model *m, int chunk);
 // Buffers of the slot in use [B*T, d_model] in the compute dtype.
 void *model_chunk_input(Model *m, int chunk);
 void *model_chunk_output(Model *m, int chunk);

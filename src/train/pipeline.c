@@ -14,9 +14,10 @@
 //
 // The micro-batches in flight each have an activation slot of the model
 // (model_use_slot): a slot is taken by a micro-batch's first forward here
-// and given back by its last chunk's backward. ZB-H1's split is coarse: the
-// model's backward computes input and weight grads together, so Bi runs the
-// whole backward and W has nothing left to do (README, "Pipeline parallelism").
+// and given back by its last chunk's backward (B, or W after Bi). ZB-H1's
+// split is partial: Bi leaves the weight grads of the attention projections
+// and the LM head to W (model.defer_wgrad); the MoE and MLP weight grads stay
+// in Bi (README, "Pipeline parallelism").
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,13 +67,13 @@ int pipeline_plan(Trainer *tr, int print_schedule, char *err, size_t errlen) {
     if (pp_schedule_validate(&pl->sched, pp_costs_unit(), &sim, err, errlen)) return -1;
     pl->theory = pp_schedule_theory_bubble(pl->sched.kind, pl->pp, tr->M, v, pp_costs_unit());
     // slots: the most micro-batches this rank holds at once (taken at the
-    // first forward, given back at the last backward; a Bi is the whole backward)
+    // first forward, given back at the last B or W)
     int *open = calloc(tr->M, sizeof(int)), held = 0;
     pl->n_slots = 1;
     for (int t = 0; t < pl->sched.n_slots; t++) {
         const PPAction *a = pp_schedule_at(&pl->sched, pl->rank, t);
         if (a->kind == PP_F && open[a->mb]++ == 0 && ++held > pl->n_slots) pl->n_slots = held;
-        if ((a->kind == PP_B || a->kind == PP_BI) && --open[a->mb] == 0) held--;
+        if ((a->kind == PP_B || a->kind == PP_W) && --open[a->mb] == 0) held--;
     }
     free(open);
     if (print_schedule && train_rank0) {
@@ -185,8 +186,15 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
             } else {
                 busy += clock_now_s() - tc;
             }
+            if (a->kind == PP_B && --pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
+        } else if (a->kind == PP_W) { // the weight grads Bi left (model.defer_wgrad)
+            int k = pl->slot_of[mb];
+            model_use_slot(m, k);
+            double tc = clock_now_s();
+            model_wgrad_chunk(m, ch);
+            busy += clock_now_s() - tc;
             if (--pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
-        } // PP_W: the weight grads were computed with the input grads (Bi)
+        }
         last = clock_now_s() - t0;
     }
     // every send of the step is received within it

@@ -309,6 +309,7 @@ static int setup_model(Trainer *tr) {
         param_store_sync_weights(&m->store);
     }
     m->recompute = cfg->train.recompute;
+    m->defer_wgrad = tr->pipe.on && tr->pipe.sched.kind == PP_ZB1; // W runs the deferred weight grads
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);
     model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
