@@ -152,11 +152,13 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
     for (int i = 0; i < tr->M; i++) pl->slot_of[i] = -1, pl->chunks_open[i] = 0;
     comm_barrier(ppc); // the step's actions are timed from a common start
     double t0 = clock_now_s(), busy = 0, first = -1, last = 0;
+    double kind_s[5] = {0}; // compute time by action kind (PPActionKind)
+    int kind_n[5] = {0};
     for (int t = 0; t < s->n_slots; t++) {
         const PPAction *a = pp_schedule_at(s, pl->rank, t);
         if (a->kind == PP_IDLE) continue;
         int mb = a->mb, ch = a->chunk;
-        double ta = clock_now_s();
+        double ta = clock_now_s(), busy_before = busy;
         if (first < 0) first = ta - t0;
         if (a->kind == PP_F) {
             int k = pl->slot_of[mb] >= 0 ? pl->slot_of[mb] : take_slot(pl, mb);
@@ -195,6 +197,8 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
             busy += clock_now_s() - tc;
             if (--pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
         }
+        kind_s[a->kind] += busy - busy_before;
+        kind_n[a->kind]++;
         last = clock_now_s() - t0;
     }
     // every send of the step is received within it
@@ -204,12 +208,13 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
     // the bubble: every rank's busy time and the makespan over the group
     pl->busy_s = busy;
     pl->span_s = last - (first < 0 ? 0 : first);
-    double g[3 * PP_MAX_RANKS];
+    double g[3 * PP_MAX_RANKS + 10];
     memset(g, 0, sizeof g);
     g[pl->rank] = busy;
     g[PP_MAX_RANKS + pl->rank] = last;
     g[2 * PP_MAX_RANKS + pl->rank] = pl->span_s;
-    comm_allreduce(ppc, g, 3 * PP_MAX_RANKS, COMM_F64);
+    for (int k = 1; k < 5; k++) g[3 * PP_MAX_RANKS + 2 * k] = kind_s[k], g[3 * PP_MAX_RANKS + 2 * k + 1] = kind_n[k];
+    comm_allreduce(ppc, g, 3 * PP_MAX_RANKS + 10, COMM_F64);
     double sum_busy = 0, makespan = 0;
     for (int p = 0; p < pl->pp; p++) {
         sum_busy += g[p];
@@ -218,6 +223,17 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
         pl->idle[p] = span > 0 ? (span - g[p]) / span : 0;
     }
     pl->bubble = makespan > 0 ? 1 - sum_busy / (pl->pp * makespan) : 0;
+    // the table replayed with the mean measured action times (a rank's
+    // share: v chunks' worth) and free hand-offs: what the schedule alone gives
+    double mean[5] = {0};
+    for (int k = 1; k < 5; k++) {
+        double n = g[3 * PP_MAX_RANKS + 2 * k + 1];
+        mean[k] = n > 0 ? g[3 * PP_MAX_RANKS + 2 * k] / n * pl->virt : 0;
+    }
+    PPCosts costs = {.f = mean[PP_F], .b = mean[PP_B], .bi = mean[PP_BI], .w = mean[PP_W]};
+    PPSimResult sim;
+    char err[200];
+    pl->bubble_sim = pp_schedule_validate(s, costs, &sim, err, sizeof err) ? -1 : sim.bubble_fraction;
 }
 
 void pipeline_eval(Trainer *tr, const int *tokens, const int *targets, uint64_t route_seed) {

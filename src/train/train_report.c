@@ -230,6 +230,7 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
         const Pipeline *pl = &tr->pipe;
         json_object_object_add(o, "pp_bubble", json_object_new_double(pl->bubble));
         json_object_object_add(o, "pp_bubble_theory", json_object_new_double(pl->theory));
+        json_object_object_add(o, "pp_bubble_sim", json_object_new_double(pl->bubble_sim));
         json_object *idle = json_object_new_array();
         for (int p = 0; p < pl->pp; p++) json_object_array_add(idle, json_object_new_double(pl->idle[p]));
         json_object_object_add(o, "pp_idle_in_span", idle);

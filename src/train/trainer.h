@@ -44,6 +44,7 @@ typedef struct {
     // the last step, from a common start (a barrier of the pipeline group)
     double busy_s, span_s;     // this rank: compute time; its first action's start to its last's end
     double bubble;             // 1 - sum of busy / (pp x the step's makespan), over the pipeline group
+    double bubble_sim;         // the table replayed with the step's mean action times, hand-offs free
     double idle[PP_MAX_RANKS]; // each rank's idle share between its first and last action
 } Pipeline;
 
