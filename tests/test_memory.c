@@ -37,7 +37,7 @@ static const double expert_params = NL * 3.0 * NE * F * C;                // w_g
 
 static MemoryPlan plan(int dp, int dp_rank, int ep, int ep_dp_rank, int sharded, size_t act_bytes) {
     ModelConfig c = test_config();
-    MemoryLayout l = {dp, dp_rank, ep, dp / ep, ep_dp_rank, sharded, act_bytes, 0};
+    MemoryLayout l = {dp, dp_rank, ep, dp / ep, ep_dp_rank, sharded, act_bytes, 0, NULL};
     MemoryPlan p;
     char err[512];
     ck_assert_msg(memory_plan(&p, &c, &l, err, sizeof err) == 0, "%s", err);
@@ -118,7 +118,7 @@ START_TEST(test_against_the_store_and_errors) {
     ck_assert_double_eq(m.store.table.class_numel[CLASS_DENSE], dense_params);
     ck_assert_double_eq(m.store.table.class_numel[CLASS_EXPERT], expert_params);
     model_free(&m);
-    MemoryLayout l = {6, 0, 3, 2, 0, 1, 2, 0}; // ep 3 does not divide 16 experts
+    MemoryLayout l = {6, 0, 3, 2, 0, 1, 2, 0, NULL}; // ep 3 does not divide 16 experts
     MemoryPlan p;
     ck_assert_int_eq(memory_plan(&p, &c, &l, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "ep 3") && strstr(err, "n_experts"), "message: %s", err);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors.h"
+#include "params/layout.h"
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -103,7 +104,9 @@ static int write_range(int fd, const char *path, const StFile *st, int idx, uint
 // Writes this rank's bytes: for prefix b and entry i, the elements of
 // [own_begin, own_end) held in bufs[b][class] (backend memory) starting at
 // element base[b][class]. Every owned element must be held there.
-static int write_own(const char *path, const StFile *st, const ParamTable *t, int nbufs,
+// The file lists every tensor of the whole model (n_global per prefix): an
+// entry's place in it is its global_index (a pipeline stage's table holds some).
+static int write_own(const char *path, const StFile *st, const ParamTable *t, int n_global, int nbufs,
                      float *const *const *bufs, const size_t (*base)[N_CLASSES], const size_t (*lim)[N_CLASSES],
                      const CkptLayout *l, Stage *g, char *err, size_t errlen) {
     for (int b = 0; b < nbufs; b++)
@@ -113,10 +116,10 @@ static int write_own(const char *path, const StFile *st, const ParamTable *t, in
                      l->own_begin[c], l->own_end[c], c == CLASS_DENSE ? "dense" : "expert", base[b][c], lim[b][c]);
     int fd = open(path, O_WRONLY);
     if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno)); return -1; }
-    int idx = 0;
     for (int b = 0; b < nbufs; b++)
-        for (int i = 0; i < t->n; i++, idx++) {
+        for (int i = 0; i < t->n; i++) {
             const ParamEntry *e = &t->entries[i];
+            int idx = b * n_global + e->global_index;
             int c = e->cls;
             size_t lo = e->offset, hi = e->offset + e->numel;
             if (l->own_begin[c] > lo) lo = l->own_begin[c];
@@ -327,7 +330,13 @@ int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, con
 
     int n_moe = model_moe_layers(cfg);
     int64_t bshape[2] = {n_moe, cfg->n_experts};
-    rc = ckpt_tensor_lists(&sm, &so, cfg, &ps->table, err, errlen);
+    // the files' tensor lists are the whole model's, whatever part of it this rank holds
+    ParamTable whole;
+    memset(&whole, 0, sizeof whole);
+    rc = param_table_for_config(cfg, &whole, err, errlen);
+    if (!rc) rc = ckpt_tensor_lists(&sm, &so, cfg, &whole, err, errlen);
+    int n_global = whole.n;
+    param_table_free(&whole);
     if (rank0 && !rc) {
         rc = fs_fresh_dir(tmp, err, errlen);
         if (!rc) rc = ckpt_create_files(tmp, &sm, &so, err, errlen);
@@ -344,12 +353,12 @@ int ckpt_save(const char *dir, const ModelConfig *cfg, const ParamStore *ps, con
         float *const *pb[1] = {ps->params};
         size_t pbase[1][N_CLASSES], plim[1][N_CLASSES];
         for (int c = 0; c < N_CLASSES; c++) { pbase[0][c] = ps->main_begin[c]; plim[0][c] = ps->main_end[c]; }
-        rc = write_own(mpath, &sm, &ps->table, 1, pb, pbase, plim, l, &g, err, errlen);
+        rc = write_own(mpath, &sm, &ps->table, n_global, 1, pb, pbase, plim, l, &g, err, errlen);
         float *const *ob[2] = {opt->m, opt->v};
         size_t obase[2][N_CLASSES], olim[2][N_CLASSES];
         for (int b = 0; b < 2; b++)
             for (int c = 0; c < N_CLASSES; c++) { obase[b][c] = opt->begin[c]; olim[b][c] = opt->end[c]; }
-        if (!rc) rc = write_own(opath, &so, &ps->table, 2, ob, obase, olim, l, &g, err, errlen);
+        if (!rc) rc = write_own(opath, &so, &ps->table, n_global, 2, ob, obase, olim, l, &g, err, errlen);
         if (!rc && rank0 && n_moe) {
             int fd = open(opath, O_WRONLY);
             if (fd < 0) { snprintf(err, errlen, "cannot open %s: %s", opath, strerror(errno)); rc = -1; }

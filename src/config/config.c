@@ -30,6 +30,8 @@ static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const recompute_names[] = {"none", "experts", "gather", "layers", NULL};
 // parallel.ep_backend, in EpBackend's order (model.h)
 static const char *const ep_backend_names[] = {"auto", "a2a", "symmetric", NULL};
+// parallel.pp_schedule, in the order of dist/pp_schedule.h's PPScheduleKind
+static const char *const pp_schedule_names[] = {"gpipe", "1f1b", "interleaved", "zb1", NULL};
 static const char *const gemm_kernel_names[] = CUDA_KERNELS_NAMES;
 
 #define F(field, type) {#field, type, offsetof(RunConfig, field), NULL}
@@ -54,6 +56,7 @@ static const Key table[] = {
     F(logging.tensorboard, T_BOOL),
     F(parallel.dp, T_INT), F(parallel.ep, T_INT), F(parallel.pp, T_INT), F(parallel.bucket_mb, T_DOUBLE), F(parallel.timeout_s, T_DOUBLE),
     FE(parallel.ep_backend, ep_backend_names), F(parallel.ep_recv_factor, T_DOUBLE),
+    FE(parallel.pp_schedule, pp_schedule_names), F(parallel.pp_virtual, T_INT), F(parallel.pp_layers, T_LIST),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
     F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT),
@@ -104,6 +107,8 @@ void run_config_defaults(RunConfig *c) {
     c->parallel.dp = c->parallel.ep = c->parallel.pp = 1;
     c->parallel.bucket_mb = 16;
     c->parallel.timeout_s = 600;
+    c->parallel.pp_schedule = 1; // 1f1b
+    c->parallel.pp_virtual = 1;
     c->device.cuda_graph = 1;
     c->device.cuda = cuda_settings_default();
 }
@@ -117,6 +122,7 @@ void run_config_free(RunConfig *c) {
     list_clear(&c->data.train);
     list_clear(&c->data.train_weights);
     list_clear(&c->data.eval);
+    list_clear(&c->parallel.pp_layers);
     for (int i = 0; i < c->n_origins; i++) free(c->origins[i].arg);
     free(c->origins);
     c->origins = NULL;
@@ -526,6 +532,62 @@ static int micro_batch_hint(int global_batch, int dp, int mb) {
     return 0;
 }
 
+// The pipeline keys (issue 17). dist/pp_schedule and dist/pp_split build the
+// schedule and the split later and check the same limits; here they are
+// refused by key, before anything runs.
+static int pipeline_validate(RunConfig *c, char *err, size_t errlen) {
+    ParallelSection *p = &c->parallel;
+    const TrainSection *t = &c->train;
+    int v = p->pp_virtual, L = c->model.n_layers;
+    p->n_pp_layers = 0;
+    if (v < 1) FAIL("parallel.pp_virtual must be positive, got %d", v);
+    if (p->pp == 1) {
+        if (v > 1) FAIL("parallel.pp_virtual (%d) needs parallel.pp > 1", v);
+        if (p->pp_layers.n) FAIL("parallel.pp_layers needs parallel.pp > 1 (it splits the layers into pipeline stages)");
+        return 0;
+    }
+    if (p->pp > 64) FAIL("parallel.pp (%d) must be at most 64", p->pp);
+    if (c->device.type == 1)
+        FAIL("parallel.pp (%d): pipeline parallelism runs on CPU ranks for now (device.type: cpu); "
+             "the GPU pipeline comes with the multi-GPU issue", p->pp);
+    if (p->pp_schedule == 2 && v < 2)
+        FAIL("parallel.pp_schedule interleaved needs parallel.pp_virtual >= 2 model chunks per rank, got %d", v);
+    if (p->pp_schedule != 2 && v > 1)
+        FAIL("parallel.pp_virtual (%d) > 1 needs parallel.pp_schedule: interleaved (got %s)", v,
+             pp_schedule_names[p->pp_schedule]);
+    int S = p->pp * v;
+    if (S > L)
+        FAIL("parallel.pp (%d) x parallel.pp_virtual (%d) = %d pipeline stages for model.n_layers (%d): "
+             "every stage needs at least one layer", p->pp, v, S, L);
+    if (p->dp > 0 && t->micro_batch > 0 && t->global_batch % ((int64_t)t->micro_batch * p->dp) == 0) {
+        int m = t->global_batch / (t->micro_batch * p->dp);
+        if (p->pp_schedule == 2 && m % p->pp)
+            FAIL("parallel.pp_schedule interleaved needs the micro-batches per step (train.global_batch / "
+                 "(train.micro_batch x parallel.dp) = %d) to be a multiple of parallel.pp (%d)", m, p->pp);
+    }
+    if (p->pp_layers.n) {
+        if (p->pp_layers.n != S)
+            FAIL("parallel.pp_layers has %d entries; parallel.pp (%d) x parallel.pp_virtual (%d) = %d stages "
+                 "need one layer count each", p->pp_layers.n, p->pp, v, S);
+        int sum = 0;
+        for (int i = 0; i < S; i++) {
+            char *end;
+            long n = strtol(p->pp_layers.items[i], &end, 10);
+            if (*end || end == p->pp_layers.items[i] || n < 1 || n > L)
+                FAIL("parallel.pp_layers[%d]: expected a layer count of at least 1 (a stage cannot be empty), got '%s'",
+                     i, p->pp_layers.items[i]);
+            p->pp_layer_counts[i] = (int)n;
+            sum += (int)n;
+        }
+        if (sum != L) FAIL("parallel.pp_layers sums to %d layers; model.n_layers is %d", sum, L);
+        p->n_pp_layers = S;
+    }
+    if (c->model.lb_global && v > 1)
+        FAIL("model.lb_global with parallel.pp_virtual > 1 is not supported yet (its counts assume one forward "
+             "order per rank)");
+    return 0;
+}
+
 static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     char msg[400];
     if (model_config_validate(&c->model, msg, sizeof msg)) FAIL("%s", msg);
@@ -579,11 +641,14 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     }
     ParallelSection *p = &c->parallel;
     if (p->dp <= 0 || p->ep <= 0 || p->pp <= 0) FAIL("parallel.dp, parallel.ep and parallel.pp must be positive");
-    if (p->pp > 1) FAIL("parallel.pp (%d): pipeline parallelism is not implemented yet; use parallel.pp: 1", p->pp);
+    if (pipeline_validate(c, err, errlen)) return -1;
     if (!(p->bucket_mb > 0)) FAIL("parallel.bucket_mb must be positive, got %g", p->bucket_mb);
     if (c->train.recompute_every < 0 || c->train.recompute_first < 0)
         FAIL("train.recompute_every (%d) and train.recompute_first (%d) must be >= 0 (0: every block, all blocks)",
              c->train.recompute_every, c->train.recompute_first);
+    if (c->train.recompute == 3 && p->pp > 1 && p->pp_schedule == 3)
+        FAIL("train.recompute: layers with parallel.pp_schedule: zb1 is not supported: the deferred weight grads "
+             "need the activations a recomputed block does not keep; use 1f1b or interleaved, or another recompute");
     if ((c->train.recompute_every > 0 || c->train.recompute_first > 0) && c->train.recompute != 3)
         FAIL("train.recompute_every and train.recompute_first choose the blocks of train.recompute: layers, "
              "which is not set");

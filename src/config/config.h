@@ -78,6 +78,14 @@ typedef struct {
     int ep_backend;          // expert dispatch (EpBackend of model.h): 0 auto, 1 a2a (all-to-all with
                              // host-known split sizes, dist/ep.h), 2 symmetric (direct writes, ops/ep_sym.h)
     double ep_recv_factor;   // symmetric: receive-buffer rows per layer / rows a rank routes (0: auto)
+    // pipeline parallelism (pp > 1): the schedule (PPScheduleKind order:
+    // 0 gpipe, 1 1f1b, 2 interleaved, 3 zb1), model chunks per rank, and an
+    // explicit split (layers per virtual stage; empty = the balanced one),
+    // parsed by validation into pp_layer_counts
+    int pp_schedule;
+    int pp_virtual;
+    StrList pp_layers;
+    int pp_layer_counts[CFG_MAX_LIST], n_pp_layers;
 } ParallelSection;
 
 typedef struct {

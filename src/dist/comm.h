@@ -52,9 +52,20 @@ void comm_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, voi
                        const size_t *recv_counts, size_t elem_bytes);
 void comm_send(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag);
 void comm_recv(Comm *c, void *buf, size_t n, CommType t, int src, int tag);
+// Non-blocking point-to-point (pipeline stages): buf must stay untouched
+// until comm_wait. Over MPI messages between two ranks match by tag; over
+// NCCL (device buffers) in call order, one ncclSend / ncclRecv group each on
+// the communication stream after what the compute stream has enqueued, and
+// comm_wait makes the compute stream wait (no host wait).
+CommReq *comm_isend(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag);
+CommReq *comm_irecv(Comm *c, void *buf, size_t n, CommType t, int src, int tag);
 void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root);
 void comm_barrier(Comm *c);
 void comm_wait(CommReq *r);      // completes and frees the request; NULL is a no-op
+// Whether *r has completed (then frees it and sets *r to NULL; NULL: done),
+// without waiting. Over NCCL it orders the compute stream after the call
+// and says done: later work on that stream may reuse the buffer.
+int comm_test(CommReq **r);
 // Ends every rank of the job (after a fatal error on this one).
 void comm_abort(int code);
 

@@ -37,6 +37,8 @@ void nccl_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, voi
                        size_t elem_bytes);
 void nccl_send(Comm *c, const void *buf, size_t n, CommType t, int dst);
 void nccl_recv(Comm *c, void *buf, size_t n, CommType t, int src);
+CommReq *nccl_isend(Comm *c, const void *buf, size_t n, CommType t, int dst);
+CommReq *nccl_irecv(Comm *c, void *buf, size_t n, CommType t, int src);
 void nccl_broadcast(Comm *c, void *buf, size_t n, CommType t, int root);
 void nccl_barrier(Comm *c);
 void nccl_wait(CommReq *r);

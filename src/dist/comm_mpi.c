@@ -218,6 +218,28 @@ void comm_recv(Comm *c, void *buf, size_t n, CommType t, int src, int tag) {
     MPI_CHECK(MPI_Recv(buf, as_int(n, "recv"), mpi_type(t), src, tag, c->mpi, MPI_STATUS_IGNORE));
 }
 
+CommReq *comm_isend(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) return nccl_isend(c, buf, n, t, dst);
+#endif
+    CommReq *r = mallocCheck(sizeof(CommReq));
+    memset(r, 0, sizeof *r);
+    r->tmp_type = MPI_DATATYPE_NULL;
+    MPI_CHECK(MPI_Isend(buf, as_int(n, "isend"), mpi_type(t), dst, tag, c->mpi, &r->req));
+    return r;
+}
+
+CommReq *comm_irecv(Comm *c, void *buf, size_t n, CommType t, int src, int tag) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) return nccl_irecv(c, buf, n, t, src);
+#endif
+    CommReq *r = mallocCheck(sizeof(CommReq));
+    memset(r, 0, sizeof *r);
+    r->tmp_type = MPI_DATATYPE_NULL;
+    MPI_CHECK(MPI_Irecv(buf, as_int(n, "irecv"), mpi_type(t), src, tag, c->mpi, &r->req));
+    return r;
+}
+
 void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {
 #ifdef MOECORE_CUDA
     if (c->nccl) { nccl_broadcast(c, buf, n, t, root); return; }
@@ -243,6 +265,21 @@ void comm_wait(CommReq *r) {
     if (r->tmp_type != MPI_DATATYPE_NULL) MPI_Type_free(&r->tmp_type);
     free(r->ints);
     free(r);
+}
+
+int comm_test(CommReq **r) {
+    if (!*r) return 1;
+#ifdef MOECORE_CUDA
+    if ((*r)->nccl) { nccl_wait(*r); *r = NULL; return 1; }
+#endif
+    int done = 0;
+    MPI_CHECK(MPI_Test(&(*r)->req, &done, MPI_STATUS_IGNORE));
+    if (!done) return 0;
+    if ((*r)->tmp_type != MPI_DATATYPE_NULL) MPI_Type_free(&(*r)->tmp_type);
+    free((*r)->ints);
+    free(*r);
+    *r = NULL;
+    return 1;
 }
 
 void comm_abort(int code) {

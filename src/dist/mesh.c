@@ -34,11 +34,14 @@ void mesh_init(Mesh *m, Comm *world, int dp, int ep, int pp) {
     comm_set_name(m->dp_comm, "dp");
     comm_set_name(m->ep_comm, "ep");
     comm_set_name(m->ep_dp_comm, "ep_dp");
+    m->pp_comm = comm_split(world, m->dp_rank, m->pp_rank);
+    comm_set_name(m->pp_comm, "pp");
 }
 
 void mesh_free(Mesh *m) {
     comm_free(m->dp_comm);
     comm_free(m->ep_comm);
     comm_free(m->ep_dp_comm);
+    comm_free(m->pp_comm);
     memset(m, 0, sizeof(*m));
 }

@@ -9,6 +9,9 @@ typedef struct {
     int pp, dp, ep, ep_dp;                  // sizes
     int pp_rank, dp_rank, ep_rank, ep_dp_rank;
     Comm *world, *dp_comm, *ep_comm, *ep_dp_comm;
+    // the pipeline group: the pp ranks of one dp coordinate, by stage
+    // (rank pp_rank * dp + dp_rank of the world is stage pp_rank)
+    Comm *pp_comm;
 } Mesh;
 
 // Sizes must already be validated (dp * pp = world size, ep | dp).

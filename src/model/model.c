@@ -25,6 +25,16 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     if (model_config_validate(&m->cfg, err, errlen)) return -1;
     m->ops = ops;
     m->par = par ? *par : (ModelParallel){.ep_size = 1, .ep_comm = comm_world()};
+    m->stage = m->par.stage ? *m->par.stage : param_stage_all(&m->cfg);
+    m->staged = m->par.stage != NULL;
+    m->par.stage = NULL; // the copy in m->stage is the one used
+    for (int ch = 0; ch < m->stage.n_chunks; ch++)
+        if (m->stage.n_chunks > PARAM_MAX_CHUNKS || m->stage.begin[ch] < 0 || m->stage.end[ch] <= m->stage.begin[ch] ||
+            m->stage.end[ch] > m->cfg.n_layers || (ch && m->stage.begin[ch] < m->stage.end[ch - 1])) {
+            snprintf(err, errlen, "pipeline stage chunk %d: layers [%d, %d) of %d are not a valid chunk", ch,
+                     m->stage.begin[ch], m->stage.end[ch], m->cfg.n_layers);
+            return -1;
+        }
     if (m->par.ep_size > 1 && (m->cfg.n_experts == 0 || m->cfg.n_experts % m->par.ep_size)) {
         snprintf(err, errlen, "parallel.ep (%d) must divide model.n_experts (%d)", m->par.ep_size, m->cfg.n_experts);
         return -1;
@@ -48,7 +58,7 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
         snprintf(m->ep_note, sizeof m->ep_note, "expert dispatch: a2a (all-to-all)");
     }
     ParamLayout lay;
-    param_store_init(&m->store, &m->cfg, ops, m->par.ep_rank, m->par.ep_size, &lay);
+    param_store_init_stage(&m->store, &m->cfg, ops, m->par.ep_rank, m->par.ep_size, m->staged ? &m->stage : NULL, &lay);
     m->embed = lay.embed;
     m->final_norm = lay.final_norm;
     m->lm_head = lay.lm_head;
@@ -99,7 +109,8 @@ void model_init_weights(Model *m, uint64_t seed) {
             double std = m->cfg.init_std;
 #pragma omp parallel for schedule(static)
             for (size_t ch = 0; ch < chunks; ch++) {
-                uint64_t s = seed * 0x100000001b3ULL + (uint64_t)i * 0x9e3779b97f4a7c15ULL;
+                // keyed by the index in the whole model's table: a pipeline stage draws its tensors' values
+                uint64_t s = seed * 0x100000001b3ULL + (uint64_t)e->global_index * 0x9e3779b97f4a7c15ULL;
                 s ^= rng_next(&s) + ch * 0xd1b54a32d192ed03ULL;
                 size_t end = (ch + 1) * CHUNK < e->numel ? (ch + 1) * CHUNK : e->numel;
                 for (size_t j = ch * CHUNK; j < end; j++) {
@@ -129,15 +140,26 @@ static float *ftake(Carver *cv, size_t n) { return take_bytes(cv, n * sizeof(flo
 static int *itake(Carver *cv, size_t n) { return take_bytes(cv, n * sizeof(int)); }
 
 int model_recomputes_layer(const Model *m, int l) {
-    if (m->recompute != 3 || l >= m->cfg.n_layers - 1) return 0; // the last block's backward comes right away
+    if (m->recompute != 3) return 0;
+    int ch = param_stage_chunk_of(&m->stage, l);
+    if (ch < 0 || l == m->stage.end[ch] - 1) return 0; // a chunk's last block: its backward comes right away
     int every = m->recompute_every > 0 ? m->recompute_every : 1;
     return l % every == 0 && (m->recompute_first <= 0 || l < m->recompute_first);
 }
 
-// Carves every activation and scratch buffer; run once to measure, once to
-// assign. sv carves the symmetric memory (m->ep_sym): the same layout on
-// every rank of the ep group, so a buffer's offset in it names the peers'.
-static void carve(Model *m, Carver *cv, Carver *sv) {
+// Whether the residual stream after layer l (before layer l + 1; l = -1:
+// the embedding) is held: inside or at the ends of a chunk.
+static int resid_held(const Model *m, int l) {
+    for (int ch = 0; ch < m->stage.n_chunks; ch++)
+        if (l + 1 >= m->stage.begin[ch] && l + 1 <= m->stage.end[ch]) return 1;
+    return 0;
+}
+
+// Carves the activations of one micro-batch (one slot) for the layers held;
+// run once to measure, once to assign. sv carves its symmetric memory
+// (m->ep_sym: each MoE layer's receive buffer), the same layout on every
+// rank of the ep group, so a buffer's offset in it names the peers'.
+static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
     size_t E = c->n_experts, k = c->top_k, R = N * k, Fe = c->expert_hidden;
@@ -148,17 +170,11 @@ static void carve(Model *m, Carver *cv, Carver *sv) {
     if (!m->ep_sym) m->max_rows_local = (int)Rl;
     int sym = m->ep_sym;
     size_t tab = (size_t)ep * sizeof(void *);
-    if (sym) {
-        m->sym_counts = take_bytes(sv, (size_t)ep * E * sizeof(int));
-        m->sym_out = take(sv, Rl * D); m->sym_dout = take(sv, Rl * D); m->sym_dxl = take(sv, Rl * D);
-        m->sym_counts_tab = take_bytes(cv, tab);
-        m->sym_out_tab = take_bytes(cv, tab); m->sym_dout_tab = take_bytes(cv, tab); m->sym_dxl_tab = take_bytes(cv, tab);
-    }
     size_t Fs = (size_t)c->n_shared * c->shared_hidden, F = c->dense_hidden;
     size_t Vp = c->padded_vocab;
     int pre = c->norm != NORM_POST, post = c->norm != NORM_PRE;
     size_t att = m->ops->attention_saved_floats(m->B, m->T, c->n_heads, c->head_dim);
-    for (int l = 0; l <= c->n_layers; l++) m->resid[l] = take(cv, N * D);
+    for (int l = 0; l <= c->n_layers; l++) m->resid[l] = resid_held(m, l - 1) ? take(cv, N * D) : NULL;
     // recompute: one buffer each, shared by the MoE layers (model.h)
     int rc_ea = m->recompute == 1 && m->n_moe;
     int rc_xp = (m->recompute == 1 || m->recompute == 2) && m->n_moe && ep == 1 && !m->ep_sym;
@@ -172,6 +188,7 @@ static void carve(Model *m, Carver *cv, Carver *sv) {
         int moe = model_is_moe_layer(c, l), rl = model_recomputes_layer(m, l);
         if (rl && have_shared[moe]) { *a = shared[moe]; continue; }
         memset(a, 0, sizeof(*a));
+        if (param_stage_chunk_of(&m->stage, l) < 0) continue; // another stage's
         if (pre) { a->ln1 = take(cv, N * D); a->ln1_rstd = ftake(cv, N); }
         a->q = take(cv, N * qd); a->k = take(cv, N * kvd); a->v = take(cv, N * kvd);
         if (c->qk_norm != QKNORM_NONE) {
@@ -179,6 +196,7 @@ static void carve(Model *m, Carver *cv, Carver *sv) {
             a->qn_rstd = ftake(cv, N * c->n_heads); a->kn_rstd = ftake(cv, N * c->n_kv_heads);
         } else { a->qn = a->q; a->kn = a->k; }
         a->qr = take(cv, N * qd); a->kr = take(cv, N * kvd);
+        if (m->defer_wgrad) { a->w_do = take(cv, N * D); a->w_dq = take(cv, N * qd); a->w_dk = take(cv, N * kvd); a->w_dv = take(cv, N * kvd); }
         a->att = ftake(cv, att);
         a->ao = take(cv, N * qd);
         a->o = take(cv, N * D);
@@ -194,7 +212,7 @@ static void carve(Model *m, Carver *cv, Carver *sv) {
         a->counts = ftake(cv, E); a->lb_counts = ftake(cv, E);
         a->xp = rc_xp ? xp_shared : take(cv, R * D); a->ey = take(cv, R * D);
         a->xl = sym ? take(sv, Rl * D) : ep > 1 ? take(cv, Rl * D) : a->xp;
-        a->yl = sym ? m->sym_out : ep > 1 ? take(cv, Rl * D) : a->ey;
+        a->yl = sym ? NULL : ep > 1 ? take(cv, Rl * D) : a->ey; // symmetric: the shared m->sym_out
         if (sym) { a->sym_plan = itake(cv, ep_sym_plan_ints(ep, (int)E)); a->sym_recv = take_bytes(cv, tab); }
         a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe); a->ea = rc_ea ? ea_shared : take(cv, Rl * Fe);
         if (ep > 1 && !sym) { // the plan's backend arrays here, its host ones in plan_host
@@ -212,6 +230,26 @@ static void carve(Model *m, Carver *cv, Carver *sv) {
     m->logits = take(cv, N * Vp); m->losses = ftake(cv, N);
     m->tokens = itake(cv, N); m->targets = itake(cv, N);
     m->doc_start = m->doc_mask ? itake(cv, N) : NULL;
+    m->grad_out = m->staged ? take(cv, N * D) : NULL;
+}
+
+// Carves what every slot shares: RoPE tables, the backward scratch and,
+// with symmetric expert parallelism, the count window and the experts'
+// output, output-grad and input-grad buffers (sv) with their peer tables.
+static void carve_shared(Model *m, Carver *cv, Carver *sv) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    size_t E = c->n_experts, k = c->top_k, R = N * k, Fe = c->expert_hidden;
+    int ep = m->par.ep_size, sym = m->ep_sym;
+    size_t Rl = sym ? (size_t)m->max_rows_local : (size_t)ep * R;
+    if (sym) {
+        size_t tab = (size_t)ep * sizeof(void *);
+        m->sym_counts = take_bytes(sv, (size_t)ep * E * sizeof(int));
+        m->sym_out = take(sv, Rl * D); m->sym_dout = take(sv, Rl * D); m->sym_dxl = take(sv, Rl * D);
+        m->sym_counts_tab = take_bytes(cv, tab);
+        m->sym_out_tab = take_bytes(cv, tab); m->sym_dout_tab = take_bytes(cv, tab); m->sym_dxl_tab = take_bytes(cv, tab);
+    }
+    size_t Fs = (size_t)c->n_shared * c->shared_hidden, F = c->dense_hidden;
     m->rope_cos = ftake(cv, (size_t)m->T * c->head_dim / 2);
     m->rope_sin = ftake(cv, (size_t)m->T * c->head_dim / 2);
     // backward scratch, shared by all layers
@@ -251,8 +289,10 @@ static void sym_size_rows(Model *m) {
         for (int i = 0; i < 2; i++) {
             m->max_rows_local = (int)r2[i];
             Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes}, sv = cv;
-            carve(m, &cv, &sv);
-            at[i] = cv.used + sv.used;
+            carve_slot(m, &cv, &sv);
+            size_t per_slot = cv.used + sv.used;
+            carve_shared(m, &cv, &sv);
+            at[i] = cv.used + sv.used + (size_t)(m->n_slots - 1) * per_slot;
         }
         size_t spare = (size_t)(0.9 * (double)m->ops->device_memory_free());
         if (at[1] > spare && full > R) {
@@ -285,48 +325,110 @@ static void sym_fill_tables(Model *m) {
     sym_table(m, m->sym_out_tab, m->sym_out);
     sym_table(m, m->sym_dout_tab, m->sym_dout);
     sym_table(m, m->sym_dxl_tab, m->sym_dxl);
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        if (model_is_moe_layer(&m->cfg, l)) sym_table(m, m->acts[l].sym_recv, m->acts[l].xl);
+    for (int k = 0; k < m->n_slots; k++) {
+        const ModelSlot *sl = &m->slots[k];
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            if (model_is_moe_layer(&m->cfg, l) && sl->acts[l].sym_recv) sym_table(m, sl->acts[l].sym_recv, sl->acts[l].xl);
+    }
 }
 
-void model_alloc_acts(Model *m, int B, int T) {
+// The per-micro-batch fields of m to and from a slot.
+static void slot_store(const Model *m, ModelSlot *s) {
+    s->acts = m->acts; s->resid = m->resid;
+    s->xf = m->xf; s->logits = m->logits; s->xf_rstd = m->xf_rstd; s->losses = m->losses;
+    s->tokens = m->tokens; s->targets = m->targets; s->doc_start = m->doc_start; s->doc_start_host = m->doc_start_host;
+    s->batch_docs = m->batch_docs; s->n_valid = m->n_valid;
+    s->plan_sizes = m->plan_sizes; s->plan_host = m->plan_host;
+    s->grad_out = m->grad_out;
+}
+static void slot_load(Model *m, const ModelSlot *s) {
+    m->acts = s->acts; m->resid = s->resid;
+    m->xf = s->xf; m->logits = s->logits; m->xf_rstd = s->xf_rstd; m->losses = s->losses;
+    m->tokens = s->tokens; m->targets = s->targets; m->doc_start = s->doc_start; m->doc_start_host = s->doc_start_host;
+    m->batch_docs = s->batch_docs; m->n_valid = s->n_valid;
+    m->plan_sizes = s->plan_sizes; m->plan_host = s->plan_host;
+    m->grad_out = s->grad_out;
+}
+
+void model_use_slot(Model *m, int k) {
+    if (k < 0 || k >= m->n_slots) die("model_use_slot: slot %d of %d", k, m->n_slots);
+    if (k == m->slot) return;
+    slot_store(m, &m->slots[m->slot]);
+    slot_load(m, &m->slots[k]);
+    m->slot = k;
+}
+
+static void free_slots(Model *m) {
+    for (int k = 0; k < m->n_slots; k++) {
+        ModelSlot *s = &m->slots[k];
+        free(s->acts); free(s->resid); free(s->plan_sizes); free(s->plan_host); free(s->doc_start_host);
+    }
+    free(m->slots);
+    m->slots = NULL;
+    m->n_slots = m->slot = 0;
+    m->acts = NULL; m->resid = NULL; m->plan_sizes = NULL; m->plan_host = NULL; m->doc_start_host = NULL;
+}
+
+void model_alloc_acts(Model *m, int B, int T) { model_alloc_slots(m, B, T, 1); }
+
+void model_alloc_slots(Model *m, int B, int T, int n_slots) {
     if (m->arena) m->ops->free(m->arena);
-    free(m->acts); free(m->resid);
+    if (m->slots) slot_store(m, &m->slots[m->slot]);
+    free_slots(m);
     m->B = B;
     m->T = T;
-    m->acts = mallocCheck(m->cfg.n_layers * sizeof(LayerActs));
-    free(m->plan_sizes);
-    free(m->plan_host);
-    m->plan_sizes = NULL;
-    m->plan_host = NULL;
+    if (n_slots < 1) n_slots = 1;
+    m->slots = mallocCheck(n_slots * sizeof(ModelSlot));
+    m->n_slots = n_slots;
     int ep = m->par.ep_size;
-    if (ep > 1 && !m->ep_sym) { // the host side of the expert-parallel plans (dist/ep.h), per layer
-        size_t L = m->cfg.n_layers, Rl = (size_t)ep * B * T * m->cfg.top_k;
-        m->plan_sizes = mallocCheck(L * ep_plan_sizes(ep) * sizeof(size_t));
-        m->plan_host = mallocCheck(L * ep_plan_ints(ep, m->E_local, (int)Rl) * sizeof(int));
+    size_t L = m->cfg.n_layers, Rl = (size_t)ep * B * T * m->cfg.top_k;
+    // the host parts of each slot: its layers' activation views and, with
+    // ep > 1 and the all-to-all, the host side of its plans (dist/ep.h)
+    for (int k = 0; k < n_slots; k++) {
+        ModelSlot *s = &m->slots[k];
+        memset(s, 0, sizeof *s);
+        s->acts = mallocCheck(L * sizeof(LayerActs));
+        s->resid = mallocCheck((L + 1) * sizeof(void *));
+        if (ep > 1 && !m->ep_sym) {
+            s->plan_sizes = mallocCheck(L * ep_plan_sizes(ep) * sizeof(size_t));
+            s->plan_host = mallocCheck(L * ep_plan_ints(ep, m->E_local, (int)Rl) * sizeof(int));
+        }
+        s->doc_start_host = m->doc_mask ? mallocCheck((size_t)B * T * sizeof(int)) : NULL;
     }
-    m->resid = mallocCheck((m->cfg.n_layers + 1) * sizeof(void *));
-    free(m->doc_start_host);
-    m->doc_start_host = m->doc_mask ? mallocCheck((size_t)B * T * sizeof(int)) : NULL;
+    // measure one slot and the shared part, then carve slot after slot
+    // and the shared part behind them (one slot: the layout it always had);
+    // the symmetric memory likewise: each slot's receive buffers, then the
+    // shared count window and expert buffers
+    slot_load(m, &m->slots[0]);
     if (m->ep_sym) sym_size_rows(m);
     Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes}, sv = cv;
-    carve(m, &cv, &sv);
-    m->arena_bytes = cv.used;
-    m->arena = m->ops->alloc(cv.used);
+    carve_slot(m, &cv, &sv);
+    m->slot_bytes = cv.used;
+    size_t sym_slot = sv.used;
+    carve_shared(m, &cv, &sv);
+    m->arena_bytes = cv.used + (size_t)(n_slots - 1) * m->slot_bytes;
+    m->arena = m->ops->alloc(m->arena_bytes);
     Carver real_cv = {.base = m->arena, .act_bytes = m->ops->act_bytes}, real_sv = real_cv;
     if (m->ep_sym) {
         symmem_free(m->sym);
         char err[256] = "";
-        m->sym_bytes = sv.used;
-        m->sym = symmem_create(m->par.ep_comm, m->ops, sv.used, err, sizeof err);
+        m->sym_bytes = sv.used + (size_t)(n_slots - 1) * sym_slot;
+        m->sym = symmem_create(m->par.ep_comm, m->ops, m->sym_bytes, err, sizeof err);
         if (!m->sym) {
             fprintf(stderr, "moecore: symmetric expert parallelism: %s\n", err);
             exit(1);
         }
         real_sv.base = symmem_local(m->sym);
     }
-    carve(m, &real_cv, &real_sv);
+    for (int k = 0; k < n_slots; k++) {
+        slot_load(m, &m->slots[k]);
+        carve_slot(m, &real_cv, &real_sv);
+        slot_store(m, &m->slots[k]);
+    }
+    carve_shared(m, &real_cv, &real_sv);
     if (m->ep_sym) sym_fill_tables(m);
+    slot_load(m, &m->slots[0]);
+    m->slot = 0;
     size_t nt = (size_t)T * m->cfg.head_dim / 2;
     float *cs = mallocCheck(2 * nt * sizeof(float));
     rope_tables(cs, cs + nt, T, m->cfg.head_dim, m->cfg.rope_theta);
@@ -340,8 +442,10 @@ void model_free(Model *m) {
     param_store_free(&m->store);
     if (m->arena) ops->free(m->arena);
     symmem_free(m->sym);
-    free(m->layers); free(m->acts); free(m->resid); free(m->lb); free(m->z); free(m->plan_sizes); free(m->plan_host);
-    free(m->step_dropped); free(m->step_rows); free(m->doc_start_host);
+    if (m->slots) slot_store(m, &m->slots[m->slot]);
+    free_slots(m);
+    free(m->layers); free(m->lb); free(m->z);
+    free(m->step_dropped); free(m->step_rows);
     float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts, m->dropped_step};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
     ops->free(m->ce_acc);
@@ -453,7 +557,7 @@ static void sym_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
     ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), lo, El, D, Fe);
     ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), lo, El, D, Fe);
     ops->swiglu_forward_rows(a->ea, a->eg, a->eu, lo + El, rows, Fe);
-    ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), lo, El, Fe, D);
+    ops->grouped_matmul_forward(m->sym_out, a->ea, P(L->exp_down), lo, El, Fe, D);
     symmem_barrier(m->sym);
     ops->ep_sym_combine(a->ey, m->sym_out_tab, a->sym_plan, a->offsets, P, E, R, D);
 }
@@ -601,6 +705,7 @@ static void block_forward(Model *m, int l, uint64_t route_seed) {
     int N = m->B * m->T, D = c->d_model;
     const LayerParams *L = &m->layers[l];
     LayerActs *a = &m->acts[l];
+    a->route_seed = route_seed; // for a recompute in the backward
     const void *x = m->resid[l];
     const void *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
     attention_forward(m, L, a, in);
@@ -616,17 +721,33 @@ static void block_forward(Model *m, int l, uint64_t route_seed) {
     ops->add_act(y, add, (size_t)N * D);
 }
 
-void model_forward_async(Model *m, uint64_t route_seed) {
+// The MoE layers of chunk ch: [*first, *first + *n) by moe_index.
+static void chunk_moe_range(const Model *m, int ch, int *first, int *n) {
+    *first = 0;
+    *n = 0;
+    for (int l = m->stage.begin[ch]; l < m->stage.end[ch]; l++) {
+        int mi = m->layers[l].moe_index;
+        if (mi < 0) continue;
+        if (*n == 0) *first = mi;
+        (*n)++;
+    }
+}
+
+void model_forward_chunk(Model *m, int ch, uint64_t route_seed) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model;
-    m->route_seed = route_seed;
-    ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
-    for (int l = 0; l < c->n_layers; l++) block_forward(m, l, route_seed);
-    if (m->n_moe) {
-        ops->add_f32(m->lb_step, m->lb_mb, m->n_moe);
-        ops->add_f32(m->z_step, m->z_mb, m->n_moe);
+    int first = m->stage.begin[ch], end = m->stage.end[ch];
+    int head = m->stage.head && ch == m->stage.n_chunks - 1;
+    if (m->stage.embed && ch == 0) ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
+    for (int l = first; l < end; l++) block_forward(m, l, route_seed);
+    int mf, mn;
+    chunk_moe_range(m, ch, &mf, &mn);
+    if (mn) {
+        ops->add_f32(m->lb_step + mf, m->lb_mb + mf, mn);
+        ops->add_f32(m->z_step + mf, m->z_mb + mf, mn);
     }
+    if (!head) return;
     ops->rmsnorm_forward(m->xf, m->xf_rstd, m->resid[c->n_layers], P(m->final_norm), N, D, c->norm_eps);
     ops->matmul_forward(m->logits, m->xf, P(m->lm_head), N, D, c->padded_vocab);
     ops->crossentropy_forward(m->losses, m->logits, m->targets, N, c->padded_vocab);
@@ -635,7 +756,31 @@ void model_forward_async(Model *m, uint64_t route_seed) {
     ops->loss_sum(m->ce_acc + 1, m->losses, m->targets, N);  // the step
 }
 
+void model_forward_async(Model *m, uint64_t route_seed) {
+    for (int ch = 0; ch < m->stage.n_chunks; ch++) model_forward_chunk(m, ch, route_seed);
+}
+
+void *model_chunk_input(Model *m, int ch) { return m->resid[m->stage.begin[ch]]; }
+void *model_chunk_output(Model *m, int ch) { return m->resid[m->stage.end[ch]]; }
+void *model_stage_dres(Model *m) { return m->dres; }
+void *model_stage_grad_out(Model *m) {
+    if (!m->grad_out) die("model_stage_grad_out: the model is not a pipeline stage");
+    m->ops->copy_act(m->grad_out, m->dres, (size_t)m->B * m->T * m->cfg.d_model);
+    return m->grad_out;
+}
+
+void model_count_chunk(Model *m, int ch) {
+    int N = m->B * m->T;
+    for (int l = m->stage.begin[ch]; l < m->stage.end[ch]; l++)
+        if (m->layers[l].moe_index >= 0) m->step_rows[m->layers[l].moe_index] += (float)N * m->cfg.top_k;
+    if (ch == m->stage.n_chunks - 1) m->step_tokens += N;
+}
+
 void model_count_micro_batch(Model *m) {
+    if (m->staged) {
+        for (int ch = 0; ch < m->stage.n_chunks; ch++) model_count_chunk(m, ch);
+        return;
+    }
     int N = m->B * m->T;
     m->step_tokens += N;
     for (int li = 0; li < m->n_moe; li++) m->step_rows[li] += (float)N * m->cfg.top_k;
@@ -748,7 +893,9 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
     const ModelConfig *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
     int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
-    ops->matmul_backward(m->dao, G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
+    int defer = m->defer_wgrad; // the weight grads come later, in model_wgrad_chunk
+    ops->matmul_backward(m->dao, defer ? NULL : G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
+    if (defer) ops->copy_act(a->w_do, dout, (size_t)N * D);
     ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao, model_docs(m),
                             m->att_scratch, B, T, H, KV, hd);
     // RoPE back into dq2/dk2 (grads w.r.t. the QK-normed q, k)
@@ -764,9 +911,32 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
         ops->rmsnorm_backward(m->dk, G(L->k_norm), m->dk2, a->k, P(L->k_norm), a->kn_rstd, N * KV, hd, 0);
         dq = m->dq; dk = m->dk;
     }
-    ops->matmul_backward(dinp, G(L->wq), dq, in, P(L->wq), N, D, qd, accumulate);
-    ops->matmul_backward(dinp, G(L->wk), dk, in, P(L->wk), N, D, kvd, 1);
-    ops->matmul_backward(dinp, G(L->wv), m->dv, in, P(L->wv), N, D, kvd, 1);
+    if (defer) {
+        ops->copy_act(a->w_dq, dq, (size_t)N * qd);
+        ops->copy_act(a->w_dk, dk, (size_t)N * kvd);
+        ops->copy_act(a->w_dv, m->dv, (size_t)N * kvd);
+    }
+    ops->matmul_backward(dinp, defer ? NULL : G(L->wq), dq, in, P(L->wq), N, D, qd, accumulate);
+    ops->matmul_backward(dinp, defer ? NULL : G(L->wk), dk, in, P(L->wk), N, D, kvd, 1);
+    ops->matmul_backward(dinp, defer ? NULL : G(L->wv), m->dv, in, P(L->wv), N, D, kvd, 1);
+}
+
+void model_wgrad_chunk(Model *m, int ch) {
+    if (!m->defer_wgrad) return;
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    if (m->stage.head && ch == m->stage.n_chunks - 1) // the logits hold their grads (in place)
+        ops->matmul_backward(NULL, G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, c->padded_vocab, 0);
+    for (int l = m->stage.end[ch] - 1; l >= m->stage.begin[ch]; l--) {
+        const LayerParams *L = &m->layers[l];
+        LayerActs *a = &m->acts[l];
+        const void *in = L->attn_norm >= 0 ? a->ln1 : m->resid[l];
+        ops->matmul_backward(NULL, G(L->wo), a->w_do, a->ao, P(L->wo), N, qd, D, 0);
+        ops->matmul_backward(NULL, G(L->wq), a->w_dq, in, P(L->wq), N, D, qd, 0);
+        ops->matmul_backward(NULL, G(L->wk), a->w_dk, in, P(L->wk), N, D, kvd, 0);
+        ops->matmul_backward(NULL, G(L->wv), a->w_dv, in, P(L->wv), N, D, kvd, 0);
+    }
 }
 
 // Tells the store's hook (DDP) that the grads of entries [first, end) are final.
@@ -774,22 +944,24 @@ static void grads_final(Model *m, int first, int end) {
     if (m->store.grads_ready) m->store.grads_ready(m->store.grads_ready_ctx, first, end);
 }
 
-void model_backward(Model *m, float ce_scale, float aux_scale) {
+void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, Vp = c->padded_vocab;
-    // classifier: dlogits overwrite the logits in place
-    ops->crossentropy_backward(m->logits, m->logits, m->targets, ce_scale, N, Vp);
-    ops->matmul_backward(m->d1, G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, Vp, 0);
-    ops->rmsnorm_backward(m->dres, G(m->final_norm), m->d1, m->resid[c->n_layers],
-                          P(m->final_norm), m->xf_rstd, N, D, 0);
-    grads_final(m, m->final_norm, m->store.table.n);
-    for (int l = c->n_layers - 1; l >= 0; l--) {
+    if (m->stage.head && ch == m->stage.n_chunks - 1) {
+        // classifier: dlogits overwrite the logits in place
+        ops->crossentropy_backward(m->logits, m->logits, m->targets, ce_scale, N, Vp);
+        ops->matmul_backward(m->d1, m->defer_wgrad ? NULL : G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, Vp, 0);
+        ops->rmsnorm_backward(m->dres, G(m->final_norm), m->d1, m->resid[c->n_layers],
+                              P(m->final_norm), m->xf_rstd, N, D, 0);
+        grads_final(m, m->final_norm, m->store.table.n);
+    } // else dres holds the grad of the chunk's output (model.h)
+    for (int l = m->stage.end[ch] - 1; l >= m->stage.begin[ch]; l--) {
         const LayerParams *L = &m->layers[l];
         LayerActs *a = &m->acts[l];
         if (model_recomputes_layer(m, l)) { // its activations, again, from its input (same kernels: same bits)
             m->recomputing = 1;
-            block_forward(m, l, m->route_seed);
+            block_forward(m, l, a->route_seed);
             m->recomputing = 0;
         }
         // feed-forward half: y = h + post(ffn(pre(h))); dres holds dL/dy
@@ -810,8 +982,14 @@ void model_backward(Model *m, float ce_scale, float aux_scale) {
         input_norm_backward(m, m->d2, x, a->ln1_rstd, L->attn_norm, N);
         grads_final(m, L->first_entry, L->end_entry);
     }
-    ops->embedding_backward(G(m->embed), m->dres, m->tokens, N, D);
-    grads_final(m, m->embed, m->embed + 1);
+    if (m->stage.embed && ch == 0) {
+        ops->embedding_backward(G(m->embed), m->dres, m->tokens, N, D);
+        grads_final(m, m->embed, m->embed + 1);
+    }
+}
+
+void model_backward(Model *m, float ce_scale, float aux_scale) {
+    for (int ch = m->stage.n_chunks - 1; ch >= 0; ch--) model_backward_chunk(m, ch, ce_scale, aux_scale);
     m->expert_grads_unset = 0;
 }
 

@@ -36,12 +36,18 @@
 // rows a rank routes) rows per layer; 0: ep x those rows (nothing can
 // overflow), shrunk to what the device can spare (model_alloc_acts).
 typedef enum { EP_AUTO = 0, EP_A2A = 1, EP_SYMMETRIC = 2 } EpBackend;
+// Pipeline parallelism: stage (NULL: the whole model) names the layers this
+// rank holds, as one or more chunks (params/layout.h); the store then holds
+// only their tensors, and the trainer runs model_forward_chunk /
+// model_backward_chunk per action of its schedule, handing the residual
+// stream between ranks (model_chunk_input / model_chunk_output, dres).
 typedef struct {
     int ep_rank, ep_size;
     Comm *ep_comm;
     Comm *dp_comm;
     int ep_backend;
     double ep_recv_factor;
+    const ParamStage *stage;
 } ModelParallel;
 
 // What one block keeps from forward for backward. act buffers (void *)
@@ -76,12 +82,32 @@ typedef struct {
     int rows_local;                   // rows at the local experts (-1: symmetric, only the device knows)
     void *xl, *eg, *eu, *ea, *yl;     // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
     void *sg, *su, *sa, *so;          // shared experts [N,Fs] x3, [N,D]
+    // defer_wgrad: the output grads of wo, wq, wk, wv, kept from the input-grad
+    // backward for the weight-grad one [N,D], [N,qd], [N,kvd] x2
+    void *w_do, *w_dq, *w_dk, *w_dv;
+    uint64_t route_seed;              // the forward's, for a recompute (train.recompute: layers)
 } LayerActs;
+
+// What one micro-batch in flight keeps (an activation slot): the model's
+// per-micro-batch fields below, swapped in by model_use_slot. Pipeline
+// schedules keep several micro-batches between their forward and backward.
+typedef struct {
+    LayerActs *acts;
+    void **resid;
+    void *xf, *logits; float *xf_rstd, *losses;
+    int *tokens, *targets, *doc_start, *doc_start_host;
+    int batch_docs, n_valid;
+    size_t *plan_sizes;
+    int *plan_host;
+    void *grad_out;                   // pipeline: the grad this micro-batch sends to the previous stage [N,D]
+} ModelSlot;
 
 typedef struct {
     ModelConfig cfg;
     const Ops *ops;
     ModelParallel par;
+    ParamStage stage;                 // the layers held (par.stage, or all of them as one chunk)
+    int staged;                       // the store holds part of the model (pipeline parallelism)
     int E_local;                      // experts held here
     ParamStore store;                 // table, weights, grads, router bias (params/store.h)
     int expert_grads_unset;           // set by model_zero_dense_grads, cleared by model_backward
@@ -102,7 +128,11 @@ typedef struct {
     // and, with recompute_first > 0, l < recompute_first.
     int recompute, recompute_every, recompute_first;
     int recomputing;                  // set while backward recomputes a block
-    uint64_t route_seed;              // the micro-batch's, for the recompute
+    // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
+    // backward leaves the weight grads of the attention projections and the
+    // LM head to model_wgrad_chunk, keeping their output grads in the slot
+    // (the MoE and MLP weight grads stay in the backward).
+    int defer_wgrad;
     // Intra-document attention masking (docs/model.md), set before
     // model_alloc_acts: with doc_mask, a position attends only to the
     // positions of its own document, the documents of a sequence each ending
@@ -111,11 +141,15 @@ typedef struct {
     int doc_mask, doc_eos;
     char *arena;                      // one backend allocation, carved
     size_t arena_bytes;
+    size_t slot_bytes;                // of which each activation slot
+    ModelSlot *slots;                 // [n_slots]; the fields below are those of slots[slot]
+    int n_slots, slot;
     LayerActs *acts;
     void **resid;                     // [L+1] residual stream [N,D]
     void *xf, *logits; float *xf_rstd, *losses;
     int *tokens, *targets;
     int *doc_start, *doc_start_host;  // [B*T] (ops.h), with doc_mask; else NULL
+    void *grad_out;                   // the slot's grad to the previous stage (staged models)
     // The micro-batch has a document boundary (an EOS before its last
     // position in some row): attention gets doc_start; without one it runs
     // the causal kernels (the same numbers, at the causal speed).
@@ -173,6 +207,11 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
 // Matrices ~ normal(0, init_std), norms 1, from a seeded generator.
 void model_init_weights(Model *m, uint64_t seed);
 void model_alloc_acts(Model *m, int B, int T);
+// The same with n_slots activation slots (micro-batches in flight); slot 0
+// is in use after it.
+void model_alloc_slots(Model *m, int B, int T, int n_slots);
+// Makes slot k the one model_set_batch, the forward and the backward use.
+void model_use_slot(Model *m, int k);
 void model_free(Model *m);
 
 void model_zero_grads(Model *m);
@@ -212,6 +251,29 @@ double model_aux_loss(const ModelConfig *c, const double *lb, const double *z, i
 // Backward of ce_scale * ce_sum + aux_scale * (lb_coef sum LB + z_coef sum Z);
 // grads accumulate.
 void model_backward(Model *m, float ce_scale, float aux_scale);
+// One model chunk of a pipeline stage (the whole model is chunk 0 of one):
+// the forward of its layers, from the embedding when it has it, else from
+// model_chunk_input (which the caller filled: the previous stage's output),
+// to model_chunk_output, or to the loss when it has the head; its step sums
+// as in model_forward_async. model_forward_async runs every chunk in order.
+void model_forward_chunk(Model *m, int chunk, uint64_t route_seed);
+// Its backward: from the loss when it has the head, else from the grad of
+// its output in dres (model_stage_dres, filled by the caller); leaves the
+// grad of its input in dres. model_backward runs every chunk in reverse.
+void model_backward_chunk(Model *m, int chunk, float ce_scale, float aux_scale);
+// With defer_wgrad: the weight grads model_backward_chunk left out, for the
+// slot in use (which keeps what they need until then).
+void model_wgrad_chunk(Model *m, int chunk);
+// Buffers of the slot in use [B*T, d_model] in the compute dtype.
+void *model_chunk_input(Model *m, int chunk);
+void *model_chunk_output(Model *m, int chunk);
+void *model_stage_dres(Model *m);
+// Copies dres into the slot's grad_out and returns it (the send stays valid
+// while other micro-batches run their backward).
+void *model_stage_grad_out(Model *m);
+// Host counts of one chunk's forward (as model_count_micro_batch for the
+// whole model): the routed rows of its MoE layers; the tokens with the last chunk.
+void model_count_chunk(Model *m, int chunk);
 // Aux-loss-free bias update from the step's counts (no-op when disabled).
 void model_end_step(Model *m);
 

@@ -70,6 +70,60 @@ void param_layout_build(ParamTable *t, ParamLayout *lay, const ModelConfig *c, i
     lay->lm_head = DENSE("lm_head", 0, 2, c->padded_vocab, D, 0);
 }
 
+ParamStage param_stage_all(const ModelConfig *cfg) {
+    ParamStage s = {.n_chunks = 1, .embed = 1, .head = 1};
+    s.begin[0] = 0;
+    s.end[0] = cfg->n_layers;
+    return s;
+}
+
+int param_stage_chunk_of(const ParamStage *st, int l) {
+    for (int c = 0; c < st->n_chunks; c++)
+        if (l >= st->begin[c] && l < st->end[c]) return c;
+    return -1;
+}
+
+void param_layout_build_stage(ParamTable *t, ParamLayout *lay, const ModelConfig *cfg, int ep_rank, int ep_size,
+                              const ParamStage *st) {
+    if (!st) { param_layout_build(t, lay, cfg, ep_rank, ep_size); return; }
+    // lay out the whole model, then keep what the stage holds, in order
+    ParamTable full;
+    memset(&full, 0, sizeof full);
+    param_layout_build(&full, lay, cfg, ep_rank, ep_size);
+    int *local = mallocCheck(((size_t)full.n + 1) * sizeof(int));
+    for (int i = 0; i < full.n; i++) {
+        int l = -1;
+        for (int j = 0; j < cfg->n_layers && l < 0; j++)
+            if (i >= lay->layers[j].first_entry && i < lay->layers[j].end_entry) l = j;
+        int held = l >= 0 ? param_stage_chunk_of(st, l) >= 0
+                          : (i == lay->embed ? st->embed : st->head); // outside the layers: embed, final norm, head
+        local[i] = -1;
+        if (!held) continue;
+        const ParamEntry *e = &full.entries[i];
+        int k = param_add(t, e->name, e->cls, e->kind, e->ndim, e->shape);
+        ParamEntry *n = &t->entries[k];
+        memcpy(n->global_shape, e->global_shape, sizeof n->global_shape);
+        n->slice0 = e->slice0;
+        n->global_index = i;
+        local[i] = k;
+    }
+#define REMAP(x) ((x) = (x) >= 0 ? local[x] : -1)
+    for (int j = 0; j < cfg->n_layers; j++) {
+        LayerParams *L = &lay->layers[j];
+        int held = param_stage_chunk_of(st, j) >= 0, first = L->first_entry, end = L->end_entry;
+        int *f = &L->attn_norm, n = (int)((&L->moe_index) - f); // the tensor indices precede moe_index
+        for (int q = 0; q < n; q++) REMAP(f[q]);
+        L->first_entry = L->end_entry = 0;
+        if (held && end > first) { L->first_entry = local[first]; L->end_entry = local[end - 1] + 1; }
+    }
+    REMAP(lay->embed);
+    REMAP(lay->final_norm);
+    REMAP(lay->lm_head);
+#undef REMAP
+    free(local);
+    param_table_free(&full);
+}
+
 int param_table_for_config(const ModelConfig *cfg, ParamTable *t, char *err, size_t errlen) {
     ModelConfig c = *cfg;
     if (model_config_validate(&c, err, errlen)) return -1;

@@ -27,10 +27,32 @@ typedef struct {
     int n_moe;                                        // MoE layers
 } ParamLayout;
 
+// The part of the model a pipeline rank holds (issue 17): chunks of
+// contiguous layer ranges in layer order (one per model chunk of the rank;
+// the chunks of a rank are not adjacent unless it has one), the embedding
+// with the first stage, the final norm and LM head with the last.
+#define PARAM_MAX_CHUNKS 16
+typedef struct {
+    int n_chunks;
+    int begin[PARAM_MAX_CHUNKS], end[PARAM_MAX_CHUNKS];  // layers [begin, end) of each chunk
+    int embed, head;                                      // holds the embedding; the final norm and LM head
+} ParamStage;
+
+// The whole model as one stage.
+ParamStage param_stage_all(const ModelConfig *cfg);
+// The chunk of stage st that holds layer l, or -1.
+int param_stage_chunk_of(const ParamStage *st, int l);
+
 // Appends the tensors of cfg (validated) to t for expert-parallel rank
 // ep_rank of ep_size (which divides n_experts): the expert tensors hold that
 // rank's E/ep_size experts, a slice of their global [E, ...] shape.
 void param_layout_build(ParamTable *t, ParamLayout *l, const ModelConfig *cfg, int ep_rank, int ep_size);
+// The same for the tensors of stage st only (NULL: all), in the same order,
+// each entry's global_index its index in the whole model's table. The layers
+// not held have every index -1 (moe_index stays their index among all MoE
+// layers, and n_moe counts them all) and an empty entry range.
+void param_layout_build_stage(ParamTable *t, ParamLayout *l, const ModelConfig *cfg, int ep_rank, int ep_size,
+                              const ParamStage *st);
 // The table of a config on one rank, with no buffers: for tools that only
 // need names, shapes and offsets. -1 with a message on an invalid config.
 int param_table_for_config(const ModelConfig *cfg, ParamTable *t, char *err, size_t errlen);

@@ -22,6 +22,7 @@ int param_add(ParamTable *t, const char *name, int cls, int kind, int ndim, cons
     e->cls = cls;
     e->kind = kind;
     e->offset = t->class_numel[cls];
+    e->global_index = t->n;
     t->class_numel[cls] += e->numel;
     return t->n++;
 }

@@ -24,6 +24,9 @@ typedef struct {
     // experts along dim 0 on each expert-parallel rank.
     int64_t global_shape[PARAM_MAX_DIMS];
     int64_t slice0;  // first global index along dim 0 held here
+    // Its index in the table of the whole model: its own index, except in a
+    // pipeline stage's table (params/layout.h), which holds some of them.
+    int global_index;
 } ParamEntry;
 
 typedef struct {

@@ -10,9 +10,14 @@
 
 void param_store_init(ParamStore *s, const ModelConfig *cfg, const Ops *ops, int ep_rank, int ep_size,
                       ParamLayout *layout) {
+    param_store_init_stage(s, cfg, ops, ep_rank, ep_size, NULL, layout);
+}
+
+void param_store_init_stage(ParamStore *s, const ModelConfig *cfg, const Ops *ops, int ep_rank, int ep_size,
+                            const ParamStage *st, ParamLayout *layout) {
     memset(s, 0, sizeof(*s));
     s->ops = ops;
-    param_layout_build(&s->table, layout, cfg, ep_rank, ep_size);
+    param_layout_build_stage(&s->table, layout, cfg, ep_rank, ep_size, st);
     for (int c = 0; c < N_CLASSES; c++) {
         size_t n = s->table.class_numel[c];
         s->params[c] = ops->alloc(n * sizeof(float) + 4);

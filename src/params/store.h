@@ -43,6 +43,9 @@ typedef struct {
 // s->table and *layout (params/layout.h), and allocates every buffer, zeroed.
 void param_store_init(ParamStore *s, const ModelConfig *cfg, const Ops *ops, int ep_rank, int ep_size,
                       ParamLayout *layout);
+// The same for the tensors of pipeline stage st only (params/layout.h; NULL: all).
+void param_store_init_stage(ParamStore *s, const ModelConfig *cfg, const Ops *ops, int ep_rank, int ep_size,
+                            const ParamStage *st, ParamLayout *layout);
 void param_store_free(ParamStore *s);
 
 // FP32 main weights of entry idx; the store must hold all of them (it dies

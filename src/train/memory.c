@@ -1,5 +1,6 @@
 #include "train/memory.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "dist/ddp.h"
@@ -16,6 +17,13 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
     if (cfg->n_experts % l->ep) FAIL("memory plan: ep %d does not divide model.n_experts %d", l->ep, cfg->n_experts);
     ParamTable t;
     if (param_table_for_config(cfg, &t, err, errlen)) return -1;
+    if (l->stage) { // the stage's tensors (the config is valid: its table was built)
+        ParamLayout lay;
+        param_table_free(&t);
+        memset(&t, 0, sizeof t);
+        param_layout_build_stage(&t, &lay, cfg, 0, 1, l->stage);
+        free(lay.layers);
+    }
     p->dense = t.class_numel[CLASS_DENSE];
     // every expert tensor is [E, ...]: ep divides it exactly
     p->expert = t.class_numel[CLASS_EXPERT] / l->ep;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "config/model_config.h"
+#include "params/layout.h"
 
 typedef struct {
     int dp, dp_rank;            // the dense data-parallel group: size, this rank's index in it
@@ -25,6 +26,7 @@ typedef struct {
     size_t arena_bytes;         // the activation arena (0: not known); with the all-to-all dispatch
                                 // it holds the expert-parallel receive buffers too
     size_t dispatch_bytes;      // symmetric expert parallelism: its symmetric memory (model.h)
+    const ParamStage *stage;    // a pipeline stage's tensors only (NULL: the whole model)
 } MemoryLayout;
 
 typedef struct {

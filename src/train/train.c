@@ -84,6 +84,11 @@ static uint64_t mix(uint64_t a, uint64_t b) {
     return z ^ (z >> 31);
 }
 
+uint64_t train_micro_seed(const Trainer *tr, int64_t step, int mi) {
+    uint64_t micro = (uint64_t)tr->mesh.dp_rank * tr->M + mi;
+    return mix(tr->st.seed, (uint64_t)step * 1024 + micro);
+}
+
 // Synthetic data (data.synthetic): instance g of the stream is uniformly
 // random tokens keyed by (seed, g), with the usual shifted targets.
 static void synthetic_instances(uint64_t seed, int64_t g_start, int count, int T, int vocab, int *tokens,
@@ -122,8 +127,9 @@ static DataLoader *open_loader(const RunConfig *c, const StrList *paths, const S
 // Eval CE over the eval set into *ce (NaN or Inf when the model diverged):
 // each data-parallel rank takes every dp-th micro-batch; sums are reduced
 // over the dp group. 0, or -1 with a message after a data error.
-static int evaluate(Model *m, DataLoader *eval, const Mesh *mesh, int batches, int mb, int *tokens,
+static int evaluate(Trainer *tr, DataLoader *eval, const Mesh *mesh, int batches, int mb, int *tokens,
                     int *targets, uint64_t seed, double *ce, char *err, size_t errlen) {
+    Model *m = &tr->m;
     double acc[2] = {0, 0}; // CE sum, valid targets
     int64_t n_inst = data_instances_per_epoch(eval);
     int rounds = (batches + mesh->dp - 1) / mesh->dp;
@@ -131,11 +137,13 @@ static int evaluate(Model *m, DataLoader *eval, const Mesh *mesh, int batches, i
         int b = i * mesh->dp + mesh->dp_rank;
         int64_t g = ((int64_t)(b < batches ? b : 0) * mb) % n_inst;
         if (data_read(eval, g, mb, tokens, targets, err, errlen)) return -1;
-        // every rank runs the forward (expert parallelism needs all of them)
-        model_forward(m, tokens, targets, mix(seed, 0xe7a1 + b));
+        // every rank runs the forward (expert parallelism needs all of them);
+        // with pipeline stages the last one has the CE, the others count 0
+        if (tr->pipe.on) pipeline_eval(tr, tokens, targets, mix(seed, 0xe7a1 + b));
+        else model_forward(m, tokens, targets, mix(seed, 0xe7a1 + b));
         if (b < batches) { acc[0] += m->ce_sum; acc[1] += m->n_valid; }
     }
-    comm_allreduce(mesh->dp_comm, acc, 2, COMM_F64);
+    comm_allreduce(tr->pipe.on ? mesh->world : mesh->dp_comm, acc, 2, COMM_F64);
     if (!(acc[1] > 0)) return errorf(err, errlen, "the eval set has no targets to score");
     *ce = acc[0] / acc[1];
     return 0;
@@ -148,6 +156,7 @@ static const char *train_usage =
     "                  deletes them (a fresh run is refused there without it)\n"
     "  --stop-after=N  run at most N steps in this process, save a checkpoint and exit\n"
     "                  (for jobs with a time limit; resume with --resume)\n"
+    "  --print-schedule  print the pipeline schedule's table (parallel.pp > 1) at start\n"
     "  overrides       any config key, e.g. --train.steps=500 --optim.lr=1e-3\n"
     "Several processes: mpirun -np N moecore train CONFIG --parallel.dp=N [--parallel.ep=E]\n";
 
@@ -189,6 +198,7 @@ static int parse_args(Trainer *tr, int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--resume")) { tr->resume = 1; continue; }
         if (!strcmp(a, "--overwrite")) { tr->overwrite = 1; continue; }
+        if (!strcmp(a, "--print-schedule")) { tr->print_schedule = 1; continue; }
         if (!strncmp(a, "--stop-after=", 13)) {
             char *end;
             tr->stop_after = strtoll(a + 13, &end, 10);
@@ -277,11 +287,15 @@ static int setup_model(Trainer *tr) {
     const TrainSection *t = &cfg->train;
     const Ops *ops = tr->ops;
     Model *m = &tr->m;
+    // pipeline parallelism: the split and this rank's stage, before the model
+    if (pipeline_plan(tr, tr->print_schedule, err, sizeof err)) return fatal("%s", err);
     ModelParallel par = {.ep_rank = tr->mesh.ep_rank, .ep_size = tr->mesh.ep, .ep_comm = tr->mesh.ep_comm,
                          .dp_comm = tr->mesh.dp_comm, .ep_backend = cfg->parallel.ep_backend,
-                         .ep_recv_factor = cfg->parallel.ep_recv_factor};
+                         .ep_recv_factor = cfg->parallel.ep_recv_factor,
+                         .stage = tr->pipe.on ? &tr->pipe.stage : NULL};
     if (model_init_parallel(m, &cfg->model, ops, &par, err, sizeof err)) return fatal("%s", err);
-    // every rank draws the same full model and keeps its slice of the experts
+    // every rank draws the same full model and keeps its slice of the
+    // experts (and, in a pipeline stage, its tensors: the entries' global_index)
     if (tr->mesh.ep == 1) {
         model_init_weights(m, t->seed);
     } else {
@@ -290,7 +304,8 @@ static int setup_model(Trainer *tr) {
         model_init_weights(&full, t->seed);
         for (int i = 0; i < m->store.table.n; i++) {
             const ParamEntry *e = &m->store.table.entries[i];
-            ops->to_device(param_store_main(&m->store, i), param_store_main(&full.store, i) + param_global_offset(e), e->numel * sizeof(float));
+            ops->to_device(param_store_main(&m->store, i), param_store_main(&full.store, e->global_index) + param_global_offset(e),
+                           e->numel * sizeof(float));
         }
         model_free(&full);
         param_store_sync_weights(&m->store);
@@ -298,10 +313,12 @@ static int setup_model(Trainer *tr) {
     m->recompute = cfg->train.recompute;
     m->recompute_every = cfg->train.recompute_every;
     m->recompute_first = cfg->train.recompute_first;
+    m->defer_wgrad = tr->pipe.on && tr->pipe.sched.kind == PP_ZB1; // W runs the deferred weight grads
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);
-    model_alloc_acts(m, tr->MB, tr->T);
+    model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
     if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
+    pipeline_alloc(tr);
     ddp_init(&tr->ddp, &m->store, tr->mesh.dp_comm, tr->mesh.ep_dp_comm, tr->world, cfg->optim_sharded,
              (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / 4));
     if (cfg->optim_sharded) adamw_init_range(&tr->adamw, &cfg->optim, &m->store, tr->ddp.shard_begin, tr->ddp.shard_end);
@@ -570,20 +587,24 @@ static int train_step(Trainer *tr, StepResult *r) {
     int64_t valid = model_count_valid(tr->targets, (size_t)tr->G_local * T);
     comm_allreduce(tr->mesh.dp_comm, &valid, 1, COMM_I64);
     // the first backward writes the expert grads, unless graphs replay it
-    if (tr->use_graph) model_zero_grads(m);
+    // (or pipeline chunks run their backwards in turn)
+    if (tr->use_graph || tr->pipe.on) model_zero_grads(m);
     else model_zero_dense_grads(m);
     model_begin_step(m);
     double ce_sum = 0;
     double *lb_step = tr->lb_step, *z_step = tr->z_step;
     for (int l = 0; l < L; l++) lb_step[l] = z_step[l] = 0;
-    for (int mi = 0; mi < M; mi++) {
+    if (tr->pipe.on) { // the schedule's actions; the grads reduce after them
+        pipeline_step(tr, step, valid ? 1.0f / (float)valid : 0.0f);
+        ddp_arm(&tr->ddp, 0);
+    }
+    for (int mi = 0; mi < M && !tr->pipe.on; mi++) {
         size_t off = (size_t)mi * MB * T;
         // grads become final in this backward: buckets start from its hooks,
         // or after it when it is replayed from a CUDA graph (one rank only)
         if (mi == M - 1) ddp_arm(&tr->ddp, !tr->use_graph);
-        uint64_t micro = (uint64_t)tr->mesh.dp_rank * M + mi;
         model_set_batch(m, tr->tokens + off, tr->targets + off);
-        micro_batch(tr, mix(st->seed, (uint64_t)step * 1024 + micro), valid ? 1.0f / (float)valid : 0.0f);
+        micro_batch(tr, train_micro_seed(tr, step, mi), valid ? 1.0f / (float)valid : 0.0f);
     }
     ddp_finish(&tr->ddp);
     // the step's sums, read once (the only wait for the device in the step)
@@ -601,18 +622,22 @@ static int train_step(Trainer *tr, StepResult *r) {
     // counts are reduced where they live (backend memory: the aux-free bias
     // update reads them there) and copied to the host only for the metrics.
     // They are integers, exact in FP32 below 2^24 per expert and step.
+    // Pipeline stages hold the CE (the last) and their layers' values (zero
+    // elsewhere): summed over the world, every rank has all of them, and
+    // every stage moves the whole (replicated) aux-free bias alike.
     {
+        Comm *stats = tr->pipe.on ? tr->world : tr->mesh.dp_comm;
         double *red = tr->red;
         int k = 0;
         red[k++] = ce_sum;
         for (int l = 0; l < L; l++) { red[k++] = lb_step[l]; red[k++] = z_step[l]; }
         for (int l = 0; l < L; l++) { red[k++] = m->step_dropped[l]; red[k++] = m->step_rows[l]; }
-        comm_allreduce(tr->mesh.dp_comm, red, k, COMM_F64);
+        comm_allreduce(stats, red, k, COMM_F64);
         k = 0;
         ce_sum = red[k++];
         for (int l = 0; l < L; l++) { lb_step[l] = red[k++] / M_total; z_step[l] = red[k++] / M_total; }
         for (int l = 0; l < L; l++) { m->step_dropped[l] = (float)red[k++]; m->step_rows[l] = (float)red[k++]; }
-        comm_allreduce(tr->mesh.dp_comm, m->step_counts, (size_t)L * E, COMM_F32);
+        comm_allreduce(stats, m->step_counts, (size_t)L * E, COMM_F32);
         m->ops->to_host(tr->counts_host, m->step_counts, (size_t)L * E * sizeof(float));
     }
     r->ce = valid ? ce_sum / valid : 0;
@@ -722,7 +747,7 @@ static int train_loop(Trainer *tr) {
         int do_eval = tr->eval && t->eval_interval > 0 && (st->step % t->eval_interval == 0 || st->step == t->steps);
         if (do_eval) {
             double ev;
-            if (evaluate(&tr->m, tr->eval, &tr->mesh, t->eval_batches, tr->MB, tr->tokens, tr->targets, st->seed, &ev,
+            if (evaluate(tr, tr->eval, &tr->mesh, t->eval_batches, tr->MB, tr->tokens, tr->targets, st->seed, &ev,
                          err, sizeof err)) {
                 json_object_put(o);
                 rc = fatal("eval: %s", err);
@@ -810,6 +835,7 @@ static void train_teardown(Trainer *tr, int set_up) {
         gerrymander_free(&tr->gm);
         adamw_free(&tr->adamw);
         ddp_free(&tr->ddp);
+        pipeline_free(&tr->pipe, tr->ops);
         model_free(&tr->m);
         mesh_free(&tr->mesh);
         if (comm_is_nccl(tr->world)) comm_free(tr->world);

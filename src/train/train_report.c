@@ -107,7 +107,8 @@ static void print_memory(const Trainer *tr) {
     const ParamStore *ps = &tr->m.store;
     char err[400];
     MemoryLayout l = {mesh->dp, comm_rank(mesh->dp_comm), mesh->ep, mesh->ep_dp, comm_rank(mesh->ep_dp_comm),
-                      tr->cfg.optim_sharded, tr->ops->act_bytes, tr->m.arena_bytes, tr->m.sym_bytes};
+                      tr->cfg.optim_sharded, tr->ops->act_bytes, tr->m.arena_bytes, tr->m.sym_bytes,
+                      tr->pipe.on ? &tr->pipe.stage : NULL};
     MemoryPlan p;
     if (memory_plan(&p, &tr->m.cfg, &l, err, sizeof err)) {
         printf("rank %d: memory: no accounting: %s\n", comm_rank(tr->world), err);
@@ -140,9 +141,13 @@ void print_header(Trainer *tr) {
     if (tr->train) data_describe(tr->train, desc, sizeof desc);
     else snprintf(desc, sizeof desc, "synthetic: uniformly random tokens from seed %llu", (unsigned long long)t->seed);
     SAY("moecore train: %s (moecore %s, commit %s)\n", tr->config_path, moecore_version(), moecore_commit());
+    ParamTable whole; // the whole model's (a pipeline stage holds part of it)
+    char terr[300];
+    memset(&whole, 0, sizeof whole);
+    param_table_for_config(&m->cfg, &whole, terr, sizeof terr);
     SAY("model: %zu parameters (%zu dense, %zu expert), %d layers (%d MoE, E=%d top-%d), vocab %d (padded %d)\n",
-        m->store.table.class_numel[CLASS_DENSE] + m->store.table.class_numel[CLASS_EXPERT] * mesh->ep,
-        m->store.table.class_numel[CLASS_DENSE], m->store.table.class_numel[CLASS_EXPERT] * mesh->ep,
+        whole.class_numel[CLASS_DENSE] + whole.class_numel[CLASS_EXPERT], whole.class_numel[CLASS_DENSE],
+        whole.class_numel[CLASS_EXPERT],
         m->cfg.n_layers, m->n_moe, m->cfg.n_experts, m->cfg.top_k, m->cfg.vocab_size, m->cfg.padded_vocab);
     SAY("data: %s\n", desc);
     SAY("batch: %d x %d tokens per step (%d ranks x %d micro-batches of %d), %lld steps; %.3g FLOP/token\n",
@@ -151,6 +156,21 @@ void print_header(Trainer *tr) {
     else SAY("MFU denominator: unknown (%s)\n", tr->peak_source);
     SAY("parallel: %d ranks, dp %d = ep %d x ep_dp %d, pp %d; optimizer %s\n", train_world_size, mesh->dp, mesh->ep,
         mesh->ep_dp, mesh->pp, cfg->optim_sharded ? "sharded over the data-parallel groups" : "replicated");
+    param_table_free(&whole);
+    if (tr->pipe.on) {
+        const Pipeline *pl = &tr->pipe;
+        SAY("pipeline: %s, %d stages (%d ranks x %d chunks), %d micro-batches per step, layers per stage",
+            pp_schedule_kind_name(pl->sched.kind), pl->n_stages, pl->pp, pl->virt, tr->M);
+        for (int s = 0; s < pl->n_stages; s++) SAY("%s%d", s ? "," : " ", pl->split[s]);
+        SAY("; bubble in theory %.1f%%%s\n", 100 * pl->theory,
+            pl->sched.kind == PP_ZB1 ? " (unit costs F 1, Bi 1, W 1; here Bi is the whole backward and W empty)" : "");
+        // every rank: its layers and the micro-batches it keeps in flight
+        printf("rank %d: pipeline stage %d: layers", comm_rank(tr->world), pl->rank);
+        for (int c = 0; c < pl->virt; c++) printf(" %d-%d", pl->stage.begin[c], pl->stage.end[c] - 1);
+        printf("%s%s, %d activation slots of %zu B\n", pl->stage.embed ? ", embedding" : "",
+               pl->stage.head ? ", final norm + LM head" : "", pl->n_slots, tr->m.slot_bytes);
+        fflush(stdout);
+    }
 #ifdef MOECORE_CUDA
     if (cfg->device.type == 1) {
         CudaDeviceInfo d;
@@ -206,6 +226,15 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
         json_object_object_add(o, "device_mem_mib", json_object_new_double(tr->peak_dev_mib));
     }
     json_object_object_add(o, "step_time_s", json_object_new_double(r->dt));
+    if (tr->pipe.on) { // the measured bubble beside the schedule's theory (pipeline.c)
+        const Pipeline *pl = &tr->pipe;
+        json_object_object_add(o, "pp_bubble", json_object_new_double(pl->bubble));
+        json_object_object_add(o, "pp_bubble_theory", json_object_new_double(pl->theory));
+        json_object_object_add(o, "pp_bubble_sim", json_object_new_double(pl->bubble_sim));
+        json_object *idle = json_object_new_array();
+        for (int p = 0; p < pl->pp; p++) json_object_array_add(idle, json_object_new_double(pl->idle[p]));
+        json_object_object_add(o, "pp_idle_in_span", idle);
+    }
     json_object *layers = json_object_new_array();
     *worst_max = *dropped_total = *rows_total = 0;
     for (int l = 0; l < L; l++) {
@@ -290,14 +319,16 @@ void print_step_line(const Trainer *tr, const StepResult *r, double avg_tps, dou
     fmt_duration(eta, sizeof eta, eta_s);
     char drop[48] = "";
     if (dropped_total > 0) snprintf(drop, sizeof drop, " | dropped %.2f%%", 100 * dropped_total / rows_total);
+    char bubble[64] = "";
+    if (tr->pipe.on) snprintf(bubble, sizeof bubble, " | bubble %.1f%% (theory %.1f%%)", 100 * tr->pipe.bubble, 100 * tr->pipe.theory);
     char mem[48];
     if (tr->ops->device_memory_used) snprintf(mem, sizeof mem, "%.1f GiB GPU", tr->peak_dev_mib / 1024);
     else snprintf(mem, sizeof mem, "%.0f MiB RSS", peak_rss_mib());
     char mfu[32] = "n/a";
     if (peak > 0) snprintf(mfu, sizeof mfu, "%.1f%%", 100 * avg_tps * fpt / 1e12 / train_world_size / peak);
     SAY("step %5lld/%lld | loss %.4f | ce %.4f | lb(sum of %d layers) %.4f | z(sum of %d layers) %.4f | lr %.2e | "
-        "gnorm %.3f%s | %.0f tok/s | %.3f TFLOP/s/dev | MFU %s | load max/mean %.2f%s%s | %s | ETA %s\n",
+        "gnorm %.3f%s | %.0f tok/s | %.3f TFLOP/s/dev | MFU %s | load max/mean %.2f%s%s%s | %s | ETA %s\n",
         (long long)tr->st.step, (long long)t->steps, r->loss, r->ce, tr->L, r->lb_raw, tr->L, r->z_raw, r->lr, r->gnorm,
         r->skipped ? " SKIPPED" : "", avg_tps, avg_tps * fpt / 1e12 / train_world_size, mfu, worst_max, drop,
-        flagged ? " GERRYMANDER?" : "", mem, eta);
+        flagged ? " GERRYMANDER?" : "", bubble, mem, eta);
 }

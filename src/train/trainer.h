@@ -13,6 +13,7 @@
 #include "dist/ddp.h"
 #include "dist/launch.h"
 #include "dist/mesh.h"
+#include "dist/pp_schedule.h"
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "train/metrics.h"
@@ -23,6 +24,30 @@
 extern int train_rank0, train_world_size;
 #define SAY(...) do { if (train_rank0) { printf(__VA_ARGS__); fflush(stdout); } } while (0)
 
+// Pipeline parallelism (pipeline.c, issue 17): the stage this rank holds,
+// the schedule's table, the activation slots of the micro-batches in
+// flight, the sends outstanding, and the timing of the last step.
+typedef struct {
+    int on;                    // parallel.pp > 1
+    int pp, rank, virt, n_stages;
+    int split[PP_MAX_RANKS * PARAM_MAX_CHUNKS]; // layers of each virtual stage
+    ParamStage stage;          // this rank's chunks
+    PPSchedule sched;
+    double theory;             // the schedule's bubble fraction in theory (pp_schedule_theory_bubble, unit costs)
+    int n_slots;               // activation slots: the most micro-batches this rank's row keeps in flight
+    int *slot_of, *chunks_open, *slot_used; // [micro], [micro], [n_slots]
+    CommReq **slot_reqs;       // [n_slots * virt]: the forward output sends of each slot's chunks
+    void **grad_buf;           // pooled send buffers of input grads, each with its request
+    CommReq **grad_req;
+    int n_grad_buf;
+    size_t msg_bytes;          // one micro-batch's residual stream
+    // the last step, from a common start (a barrier of the pipeline group)
+    double busy_s, span_s;     // this rank: compute time; its first action's start to its last's end
+    double bubble;             // 1 - sum of busy / (pp x the step's makespan), over the pipeline group
+    double bubble_sim;         // the table replayed with the step's mean action times, hand-offs free
+    double idle[PP_MAX_RANKS]; // each rank's idle share between its first and last action
+} Pipeline;
+
 // Everything one training process holds, from set-up to teardown.
 typedef struct {
     RunConfig cfg;
@@ -31,6 +56,7 @@ typedef struct {
     char resumed[CFG_PATH_MAX + 64]; // the checkpoint this run resumed from ("" none)
     int lock_fd[2];            // rank 0's locks on logging.run_dir and checkpoint.dir (-1 none)
     int64_t stop_after;        // --stop-after (0: run to train.steps)
+    int print_schedule;        // --print-schedule: print the pipeline schedule's table at start
     TrainOptions opt;          // bench's
     Comm *world;               // MPI's (or one rank), or the NCCL world of a GPU job
     LaunchInfo launch;         // how this process was started (dist/launch.h)
@@ -40,6 +66,7 @@ typedef struct {
     DataLoader *train, *eval;
     Model m;
     Ddp ddp;
+    Pipeline pipe;
     AdamW adamw;
     CkptLayout layout;
     TrainState st;
@@ -73,6 +100,19 @@ typedef struct {
     int skipped;
     int nonfinite;             // loss or grad norm NaN or Inf (the step is skipped)
 } StepResult;
+
+// pipeline.c. pipeline_plan: the split, this rank's stage and the schedule
+// (before the model is built); pipeline_alloc: the slots' bookkeeping
+// (after). pipeline_step runs this rank's row of the table for the step's
+// micro-batches (tr->tokens), ce_scale as model_backward's; pipeline_eval
+// runs one micro-batch's forward through the stages (the CE on the last).
+int pipeline_plan(Trainer *tr, int print_schedule, char *err, size_t errlen);
+void pipeline_alloc(Trainer *tr);
+void pipeline_step(Trainer *tr, int64_t step, float ce_scale);
+void pipeline_eval(Trainer *tr, const int *tokens, const int *targets, uint64_t route_seed);
+void pipeline_free(Pipeline *pl, const Ops *ops);
+// train.c: the routing seed of micro-batch mi (of this rank's M) of a step.
+uint64_t train_micro_seed(const Trainer *tr, int64_t step, int mi);
 
 // train_report.c
 double peak_rss_mib(void);

@@ -1,0 +1,258 @@
+// Pipeline parallelism in the trainer (issue 17): the stage split, this
+// rank's chunks, and the execution of its row of the schedule's table
+// (dist/pp_schedule.h) with the residual stream and its grad handed between
+// ranks over the pipeline group (mesh.pp_comm).
+//
+// Each action receives its input (blocking: the time a rank waits is its
+// bubble), computes, and sends its output without waiting. The table puts
+// every receive's sender in an earlier slot, so ranks that block only on
+// receives cannot deadlock. Send buffers therefore must outlive the call:
+// a forward sends its slot's output, which stays until the micro-batch's
+// backward here (by then the next stage has received it: its grad came
+// back); a backward sends a copy of its input grad from a pool whose
+// buffers are reused only once their send has completed (comm_test).
+//
+// The micro-batches in flight each have an activation slot of the model
+// (model_use_slot): a slot is taken by a micro-batch's first forward here
+// and given back by its last chunk's backward (B, or W after Bi). ZB-H1's
+// split is partial: Bi leaves the weight grads of the attention projections
+// and the LM head to W (model.defer_wgrad); the MoE and MLP weight grads stay
+// in Bi (README, "Pipeline parallelism").
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/pp_split.h"
+#include "train/trainer.h"
+#include "util/check.h"
+#include "util/clock.h"
+
+int pipeline_plan(Trainer *tr, int print_schedule, char *err, size_t errlen) {
+    Pipeline *pl = &tr->pipe;
+    const RunConfig *cfg = &tr->cfg;
+    const ParallelSection *par = &cfg->parallel;
+    memset(pl, 0, sizeof *pl);
+    pl->on = par->pp > 1;
+    if (!pl->on) return 0;
+    int L = cfg->model.n_layers, v = par->pp_virtual, S = par->pp * v;
+    pl->pp = par->pp;
+    pl->rank = tr->mesh.pp_rank;
+    pl->virt = v;
+    pl->n_stages = S;
+    if (S > PP_MAX_RANKS * PARAM_MAX_CHUNKS || v > PARAM_MAX_CHUNKS)
+        return errorf(err, errlen, "parallel.pp x parallel.pp_virtual: at most %d chunks per rank", PARAM_MAX_CHUNKS);
+    if (par->n_pp_layers) {
+        if (pp_split_check(par->pp_layer_counts, par->n_pp_layers, L, S, err, errlen)) return -1;
+        memcpy(pl->split, par->pp_layer_counts, S * sizeof(int));
+    } else {
+        ModelConfig mc = cfg->model;
+        PPCost *layers = mallocCheck(L * sizeof(PPCost)), first, last;
+        int rc = pp_layer_costs(&mc, layers, &first, &last, err, errlen);
+        if (!rc) rc = pp_split_auto(layers, L, first, last, S, pl->split, err, errlen);
+        free(layers);
+        if (rc) return -1;
+    }
+    // chunk c of rank p is virtual stage c * pp + p (pp_schedule.h)
+    ParamStage *st = &pl->stage;
+    st->n_chunks = v;
+    for (int c = 0; c < v; c++) {
+        int s = c * pl->pp + pl->rank, begin = 0;
+        for (int i = 0; i < s; i++) begin += pl->split[i];
+        st->begin[c] = begin;
+        st->end[c] = begin + pl->split[s];
+    }
+    st->embed = pl->rank == 0;
+    st->head = pl->rank == pl->pp - 1;
+    if (pp_schedule_build(&pl->sched, (PPScheduleKind)par->pp_schedule, pl->pp, tr->M, v, err, errlen)) return -1;
+    PPSimResult sim;
+    if (pp_schedule_validate(&pl->sched, pp_costs_unit(), &sim, err, errlen)) return -1;
+    pl->theory = pp_schedule_theory_bubble(pl->sched.kind, pl->pp, tr->M, v, pp_costs_unit());
+    // slots: the most micro-batches this rank holds at once (taken at the
+    // first forward, given back at the last B or W)
+    int *open = calloc(tr->M, sizeof(int)), held = 0;
+    pl->n_slots = 1;
+    for (int t = 0; t < pl->sched.n_slots; t++) {
+        const PPAction *a = pp_schedule_at(&pl->sched, pl->rank, t);
+        if (a->kind == PP_F && open[a->mb]++ == 0 && ++held > pl->n_slots) pl->n_slots = held;
+        if ((a->kind == PP_B || a->kind == PP_W) && --open[a->mb] == 0) held--;
+    }
+    free(open);
+    if (print_schedule && train_rank0) {
+        printf("pipeline schedule (--print-schedule), generated once and run every step:\n");
+        pp_schedule_print(stdout, &pl->sched);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+void pipeline_alloc(Trainer *tr) {
+    Pipeline *pl = &tr->pipe;
+    if (!pl->on) return;
+    pl->slot_of = mallocCheck(tr->M * sizeof(int));
+    pl->chunks_open = mallocCheck(tr->M * sizeof(int));
+    pl->slot_used = calloc(pl->n_slots, sizeof(int));
+    pl->slot_reqs = calloc((size_t)pl->n_slots * pl->virt, sizeof(CommReq *));
+    pl->msg_bytes = (size_t)tr->MB * tr->T * tr->m.cfg.d_model * tr->ops->act_bytes;
+}
+
+void pipeline_free(Pipeline *pl, const Ops *ops) {
+    if (!pl->on) return;
+    free(pl->slot_of); free(pl->chunks_open); free(pl->slot_used); free(pl->slot_reqs);
+    for (int i = 0; i < pl->n_grad_buf; i++) ops->free(pl->grad_buf[i]);
+    free(pl->grad_buf); free(pl->grad_req);
+    pp_schedule_free(&pl->sched);
+    memset(pl, 0, sizeof *pl);
+}
+
+// Messages of one pair of ranks match by tag: (micro-batch, receiving
+// stage, activation or grad).
+static int msg_tag(const Pipeline *pl, int mb, int stage, int grad) {
+    return ((mb * pl->n_stages + stage) * 2 + grad) % 32768;
+}
+
+// A send buffer for an input grad whose previous send has completed (a
+// new one when every buffer is still in flight: the pool grows to the most
+// sends a step keeps outstanding, in its first steps).
+static void *grad_send_buffer(Trainer *tr, int *which) {
+    Pipeline *pl = &tr->pipe;
+    for (int i = 0; i < pl->n_grad_buf; i++)
+        if (comm_test(&pl->grad_req[i])) { *which = i; return pl->grad_buf[i]; }
+    pl->grad_buf = reallocCheck(pl->grad_buf, (pl->n_grad_buf + 1) * sizeof(void *));
+    pl->grad_req = reallocCheck(pl->grad_req, (pl->n_grad_buf + 1) * sizeof(CommReq *));
+    pl->grad_buf[pl->n_grad_buf] = tr->ops->alloc(pl->msg_bytes);
+    pl->grad_req[pl->n_grad_buf] = NULL;
+    *which = pl->n_grad_buf;
+    return pl->grad_buf[pl->n_grad_buf++];
+}
+
+// Takes a free slot for micro-batch mb; its earlier occupant's forward
+// sends were received before that micro-batch's grads came back, so the
+// waits here return at once.
+static int take_slot(Pipeline *pl, int mb) {
+    for (int k = 0; k < pl->n_slots; k++) {
+        if (pl->slot_used[k]) continue;
+        for (int c = 0; c < pl->virt; c++) comm_wait(pl->slot_reqs[k * pl->virt + c]), pl->slot_reqs[k * pl->virt + c] = NULL;
+        pl->slot_used[k] = 1;
+        pl->slot_of[mb] = k;
+        return k;
+    }
+    die("pipeline: no free activation slot for micro-batch %d (%d slots)", mb, pl->n_slots);
+    return -1;
+}
+
+static void recv_into(Pipeline *pl, Comm *ppc, void *buf, int from, int tag) {
+    comm_wait(comm_irecv(ppc, buf, pl->msg_bytes, COMM_BYTE, from, tag));
+}
+
+void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
+    Pipeline *pl = &tr->pipe;
+    Model *m = &tr->m;
+    Comm *ppc = tr->mesh.pp_comm;
+    const PPSchedule *s = &pl->sched;
+    size_t mb_elems = (size_t)tr->MB * tr->T;
+    for (int i = 0; i < tr->M; i++) pl->slot_of[i] = -1, pl->chunks_open[i] = 0;
+    comm_barrier(ppc); // the step's actions are timed from a common start
+    double t0 = clock_now_s(), busy = 0, first = -1, last = 0;
+    double kind_s[5] = {0}; // compute time by action kind (PPActionKind)
+    int kind_n[5] = {0};
+    for (int t = 0; t < s->n_slots; t++) {
+        const PPAction *a = pp_schedule_at(s, pl->rank, t);
+        if (a->kind == PP_IDLE) continue;
+        int mb = a->mb, ch = a->chunk;
+        double ta = clock_now_s(), busy_before = busy;
+        if (first < 0) first = ta - t0;
+        if (a->kind == PP_F) {
+            int k = pl->slot_of[mb] >= 0 ? pl->slot_of[mb] : take_slot(pl, mb);
+            pl->chunks_open[mb]++;
+            model_use_slot(m, k);
+            if (ch == 0) model_set_batch(m, tr->tokens + mb * mb_elems, tr->targets + mb * mb_elems);
+            if (a->recv_from >= 0) recv_into(pl, ppc, model_chunk_input(m, ch), a->recv_from, msg_tag(pl, mb, a->stage, 0));
+            double tc = clock_now_s();
+            model_forward_chunk(m, ch, train_micro_seed(tr, step, mb));
+            model_count_chunk(m, ch);
+            busy += clock_now_s() - tc;
+            if (a->send_to >= 0)
+                pl->slot_reqs[k * pl->virt + ch] = comm_isend(ppc, model_chunk_output(m, ch), pl->msg_bytes, COMM_BYTE,
+                                                              a->send_to, msg_tag(pl, mb, a->stage + 1, 0));
+        } else if (a->kind == PP_B || a->kind == PP_BI) {
+            int k = pl->slot_of[mb];
+            model_use_slot(m, k);
+            if (a->recv_from >= 0) recv_into(pl, ppc, model_stage_dres(m), a->recv_from, msg_tag(pl, mb, a->stage, 1));
+            double tc = clock_now_s();
+            model_backward_chunk(m, ch, ce_scale, 1.0f / tr->M_total);
+            if (a->send_to >= 0) {
+                int b;
+                void *buf = grad_send_buffer(tr, &b);
+                tr->ops->copy_act(buf, model_stage_dres(m), mb_elems * m->cfg.d_model);
+                busy += clock_now_s() - tc;
+                pl->grad_req[b] = comm_isend(ppc, buf, pl->msg_bytes, COMM_BYTE, a->send_to, msg_tag(pl, mb, a->stage - 1, 1));
+            } else {
+                busy += clock_now_s() - tc;
+            }
+            if (a->kind == PP_B && --pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
+        } else if (a->kind == PP_W) { // the weight grads Bi left (model.defer_wgrad)
+            int k = pl->slot_of[mb];
+            model_use_slot(m, k);
+            double tc = clock_now_s();
+            model_wgrad_chunk(m, ch);
+            busy += clock_now_s() - tc;
+            if (--pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
+        }
+        kind_s[a->kind] += busy - busy_before;
+        kind_n[a->kind]++;
+        last = clock_now_s() - t0;
+    }
+    // every send of the step is received within it
+    for (int i = 0; i < pl->n_grad_buf; i++) comm_wait(pl->grad_req[i]), pl->grad_req[i] = NULL;
+    for (int i = 0; i < pl->n_slots * pl->virt; i++) comm_wait(pl->slot_reqs[i]), pl->slot_reqs[i] = NULL;
+    m->expert_grads_unset = 0;
+    // the bubble: every rank's busy time and the makespan over the group
+    pl->busy_s = busy;
+    pl->span_s = last - (first < 0 ? 0 : first);
+    double g[3 * PP_MAX_RANKS + 10];
+    memset(g, 0, sizeof g);
+    g[pl->rank] = busy;
+    g[PP_MAX_RANKS + pl->rank] = last;
+    g[2 * PP_MAX_RANKS + pl->rank] = pl->span_s;
+    for (int k = 1; k < 5; k++) g[3 * PP_MAX_RANKS + 2 * k] = kind_s[k], g[3 * PP_MAX_RANKS + 2 * k + 1] = kind_n[k];
+    comm_allreduce(ppc, g, 3 * PP_MAX_RANKS + 10, COMM_F64);
+    double sum_busy = 0, makespan = 0;
+    for (int p = 0; p < pl->pp; p++) {
+        sum_busy += g[p];
+        if (g[PP_MAX_RANKS + p] > makespan) makespan = g[PP_MAX_RANKS + p];
+        double span = g[2 * PP_MAX_RANKS + p];
+        pl->idle[p] = span > 0 ? (span - g[p]) / span : 0;
+    }
+    pl->bubble = makespan > 0 ? 1 - sum_busy / (pl->pp * makespan) : 0;
+    // the table replayed with the mean measured action times (a rank's
+    // share: v chunks' worth) and free hand-offs: what the schedule alone gives
+    double mean[5] = {0};
+    for (int k = 1; k < 5; k++) {
+        double n = g[3 * PP_MAX_RANKS + 2 * k + 1];
+        mean[k] = n > 0 ? g[3 * PP_MAX_RANKS + 2 * k] / n * pl->virt : 0;
+    }
+    PPCosts costs = {.f = mean[PP_F], .b = mean[PP_B], .bi = mean[PP_BI], .w = mean[PP_W]};
+    PPSimResult sim;
+    char err[200];
+    pl->bubble_sim = pp_schedule_validate(s, costs, &sim, err, sizeof err) ? -1 : sim.bubble_fraction;
+}
+
+void pipeline_eval(Trainer *tr, const int *tokens, const int *targets, uint64_t route_seed) {
+    Pipeline *pl = &tr->pipe;
+    Model *m = &tr->m;
+    Comm *ppc = tr->mesh.pp_comm;
+    CommReq *sends[PARAM_MAX_CHUNKS] = {0};
+    model_use_slot(m, 0);
+    model_set_batch(m, tokens, targets);
+    m->ce_sum = 0;
+    for (int c = 0; c < pl->virt; c++) {
+        int s = c * pl->pp + pl->rank;
+        if (s > 0) recv_into(pl, ppc, model_chunk_input(m, c), (s - 1) % pl->pp, msg_tag(pl, 0, s, 0));
+        model_forward_chunk(m, c, route_seed);
+        if (s < pl->n_stages - 1)
+            sends[c] = comm_isend(ppc, model_chunk_output(m, c), pl->msg_bytes, COMM_BYTE, (s + 1) % pl->pp,
+                                  msg_tag(pl, 0, s + 1, 0));
+    }
+    for (int c = 0; c < pl->virt; c++) comm_wait(sends[c]);
+    if (m->stage.head) m->ops->to_host(&m->ce_sum, m->ce_acc, sizeof(double));
+    else m->n_valid = 0;
+}
