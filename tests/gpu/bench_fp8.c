@@ -155,8 +155,8 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
     static const char *label[5] = {"BF16 grouped forward (production)",
                                    "FP8 variant 0: scales loaded at each stage's start, 4-byte stores",
                                    "FP8 variant 1: scale prefetch, 4-byte stores",
-                                   "FP8 variant 2 (default): scale prefetch, 16-byte stores",
-                                   "FP8 variant 3: variant 2, column halves staggered between warpgroups"};
+                                   "FP8 variant 2: scale prefetch, 16-byte stores",
+                                   "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups"};
     double med[5];
     for (int k = 0; k < 5; k++) {
         float x[ROUNDS], ratio[ROUNDS];

@@ -191,7 +191,7 @@ static void test_gemm(const char *name, const int *off, int E, int C, int OC) {
     fp8_grouped_matmul_ref(ref, qa, sa, qw, sw, off, E, C, OC);
     int *doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
     void *dout = cuda_alloc(no * 2 + 16);
-    for (int v = 0; v < 4; v++) { // the kernel's variants (fp8.cu), then the default (2) again
+    for (int v = 0; v < 4; v++) { // the kernel's variants (fp8.cu), then the default (3) again
         setenv("MOECORE_FP8_GEMM_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
         gt_poison(dout, no * 2);
         check_rc(cuda_fp8_grouped_forward(dout, dqa, dsa, dqw, dsw, doff, E, C, OC), "fp8 grouped forward");

@@ -20,8 +20,13 @@
 // in FP32 (DeepSeek-V3's promotion every 128 of K; the tensor cores'
 // accumulation inside one block is the only part not in IEEE FP32). The
 // two consumer warpgroups interleave, so one's promotion runs under the
-// other's wgmma. Registers per consumer thread: 2 x 64 accumulators and
-// 64 partials. Tiles come from the device offsets like the BF16 kernels
+// other's wgmma; consumer 2 takes the halves in the order 1, 0. Registers
+// per consumer thread: 2 x 64 accumulators and 64 partials. The epilogue
+// stores 16 bytes per thread after a transpose inside each quad.
+// Measured (ncu, H200): the tensor pipe is busy ~55% of the time; the
+// consumers mostly wait on their own wgmma (issue, wait, promote), so the
+// next step is more overlap inside a warpgroup (A from registers, two
+// partial accumulators over column quarters), not more bandwidth. Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
 #include "ops/cuda/cuda_common.cuh"
@@ -440,14 +445,16 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     if (smem > 227 * 1024) return -1;
     // MOECORE_FP8_GEMM_VARIANT (benchmarks and tests only): 0 loads the
     // scales at each stage's start and stores 4 bytes per thread, 1 adds the
-    // scale prefetch, 2 (the default) also the 16-byte epilogue, 3 also
-    // staggers the column halves.
+    // scale prefetch, 2 also the 16-byte epilogue, 3 (the default) also
+    // staggers the column halves. H200, OLMoE shapes, 7 interleaved rounds
+    // (bench/results/2026-12-01-h200-issue18-fp8.md): 1.38 / 1.35 / 1.49 /
+    // 1.52x the BF16 grouped forward (gate/up), 1.28 / 1.23 / 1.48 / 1.52x (down).
     typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
     static const Kernel kernels[4] = {fp8_grouped_fwd_kernel<false, false>, fp8_grouped_fwd_kernel<true, false>,
                                       fp8_grouped_fwd_kernel<true, true>, fp8_grouped_fwd_kernel<true, true, true>};
     static int smem_set[4];
     const char *v = getenv("MOECORE_FP8_GEMM_VARIANT");
-    int variant = v && *v >= '0' && *v <= '3' ? *v - '0' : 2;
+    int variant = v && *v >= '0' && *v <= '3' ? *v - '0' : 3;
     cuda_allow_smem((const void *)kernels[variant], &smem_set[variant], smem);
     kernels[variant]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
     cudaLaunchCheck();
