@@ -37,7 +37,7 @@ endif
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=build/tests/gpu/%)
 # GPU programs that are not tests (scripts/gpu-check.sh runs every test_*)
-GPU_BENCH_BIN := build/tests/gpu/bench_kernels
+GPU_BENCH_BIN := build/tests/gpu/bench_kernels build/tests/gpu/bench_fp8
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(sort $(wildcard tests/tool_*.c))
@@ -82,8 +82,8 @@ build/tests/gpu/%: tests/gpu/%.c build/libmoecore.a $(shell find src tests/gpu -
 	@mkdir -p build/tests/gpu
 	$(CC) $(CFLAGS) -Itests $< build/libmoecore.a $(LDLIBS) -o $@
 
-# The kernel table (`gpu-check.sh kernels`): it prints the commit it was built from.
-build/tests/gpu/bench_kernels: tests/gpu/bench_kernels.c build/libmoecore.a $(shell find src tests/gpu -name '*.h')
+# The kernel tables (`gpu-check.sh kernels`; bench_fp8): they print the commit they were built from.
+build/tests/gpu/bench_%: tests/gpu/bench_%.c build/libmoecore.a $(shell find src tests/gpu -name '*.h')
 	@mkdir -p build/tests/gpu
 	$(CC) $(CFLAGS) -Itests -DMOECORE_BUILD_COMMIT=\"$(shell git describe --always --dirty 2>/dev/null)\" $< \
 		build/libmoecore.a $(LDLIBS) -o $@

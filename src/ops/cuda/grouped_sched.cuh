@@ -39,3 +39,16 @@ __device__ __forceinline__ int grouped_tile_prefix(const int *s_off, int E, int 
     __syncthreads();
     return s_tile[E];
 }
+
+// The expert of tile t (0 <= t < s_tile[E]): the last e whose first tile
+// s_tile[e] is <= t (experts without tiles share their successor's first
+// tile and are passed over).
+__host__ __device__ __forceinline__ int grouped_tile_expert(int t, const int *s_tile, int E) {
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (s_tile[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}

@@ -34,6 +34,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/grouped_sched.cuh"
 #include "ops/cuda/ops_cuda.h"
+#include "ops/cuda/wgmma_util.cuh"
 #include <cudaTypedefs.h>
 #include <string.h>
 
@@ -53,38 +54,6 @@ template <int BN, int STAGES_ = BN == 256 ? 4 : 6> struct WgConfig {
     static constexpr int ACC = BN / 2;                         // fp32 accumulators per thread
     static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "swizzle atoms need 1024-byte alignment");
 };
-
-__device__ __forceinline__ void cp_async16(uint32_t s, const void *gmem, bool valid) {
-    int n = valid ? 16 : 0; // 0: fills 16 zero bytes, reads nothing
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Matrix descriptor of a K-major, 128-byte-swizzled operand at shared
-// address `addr`: start address >> 4 in bits 0-13, leading byte offset
-// (unused for this layout; 1 by convention) in 16-29, stride byte offset
-// (1024 bytes between 8-row groups) >> 4 in 32-45, base offset 0 (atoms
-// are 1024-byte aligned) in 49-51, swizzle mode 1 = 128B in 62-63.
-__host__ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-
-// Byte offset in a swizzled tile of 16-byte chunk `chunk` (0..7) of row `row`.
-__host__ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
-    return (uint32_t)(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
 
 // d[64] (+)= A(desc a) B(desc b)^T, m64n128k16; TA / TB: 0 = that operand is
 // K-major in shared memory, 1 = M/N-major (imm-trans-a / imm-trans-b)
@@ -150,11 +119,7 @@ struct Tile {
 
 // Tile t of the list whose expert e starts at s_tile[e] (see gemm.cu).
 __host__ __device__ __forceinline__ Tile locate(int t, const int *s_off, const int *s_tile, int E, int col_tiles, int bn) {
-    int lo = 0, hi = E - 1; // the last expert whose first tile is <= t
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (s_tile[mid] <= t) lo = mid; else hi = mid - 1;
-    }
+    int lo = grouped_tile_expert(t, s_tile, E);
     Tile tl;
     int local = t - s_tile[lo];
     tl.e = lo;
@@ -165,23 +130,8 @@ __host__ __device__ __forceinline__ Tile locate(int t, const int *s_off, const i
     return tl;
 }
 
-// A warpgroup's m64nBN accumulator block: acc[4 j + h] is row r + 8 (h / 2),
-// column c0 + 8 j + h % 2, where r = its first row + 16 warp + lane / 4 and
-// c0 = its first column + 2 (lane % 4). The two epilogues of the kernels:
-// out = bf16(acc) for rows < rows and columns < N ...
-template <int BN>
-__device__ __forceinline__ void store_acc_bf16(const float (&acc)[BN / 2], bf16 *o, int N, int r, int c0, int rows) {
-    bool lo_ok = r < rows, hi_ok = r + 8 < rows;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        int c = c0 + 8 * j;
-        if (c < N) {
-            if (lo_ok) *(__nv_bfloat162 *)(o + (size_t)r * N + c) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
-            if (hi_ok)
-                *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-        }
-    }
-}
+// The epilogues of the kernels: out = bf16(acc) (store_acc_bf16, in
+// wgmma_util.cuh) for rows < rows and columns < N ...
 // ... and dw += acc (SET: dw = acc) for rows < M and columns < N
 // (red_add_quad; the block alone owns the tile).
 template <int BN, bool SET = false>
@@ -608,30 +558,6 @@ struct WsMaps {
     CUtensorMap a, b, a2, b2; // a2, b2: the data-grad pair's second operands
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-// box at element coordinates (c0 inner, c1 outer) of the map into dst
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
-
 // The weight-grad (mode WS_WGRAD) uses the same ring: dw[e][M, N] +=
 // A_e^T B_e with A = dout [rows, M] and B = inp [rows, N], both read
 // M/N-major in 64 x 64 boxes (two for A's 128 rows of M, four for B), K =
@@ -814,7 +740,7 @@ extern "C" int wgrad_vec4(const float *dw); // gemm.cu
 // runtime is linked statically; the driver is loaded by it): 1 when found.
 static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;
 static PFN_cuMemGetAddressRange_v3020 address_range;
-static int tma_available(void) {
+int cuda_tma_available(void) {
     static int state;
     if (!state) {
         cudaDriverEntryPointQueryResult q1, q2;
@@ -834,25 +760,30 @@ static int tma_available(void) {
 
 // Rows of `cols` BF16 elements from p to the end of p's allocation (0 when
 // the driver does not know p).
-static uint64_t rows_to_end(const void *p, int cols) {
+uint64_t cuda_rows_to_end(const void *p, size_t row_bytes) {
     CUdeviceptr base;
     size_t size;
     if (address_range(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS) return 0;
-    return ((uint64_t)base + size - (uint64_t)(uintptr_t)p) / ((uint64_t)cols * 2);
+    return ((uint64_t)base + size - (uint64_t)(uintptr_t)p) / row_bytes;
 }
+static uint64_t rows_to_end(const void *p, int cols) { return cuda_rows_to_end(p, (size_t)cols * 2); }
 
-// A 2D BF16 tensor map over [outer, inner] (inner contiguous), box
-// box_inner x box_outer, 128-byte swizzle: 0, or -1 when the driver refuses.
-static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t outer, uint32_t box_inner,
-                      uint32_t box_outer) {
+int cuda_tensor_map_2d(CUtensorMap *m, const void *p, CUtensorMapDataType type, int elem_bytes, uint64_t inner,
+                       uint64_t outer, uint32_t box_inner, uint32_t box_outer) {
     if (outer == 0 || outer > (1ull << 31)) return -1;
-    cuuint64_t dims[2] = {inner, outer}, strides[1] = {inner * 2};
+    cuuint64_t dims[2] = {inner, outer}, strides[1] = {inner * (uint64_t)elem_bytes};
     cuuint32_t box[2] = {box_inner, box_outer}, elem[2] = {1, 1};
-    return encode_tiled(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, elem,
+    return encode_tiled(m, type, 2, (void *)p, dims, strides, box, elem,
                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
                ? 0
                : -1;
+}
+// A 2D BF16 tensor map over [outer, inner] (inner contiguous), box
+// box_inner x box_outer, 128-byte swizzle: 0, or -1 when the driver refuses.
+static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t outer, uint32_t box_inner,
+                      uint32_t box_outer) {
+    return cuda_tensor_map_2d(m, p, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, inner, outer, box_inner, box_outer);
 }
 
 // device.cuda.gemm_tma: false runs the cp.async kernels instead.
@@ -868,7 +799,7 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
     int set = mode == WS_WGRAD_SET;
     if (set) mode = WS_WGRAD;
     int N = mode == WS_FWD ? OC : C, K = mode == WS_FWD ? C : OC;
-    if (!tma_wanted() || N < WS_BN || wgmma_bn(N) != WS_BN || !tma_available()) return -1;
+    if (!tma_wanted() || N < WS_BN || wgmma_bn(N) != WS_BN || !cuda_tma_available()) return -1;
     WsMaps maps;
     memset(&maps, 0, sizeof maps);
     if (mode == WS_WGRAD) { // both M/N-major, rows bounded by their allocations
@@ -914,7 +845,7 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
 
 // Whether the current device runs the sm_90a code (compute capability 9.0
 // exactly), cached per device.
-static int wgmma_device_ok(void) {
+int cuda_wgmma_device_ok(void) {
     static int cc_device = -1, cc_ok;
     int dev;
     cudaCheck(cudaGetDevice(&dev));
@@ -941,7 +872,7 @@ int wgmma_bn(int N) { return wgmma_tile(N) == 0 ? 256 : 128; }
 // when OC >= 256, else 128.
 extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C,
                                           int OC) {
-    if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
+    if (!cuda_wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)out | (uintptr_t)inp | (uintptr_t)w) & 15) return -1;
     if (launch_ws(WS_FWD, out, inp, w, NULL, NULL, offsets, E, C, OC) == 0) return 0;
     const bf16 *a = (const bf16 *)inp, *b = (const bf16 *)w;
@@ -956,7 +887,7 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
 // C >= 256, else 128.
 extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2,
                                              const void *w2, const int *offsets, int E, int C, int OC) {
-    if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
+    if (!cuda_wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)w | (uintptr_t)dout2 | (uintptr_t)w2) & 15) return -1;
     if (launch_ws(WS_DGRAD, dinp, dout, w, dout2, w2, offsets, E, C, OC) == 0) return 0;
     BwdOperands o = {(const bf16 *)dout, (const bf16 *)w, (const bf16 *)dout2, (const bf16 *)w2,
@@ -979,7 +910,7 @@ extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void
 // only) on the cp.async kernel, into zeros when accumulate = 0.
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
                                         int OC, int accumulate) {
-    if (!wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
+    if (!cuda_wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dout | (uintptr_t)inp) & 15 || (uintptr_t)dw & 7) return -1;
     if (launch_ws(accumulate ? WS_WGRAD : WS_WGRAD_SET, dw, dout, inp, NULL, NULL, offsets, E, C, OC) == 0) return 0;
     if (!accumulate) cudaCheck(cudaMemsetAsync(dw, 0, (size_t)E * OC * C * sizeof(float), cuda_stream()));

@@ -1,0 +1,37 @@
+// The FP8 kernels of the CUDA backend (fp8.cu; issue 18): quantisers that
+// match the CPU reference of src/ops/fp8.h bit for bit, and the block128
+// FP8 grouped GEMM forward on Hopper (wgmma e4m3, sm_90a). All pointers are
+// device memory, all work on cuda_stream(). Each returns 0 when it ran, or
+// -1 having launched nothing when it does not take the sizes (stated per
+// function) or the device.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// q[i] = e4m3 of the float whose bits are first + i, i < n (n % 4 == 0):
+// the encoder itself, for exhaustive checks.
+int cuda_fp8_encode_bits(uint8_t *q, uint32_t first, size_t n);
+// block128 activations: x [R, C] (BF16, or FP32 for the _f32 form) ->
+// q [R, C], scale [R, C/128]. C % 128 == 0.
+int cuda_fp8_quantize_1x128(uint8_t *q, float *scale, const void *x, int R, int C);
+int cuda_fp8_quantize_1x128_f32(uint8_t *q, float *scale, const float *x, int R, int C);
+// block128 weights from the FP32 master weights: w [E, M, K] -> q [E, M, K],
+// scale [E, M/128, K/128]. M % 128 == 0, K % 128 == 0.
+int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K);
+// MXFP8: x [R, C] (BF16) -> q [R, C], E8M0 scale bytes [R, C/32]. C % 32 == 0.
+int cuda_fp8_quantize_mx(uint8_t *q, uint8_t *scale, const void *x, int R, int C);
+// The FP8 grouped GEMM forward: out[R, OC] (BF16) = dequant(qa) dequant(qw_e)^T
+// over the expert segments offsets[e]..offsets[e+1] (device offsets; the
+// host never reads them), qa/sa from cuda_fp8_quantize_1x128 ([R, C]), qw/sw
+// from cuda_fp8_quantize_128x128 ([E, OC, C]). FP32 accumulation, the
+// block scales applied every 128 of K. C % 128 == 0, OC % 256 == 0.
+int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
+                             const int *offsets, int E, int C, int OC);
+
+#ifdef __cplusplus
+}
+#endif

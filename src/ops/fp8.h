@@ -1,0 +1,66 @@
+// FP8 formats and their CPU reference (issue 18): E4M3 values, the block128
+// recipe (Hopper; DeepSeek-V3's fine-grained scaling) and MXFP8 (OCP MX v1.0,
+// Blackwell). Every CUDA quantiser must match these functions bit for bit
+// (tests/gpu/test_fp8.c); tests/test_fp8.c checks them exhaustively and
+// tests/test_fp8_torch.sh against PyTorch's float8_e4m3fn where it exists.
+//
+// E4M3 (OCP "E4M3", PyTorch float8_e4m3fn): sign, 4 exponent bits (bias 7),
+// 3 mantissa bits; no infinities; S.1111.111 is NaN; largest finite 448,
+// smallest normal 2^-6, subnormals m * 2^-9 (m = 1..7).
+// Encoding (fp8_e4m3_from_float): round to nearest, ties to even, on the
+// exact FP32 value; |x| >= 448 and +-inf saturate to +-448 (0x7e / 0xfe);
+// zeros keep their sign; FP32 subnormals round like any small value (to 0
+// or 2^-9); any NaN becomes 0x7f.
+//
+// block128 (scales FP32, one per tile):
+//   activations [R, C]: one scale per 1 x 128 tile along C, [R, ceil(C/128)];
+//   weights [M, K] (per expert): one scale per 128 x 128 block,
+//   [ceil(M/128), ceil(K/128)].
+//   amax = max |x| over the tile's elements, NaN ignored, +-inf counted as
+//   FLT_MAX, then raised to at least FP8_AMAX_FLOOR (so an all-zero or
+//   all-tiny tile has a normal scale and quantises to zeros);
+//   scale = amax / 448 (one FP32 division); q = e4m3(x / scale) (FP32
+//   division, then the encoding above); dequantised x' = float(q) * scale.
+//   Edge tiles (C, M or K not a multiple of 128) cover the elements present.
+// MXFP8 (OCP MX v1.0, E4M3 elements, E8M0 scale per 32 along the row):
+//   [R, C] -> q [R, C], scale bytes [R, ceil(C/32)].
+//   e = floor(log2(amax)) - 8 (8 = E4M3's largest exponent), clamped to
+//   [-127, 127] (amax 0 or FP32-subnormal gives -127); scale byte e + 127;
+//   q = e4m3(x * 2^-e) (exact unless it underflows FP32). A block holding a
+//   NaN gets the NaN scale byte 0xff (its elements are still encoded, with
+//   the e of its other elements, and dequantise to NaN). amax in [1.75, 2) * 2^k saturates the largest
+//   elements to 448 * 2^e, as the OCP rule does.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define FP8_E4M3_MAX 448.0f
+#define FP8_BLOCK 128          // block128 tile edge
+#define FP8_MX_BLOCK 32        // MXFP8 elements per scale
+#define FP8_AMAX_FLOOR 0x1p-100f
+#define FP8_E4M3_NAN 0x7f
+#define FP8_E8M0_NAN 0xff
+
+uint8_t fp8_e4m3_from_float(float x);
+float fp8_e4m3_to_float(uint8_t b);
+// The block128 scale of a tile whose max |x| (NaN ignored) is amax.
+float fp8_block_scale(float amax);
+// E8M0 byte -> 2^(b - 127) (NaN for 0xff); the MX scale byte for amax.
+float fp8_e8m0_to_float(uint8_t b);
+uint8_t fp8_mx_scale_byte(float amax, int has_nan);
+
+// block128, activations: x [R, C] -> q [R, C], scale [R, ceil(C/128)].
+void fp8_quantize_1x128(uint8_t *q, float *scale, const float *x, int R, int C);
+// block128, weights: w [E, M, K] -> q [E, M, K], scale [E, ceil(M/128), ceil(K/128)].
+void fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K);
+void fp8_dequantize_1x128(float *x, const uint8_t *q, const float *scale, int R, int C);
+void fp8_dequantize_128x128(float *w, const uint8_t *q, const float *scale, int E, int M, int K);
+// MXFP8: x [R, C] -> q [R, C], scale bytes [R, ceil(C/32)]; and back.
+void fp8_quantize_mx(uint8_t *q, uint8_t *scale, const float *x, int R, int C);
+void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, int C);
+
+// The FP8 grouped GEMM reference: out[R, OC] (FP32) = dequant(qa) dequant(qw_e)^T
+// over the expert segments offsets[e]..offsets[e+1] (host offsets), qa
+// 1x128-quantised [R, C], qw 128x128-quantised [E, OC, C]. FP32 products.
+void fp8_grouped_matmul_ref(float *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
+                            const int *offsets, int E, int C, int OC);

@@ -1,0 +1,237 @@
+// The FP8 kernel table (issue 18): on the OLMoE-1B-7B expert shapes (64
+// experts, d 2048, expert hidden 1024, top-8 of 8192 tokens with random
+// routing: 65536 grouped rows), the FP8 block128 grouped GEMM forward beside
+// the BF16 grouped forward (production: cuda_grouped_matmul_forward) on the
+// same rows and offsets, and the quantisers. Each GEMM is validated in full
+// against the CPU (BF16: ops_cpu's FP32 grouped product; FP8: the FP8
+// reference on the same quantised operands) before it is timed.
+// Timing: median of RUNS runs after WARMUP, CUDA events around the op alone;
+// the BF16 kernel and the FP8 kernel's variants (fp8.cu) are timed in
+// ROUNDS interleaved rounds (a first session saw the same kernel's time move
+// by 15% between the start and the end of a run).
+// Every operand (64-256 MB) is over 2 x L2. Prints a markdown table (to
+// argv[1] too when given) and ends with "N passed, N failed".
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu_test_util.h"
+#include "ops/cuda/fp8_cuda.h"
+#include "ops/fp8.h"
+
+#ifndef MOECORE_BUILD_COMMIT
+#define MOECORE_BUILD_COMMIT "unknown"
+#endif
+enum { TOKENS = 8192, N_EXP = 64, TOP_K = 8, WARMUP = 3, RUNS = 20, ROUNDS = 7 };
+
+static char table[8192];
+static size_t tlen;
+static void row(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tlen += vsnprintf(table + tlen, sizeof table - tlen, fmt, ap);
+    va_end(ap);
+}
+
+typedef void (*RunFn)(void *ctx);
+static double time_ms(RunFn f, void *ctx) {
+    cudaStream_t st = cuda_stream();
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float ms[RUNS];
+    for (int i = -WARMUP; i < RUNS; i++) {
+        cudaEventRecord(e0, st);
+        f(ctx);
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        if (i >= 0) cudaEventElapsedTime(&ms[i], e0, e1);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (cudaGetLastError() != cudaSuccess) {
+        printf("FAIL CUDA error while timing\n");
+        gt_count(0);
+    }
+    return gt_median(ms, RUNS);
+}
+
+typedef struct {
+    int E, C, OC, R;
+    int *doff;
+    void *a_bf16, *w_bf16, *out;
+    float *w_f32;
+    uint8_t *qa, *qw, *mxq, *mxs;
+    float *sa, *sw;
+} Case;
+
+static void run_bf16(void *p) {
+    Case *c = p;
+    cuda_grouped_matmul_forward(c->out, c->a_bf16, c->w_bf16, c->doff, c->E, c->C, c->OC);
+}
+static void run_fp8(void *p) {
+    Case *c = p;
+    cuda_fp8_grouped_forward(c->out, c->qa, c->sa, c->qw, c->sw, c->doff, c->E, c->C, c->OC);
+}
+static void run_act_quant(void *p) {
+    Case *c = p;
+    cuda_fp8_quantize_1x128(c->qa, c->sa, c->a_bf16, c->R, c->C);
+}
+static void run_fp8_with_quant(void *p) {
+    run_act_quant(p);
+    run_fp8(p);
+}
+static void run_w_quant(void *p) {
+    Case *c = p;
+    cuda_fp8_quantize_128x128(c->qw, c->sw, c->w_f32, c->E, c->OC, c->C);
+}
+static void run_mx(void *p) {
+    Case *c = p;
+    cuda_fp8_quantize_mx(c->mxq, c->mxs, c->a_bf16, c->R, c->C);
+}
+
+static void bench_shape(const char *name, const int *off, int C, int OC) {
+    Case c = {.E = N_EXP, .C = C, .OC = OC, .R = off[N_EXP]};
+    int R = c.R, E = N_EXP;
+    size_t na = (size_t)R * C, nw = (size_t)E * OC * C, no = (size_t)R * OC;
+    printf("== %s: R=%d, %d -> %d\n", name, R, C, OC);
+    fflush(stdout);
+    float *a = gt_malloc(na * 4), *w = gt_malloc(nw * 4);
+    gt_fill(a, na, GT_NORMAL, 0, 1, 1, 21);
+    gt_fill(w, nw, GT_NORMAL, 0, 1 / sqrtf((float)C), 1, 22);
+    c.doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
+    c.a_bf16 = gt_dev_bf16(a, na);
+    c.w_bf16 = gt_dev_bf16(w, nw);
+    c.w_f32 = gt_dev_bytes(w, nw * 4);
+    c.out = cuda_alloc(no * 2);
+    c.qa = cuda_alloc(na);
+    c.qw = cuda_alloc(nw);
+    c.sa = cuda_alloc(na / 128 * 4);
+    c.sw = cuda_alloc(nw / (128 * 128) * 4);
+    c.mxq = cuda_alloc(na);
+    c.mxs = cuda_alloc(na / 32);
+
+    // validation: BF16 against the FP32 CPU product, FP8 against its reference
+    float *ref = gt_malloc(no * 4);
+    ops_cpu.grouped_matmul_forward(ref, a, w, off, E, C, OC);
+    gt_poison(c.out, no * 2);
+    run_bf16(&c);
+    float *got = gt_host_bf16(c.out, no);
+    gt_check("bf16 grouped forward vs CPU FP32", got, ref, no, 1e-2);
+    free(got);
+    run_act_quant(&c);
+    run_w_quant(&c);
+    uint8_t *qa = gt_host_bytes(c.qa, na), *qw = gt_host_bytes(c.qw, nw);
+    float *sa = gt_host_bytes(c.sa, na / 128 * 4), *sw = gt_host_bytes(c.sw, nw / (128 * 128) * 4);
+    float *ref8 = gt_malloc(no * 4);
+    fp8_grouped_matmul_ref(ref8, qa, sa, qw, sw, off, E, C, OC);
+    gt_poison(c.out, no * 2);
+    if (cuda_fp8_grouped_forward(c.out, c.qa, c.sa, c.qw, c.sw, c.doff, E, C, OC)) {
+        printf("FAIL fp8 grouped forward refused the call\n");
+        gt_count(0);
+    }
+    got = gt_host_bf16(c.out, no);
+    gt_check("fp8 grouped forward vs CPU FP8 reference", got, ref8, no, 4e-3);
+    gt_check("fp8 grouped forward vs CPU FP32 (what FP8 costs)", got, ref, no, 1e30);
+    free(got);
+
+    // ROUNDS rounds of {BF16, FP8 variants 0..3}, each entry the median of
+    // RUNS runs: the median over rounds, its spread, and the median of the
+    // per-round ratios BF16 / FP8 (paired, so that a drift of the card's
+    // clock between rounds cancels)
+    double flops = 2.0 * R * C * OC;
+    double t[5][ROUNDS];
+    for (int rd = 0; rd < ROUNDS; rd++) {
+        t[0][rd] = time_ms(run_bf16, &c);
+        for (int v = 0; v < 4; v++) {
+            setenv("MOECORE_FP8_GEMM_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
+            t[1 + v][rd] = time_ms(run_fp8, &c);
+        }
+        unsetenv("MOECORE_FP8_GEMM_VARIANT");
+    }
+    static const char *label[5] = {"BF16 grouped forward (production)",
+                                   "FP8 variant 0: scales loaded at each stage's start, 4-byte stores",
+                                   "FP8 variant 1: scale prefetch, 4-byte stores",
+                                   "FP8 variant 2: scale prefetch, 16-byte stores",
+                                   "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups"};
+    double med[5];
+    for (int k = 0; k < 5; k++) {
+        float x[ROUNDS], ratio[ROUNDS];
+        double lo = 1e30, hi = 0;
+        for (int rd = 0; rd < ROUNDS; rd++) {
+            x[rd] = (float)t[k][rd];
+            ratio[rd] = (float)(t[0][rd] / t[k][rd]);
+            lo = t[k][rd] < lo ? t[k][rd] : lo;
+            hi = t[k][rd] > hi ? t[k][rd] : hi;
+        }
+        med[k] = gt_median(x, ROUNDS);
+        double rmed = gt_median(ratio, ROUNDS);
+        if (k == 0)
+            row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | |\n", name, label[k], med[k], lo, hi, flops / med[k] / 1e9);
+        else
+            row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | %.2fx |\n", name, label[k], med[k], lo, hi,
+                flops / med[k] / 1e9, rmed);
+    }
+    double bfm = med[0];
+    double fq = time_ms(run_fp8_with_quant, &c), aq = time_ms(run_act_quant, &c), wq = time_ms(run_w_quant, &c);
+    double mx = time_ms(run_mx, &c);
+    row("| %s | FP8: activation quantise (BF16 -> 1x128) + forward | %.3f | %.0f TFLOP/s | %.2fx BF16 |\n", name, fq,
+        flops / fq / 1e9, bfm / fq);
+    double abytes = na * 2.0 + na + na / 128 * 4.0, wbytes = nw * 4.0 + nw + nw / 16384 * 4.0;
+    double mbytes = na * 2.0 + na + na / 32.0;
+    row("| %s | activation quantise 1x128, BF16 [%d, %d] | %.3f | %.0f GB/s | |\n", name, R, C, aq, abytes / aq / 1e6);
+    row("| %s | weight quantise 128x128, FP32 [%d, %d, %d] | %.3f | %.0f GB/s | |\n", name, E, OC, C, wq,
+        wbytes / wq / 1e6);
+    row("| %s | MXFP8 quantise, BF16 [%d, %d] | %.3f | %.0f GB/s | |\n", name, R, C, mx, mbytes / mx / 1e6);
+    free(a); free(w); free(ref); free(ref8); free(qa); free(qw); free(sa); free(sw);
+    cuda_free(c.doff); cuda_free(c.a_bf16); cuda_free(c.w_bf16); cuda_free(c.w_f32); cuda_free(c.out);
+    cuda_free(c.qa); cuda_free(c.qw); cuda_free(c.sa); cuda_free(c.sw); cuda_free(c.mxq); cuda_free(c.mxs);
+}
+
+int main(int argc, char **argv) {
+    // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
+    int cnt[N_EXP] = {0}, off[N_EXP + 1];
+    for (int n = 0; n < TOKENS; n++) {
+        int chosen[TOP_K], m = 0;
+        while (m < TOP_K) {
+            int e = gt_irand(N_EXP), dup = 0;
+            for (int j = 0; j < m; j++) dup |= chosen[j] == e;
+            if (!dup) chosen[m++] = e;
+        }
+        for (int j = 0; j < TOP_K; j++) cnt[chosen[j]]++;
+    }
+    off[0] = 0;
+    int mn = 1 << 30, mxr = 0;
+    for (int e = 0; e < N_EXP; e++) {
+        off[e + 1] = off[e] + cnt[e];
+        mn = cnt[e] < mn ? cnt[e] : mn;
+        mxr = cnt[e] > mxr ? cnt[e] : mxr;
+    }
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    time_t now = time(NULL);
+    char date[32];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    row("- commit %s; device %s (%d SMs); date %s\n", MOECORE_BUILD_COMMIT, prop.name, prop.multiProcessorCount, date);
+    row("- OLMoE-1B-7B experts: %d tokens x top-%d of %d experts, random routing: %d rows, %d..%d per expert\n",
+        TOKENS, TOP_K, N_EXP, off[N_EXP], mn, mxr);
+    row("- each entry the median of %d runs after %d warm-ups (CUDA events); GEMM rows: %d interleaved rounds of "
+        "all five, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
+        "FLOPs 2 R C OC\n\n",
+        RUNS, WARMUP, ROUNDS);
+    row("| layer | kernel | ms | rate | vs BF16 |\n|---|---|---:|---:|---:|\n");
+    bench_shape("gate/up 2048->1024", off, 2048, 1024);
+    bench_shape("down 1024->2048", off, 1024, 2048);
+    printf("\n%s\n", table);
+    if (argc > 1) {
+        FILE *f = fopen(argv[1], "w");
+        if (f) {
+            fputs(table, f);
+            fclose(f);
+        }
+    }
+    return gt_finish();
+}
