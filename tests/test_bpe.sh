@@ -6,7 +6,8 @@
 #     model.vocab_size; the export carries it byte for byte with
 #     tokenizer_config.json / special_tokens_map.json and config.json's
 #     eos_token_id; a missing file or another vocabulary is refused with
-#     nothing written; --no-tokenizer, --tokenizer=PATH.
+#     nothing written; --no-tokenizer, --tokenizer=PATH; configs/routing's
+#     14 runs validate for the GPU (moecore params --device=cuda).
 #  B. prepare-corpus.sh --bpe refuses a vocabulary outside 258..65536, a
 #     non-number, and a Python without tokenizers (naming the pip command),
 #     before writing anything.
@@ -102,6 +103,15 @@ expect_fail "the run's tokenizer is gone" "tokenizer (data.tokenizer of the run,
 "$bin" train configs/tiny.yaml "${small[@]}" --logging.run_dir="$tmp/run_bytes" >/dev/null 2>&1 \
   && "$bin" export-hf "$tmp/run_bytes/checkpoints" "$tmp/hf_bytes" >/dev/null 2>&1 && [ ! -e "$tmp/hf_bytes/tokenizer.json" ] \
   && ok "a run without data.tokenizer exports no tokenizer files" || bad "export of a run without data.tokenizer"
+
+# configs/routing: every model x setting validates for the GPU (its data need not exist here)
+n=0
+while read -r m s o; do
+  # shellcheck disable=SC2086
+  if "$bin" params "configs/routing/$m.yaml" --device=cuda $o >/dev/null 2>"$tmp/params.err"; then n=$((n+1))
+  else bad "configs/routing $m $s: $(cat "$tmp/params.err")"; fi
+done < <(bash configs/routing/run.sh --list)
+[ $n -eq 14 ] && ok "configs/routing: all $n runs (2 models x 7 settings) validate for the GPU" || bad "configs/routing: $n of 14 validate"
 
 # ---- B. prepare-corpus.sh --bpe: refusals before anything is written ----
 prep() { MOECORE="$bin" bash scripts/prepare-corpus.sh "$@"; }
