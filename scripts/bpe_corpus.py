@@ -18,7 +18,7 @@ only on the byte corpus, N and the tokenizers version (training runs
 single-threaded, RAYON_NUM_THREADS=1, as a precaution: runs with and without
 it gave byte-identical files).
 
-    python3 scripts/bpe_corpus.py --vocab N --bytes BYTE_DIR --out OUT_DIR [--paths-as PREFIX]
+    python3 scripts/bpe_corpus.py --vocab N --bytes BYTE_DIR --out OUT_DIR
 """
 import argparse
 import os
@@ -66,8 +66,6 @@ def main():
     ap.add_argument("--vocab", type=int, required=True, help="tokens in the vocabulary, EOS included")
     ap.add_argument("--bytes", required=True, help="directory with the byte-level train.bin and eval.bin")
     ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--paths-as", default=None,
-                    help="how train-args.txt names OUT_DIR (default: OUT_DIR as given)")
     a = ap.parse_args()
     if not MIN_VOCAB <= a.vocab <= MAX_VOCAB:
         die("--bpe %d: the vocabulary must be %d..%d tokens (256 bytes + EOS + at least one merge; "
@@ -132,7 +130,7 @@ def main():
                         arr.size * 2, time.time() - t1))
     commit("tokenizer.json", lambda p: tok.save(p, pretty=True))
 
-    prefix = a.paths_as if a.paths_as is not None else a.out
+    prefix = a.out  # as given: relative paths work from where the script was run, as moecore is
     args = ["--model.vocab_size=%d" % a.vocab, "--data.dtype=uint16", "--data.eos_id=%d" % eos,
             "--data.train=%s" % os.path.join(prefix, "train.bin"), "--data.eval=%s" % os.path.join(prefix, "eval.bin"),
             "--data.tokenizer=%s" % os.path.join(prefix, "tokenizer.json")]
