@@ -43,11 +43,17 @@ TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(sort $(wildcard tests/tool_*.c))
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
-.PHONY: all deps test test-gpu gpu-bundle run bench clean
+.PHONY: all deps pydeps test test-gpu gpu-bundle run bench clean
 all: build/moecore
 
 deps:
 	@bash scripts/install-deps.sh
+
+# build/pyenv: tokenizers and transformers from PyPI over Debian's torch, for
+# the BPE path's test (tests/test_bpe.sh skips that part when it is missing,
+# e.g. offline, so a failure here does not stop `make test`).
+pydeps: deps
+	@bash scripts/install-py-deps.sh || echo "make: scripts/install-py-deps.sh failed; tests/test_bpe.sh will skip its transformers part"
 
 build/%.o: %.c $(shell find src -name '*.h')
 	@mkdir -p $(dir $@)
@@ -70,7 +76,7 @@ build/tests/%: tests/%.c build/libmoecore.a $(shell find src -name '*.h')
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) -Itests $< build/libmoecore.a $(TEST_LDLIBS) $(LDLIBS) -o $@
 
-test: deps
+test: deps pydeps
 	@$(MAKE) --no-print-directory build/moecore $(TEST_BIN) $(TOOL_BIN)
 	@bash tests/run.sh
 

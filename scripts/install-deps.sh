@@ -3,7 +3,7 @@
 # skipping the ones already present. Run as root (or with sudo available).
 set -euo pipefail
 pkgs=(build-essential pkg-config libopenblas-dev libyaml-dev libjson-c-dev check
-      python3 python3-numpy python3-torch python3-matplotlib fortunes clang libclang-rt-14-dev
+      python3 python3-venv python3-numpy python3-torch python3-matplotlib fortunes clang libclang-rt-14-dev
       libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -105,7 +105,7 @@ START_TEST(test_config_round_trip)
     char err[512];
     ck_assert_msg(!hf_check_config(&c, &f, err, sizeof err), "%s", err);
     ck_assert_int_eq(f, c.norm == NORM_PRE ? HF_OLMOE : HF_FLEX_OLMO);
-    char *js = hf_config_json(&c, f, ST_F32);
+    char *js = hf_config_json(&c, f, ST_F32, -1);
     int vocab = 0, tied = 1;
     ck_assert_msg(!hf_config_parse(js, "config.json", &back, &f2, &vocab, &tied, err, sizeof err), "%s", err);
     ck_assert_int_eq(f2, f);

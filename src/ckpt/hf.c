@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/hf_tokenizer.h"
+#include "config/config.h"
 #include "params/layout.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -54,40 +56,6 @@ float hf_f16_to_f32(uint16_t h) {
 }
 
 // ---- small file helpers --------------------------------------------------------------
-
-// Reads a whole (small) text file; NULL with a message when missing or larger than limit.
-static char *read_text(const char *path, size_t limit, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    struct stat st;
-    if (fstat(fd, &st)) {
-        snprintf(err, errlen, "%s: fstat: %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    if ((size_t)st.st_size > limit) {
-        snprintf(err, errlen, "%s: %lld bytes, more than the %zu-byte limit for a JSON file", path,
-                 (long long)st.st_size, limit);
-        close(fd);
-        return NULL;
-    }
-    char *buf = mallocCheck((size_t)st.st_size + 1);
-    size_t off = 0;
-    while (off < (size_t)st.st_size) {
-        ssize_t r = read(fd, buf + off, (size_t)st.st_size - off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            snprintf(err, errlen, "%s: read: %s", path, r < 0 ? strerror(errno) : "unexpected end of file");
-            free(buf);
-            close(fd);
-            return NULL;
-        }
-        off += (size_t)r;
-    }
-    buf[off] = 0;
-    close(fd);
-    return buf;
-}
 
 static int exists(const char *path) {
     struct stat st;
@@ -243,7 +211,7 @@ void hf_import_defaults(HfImportOptions *o) {
 static int read_ckpt_config(const char *dir, ModelConfig *c, long long *step, char *err, size_t errlen) {
     char path[PATH_LEN + 32];
     snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, dir);
-    char *text = read_text(path, 64u << 20, err, errlen);
+    char *text = fs_read_text(path, 64u << 20, err, errlen);
     if (!text) return -1;
     json_object *o = hf_parse_json(text, path, err, errlen), *v;
     free(text);
@@ -315,6 +283,39 @@ static int close_synced(int fd, const char *path, char *err, size_t errlen) {
     return 0;
 }
 
+// The tokenizer an export carries: --tokenizer, else data.tokenizer of the
+// checkpoint's config.yaml (the run's resolved config; a relative path is
+// taken from the current directory, as the trainer took it). *eos_id is that
+// config's data.eos_id. 1 with *info filled, 0 for none, -1 with a message.
+static int export_tokenizer(const char *ckpt, const HfExportOptions *o, const ModelConfig *c, char *path,
+                            size_t pathlen, HfTokenizerInfo *info, int *eos_id, char *err, size_t errlen) {
+    if (o->no_tokenizer) return 0;
+    char cfg_path[PATH_LEN + 32], e2[1024];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.yaml", ckpt);
+    RunConfig *rc = mallocCheck(sizeof *rc);
+    run_config_defaults(rc);
+    int r = -1;
+    if (exists(cfg_path) && run_config_load_yaml(rc, cfg_path, e2, sizeof e2)) {
+        snprintf(err, errlen, "tokenizer: %s (export with --no-tokenizer to leave the tokenizer out)", e2);
+        goto done;
+    }
+    *eos_id = rc->data.eos_id;
+    const char *from = o->tokenizer ? "--tokenizer" : "data.tokenizer of the run";
+    snprintf(path, pathlen, "%s", o->tokenizer ? o->tokenizer : rc->data.tokenizer);
+    if (!path[0]) { r = 0; goto done; }
+    if (hf_tokenizer_read(path, *eos_id, info, e2, sizeof e2) ||
+        hf_tokenizer_check_vocab(path, info, c->vocab_size, e2, sizeof e2)) {
+        snprintf(err, errlen, "tokenizer (%s%s%s): %s; pass --tokenizer=PATH of the tokenizer the run used, or "
+                 "--no-tokenizer", from, o->tokenizer ? "" : ", ", o->tokenizer ? "" : cfg_path, e2);
+        goto done;
+    }
+    r = 1;
+done:
+    run_config_free(rc);
+    free(rc);
+    return r;
+}
+
 int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *o, char *err, size_t errlen) {
     char ckpt[PATH_LEN], out[PATH_LEN], tmp[PATH_LEN + 8], path[PATH_LEN + 64], src_path[PATH_LEN + 32];
     ParamTable t = {0};
@@ -349,6 +350,11 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
     snprintf(path, sizeof path, "%s/" CKPT_STATE_FILE, out);
     if (exists(path)) FAIL_GOTO("%s holds a moecore checkpoint; not replacing it with an export", out);
     if (replaceable(out, err, errlen)) goto fail;
+    char tok_path[PATH_LEN];
+    HfTokenizerInfo tok;
+    int eos_id = -1;
+    int has_tok = export_tokenizer(ckpt, o, &c, tok_path, sizeof tok_path, &tok, &eos_id, err, errlen);
+    if (has_tok < 0) goto fail;
 
     // shards: greedy in map order, a new one when the next tensor would pass the limit
     size_t es = st_dtype_size(o->dtype);
@@ -406,15 +412,22 @@ int hf_export(const char *ckpt_arg, const char *out_arg, const HfExportOptions *
         free(js);
         if (wrc) goto fail;
     }
-    cfg_text = hf_config_json(&c, f, o->dtype);
+    cfg_text = hf_config_json(&c, f, o->dtype, has_tok && tok.eos_token[0] ? eos_id : -1);
     snprintf(path, sizeof path, "%s/config.json", tmp);
     if (fs_write_text(path, cfg_text, err, errlen)) goto fail;
+    if (has_tok && hf_tokenizer_write(tok_path, &tok, c.seq_len, tmp, err, errlen)) goto fail;
     if (commit_dir(tmp, out, err, errlen)) goto fail;
     tmp_made = 0;
     if (!o->quiet)
         printf("export-hf: %s (step %lld) -> %s: %s, %s, %d tensor%s in %d shard%s, %.1f MB\n", ckpt, step, out,
                hf_format_name(f), o->dtype == ST_BF16 ? "bf16" : "fp32", nmap, nmap == 1 ? "" : "s", nshards,
                nshards == 1 ? "" : "s", total / 1e6);
+    if (!o->quiet && has_tok) {
+        printf("export-hf: + %s as tokenizer.json (%d tokens", tok_path, tok.vocab_size);
+        if (tok.eos_token[0]) printf(", eos_token %s = id %d)", tok.eos_token, eos_id);
+        else printf("; data.eos_id %d is not one of its special tokens, so no eos_token is named)", eos_id);
+        printf(", tokenizer_config.json, special_tokens_map.json\n");
+    }
     rc = 0;
 fail:
     if (fd >= 0) close(fd);
@@ -489,7 +502,7 @@ static int source_open(HfSource *s, const char *dir, char *err, size_t errlen) {
         }
         return source_add(s, dir, "model.safetensors", err, errlen);
     }
-    char *text = read_text(s->index_path, 256u << 20, err, errlen);
+    char *text = fs_read_text(s->index_path, 256u << 20, err, errlen);
     if (!text) return -1;
     json_object *o = hf_parse_json(text, s->index_path, err, errlen), *wm;
     free(text);
@@ -582,7 +595,7 @@ int hf_import(const char *hf_dir, const char *ckpt_arg, const HfImportOptions *o
     if (exists(path)) FAIL_GOTO("%s holds a Hugging Face model (config.json); not replacing it with a checkpoint", ckpt);
     if (replaceable(ckpt, err, errlen)) goto fail;
     snprintf(path, sizeof path, "%s/config.json", hf_dir);
-    if (!(text = read_text(path, 64u << 20, err, errlen))) goto fail;
+    if (!(text = fs_read_text(path, 64u << 20, err, errlen))) goto fail;
     if (hf_config_parse(text, path, &c, &f, &hf_vocab, &tied, err, errlen)) goto fail;
     if (param_table_for_config(&c, &t, err, errlen)) goto fail;
     if (hf_tensor_map(&t, f, hf_vocab, tied, &map, &nmap, err, errlen)) goto fail;

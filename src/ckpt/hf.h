@@ -5,6 +5,8 @@
 //   OUT_DIR/model.safetensors                   one file, or
 //   OUT_DIR/model-0000K-of-0000N.safetensors    shards above the size limit
 //   OUT_DIR/model.safetensors.index.json        + {"weight_map": name -> shard}
+//   OUT_DIR/tokenizer.json, tokenizer_config.json, special_tokens_map.json
+//                                               when the run named data.tokenizer (hf_tokenizer.h)
 //
 // Norm placement picks the family: `pre` is OlmoeForCausalLM (input_layernorm,
 // post_attention_layernorm before each half), `post` is FlexOlmoForCausalLM
@@ -40,6 +42,8 @@ typedef struct {
     uint64_t max_shard_bytes;   // tensor bytes per shard; a larger tensor gets a shard alone
     int force;                  // replace an existing OUT_DIR (plain files only)
     int quiet;
+    const char *tokenizer;      // tokenizer.json to copy; NULL: data.tokenizer of the checkpoint's config.yaml
+    int no_tokenizer;           // export no tokenizer files
 } HfExportOptions;
 
 typedef struct {
@@ -60,7 +64,8 @@ int hf_check_config(const ModelConfig *c, HfFormat *f, char *err, size_t errlen)
 struct json_object;
 struct json_object *hf_parse_json(const char *text, const char *path, char *err, size_t errlen);
 // config.json text for c (malloc'd); c must have passed hf_check_config.
-char *hf_config_json(const ModelConfig *c, HfFormat f, StDtype dtype);
+// eos_token_id < 0 writes null.
+char *hf_config_json(const ModelConfig *c, HfFormat f, StDtype dtype, int eos_token_id);
 // Reads config.json text into a moecore model config (validated) and the
 // format; *hf_vocab is the embedding rows of the HF model and *tied its
 // tie_word_embeddings. -1 with a message naming the config.json field.

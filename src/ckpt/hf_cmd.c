@@ -8,13 +8,17 @@
 
 static const char export_usage[] =
     "usage: moecore export-hf CKPT_DIR OUT_DIR [--dtype=fp32|bf16] [--max-shard-size=SIZE]\n"
-    "                         [--format=auto|olmoe|flex_olmo] [--force]\n"
+    "                         [--format=auto|olmoe|flex_olmo] [--tokenizer=PATH | --no-tokenizer] [--force]\n"
     "  CKPT_DIR            a checkpoint (step-N/) or a checkpoint directory (its newest committed step)\n"
     "  OUT_DIR             the transformers model directory to write (config.json + safetensors)\n"
     "  --dtype             tensor type of the safetensors (default fp32; bf16 rounds to nearest even)\n"
     "  --max-shard-size    bytes per safetensors shard, e.g. 5GB, 500MB, 2GiB (default 5GB);\n"
     "                      above it the model is split and model.safetensors.index.json written\n"
     "  --format            auto (default): olmoe for model.norm = pre, flex_olmo for post\n"
+    "  --tokenizer         tokenizer.json to put beside the model (with tokenizer_config.json and\n"
+    "                      special_tokens_map.json, for AutoTokenizer); its vocabulary must be\n"
+    "                      model.vocab_size. Default: the run's data.tokenizer (the checkpoint's config.yaml)\n"
+    "  --no-tokenizer      export the model only, even when the run named a tokenizer\n"
     "  --force             replace an existing OUT_DIR\n";
 
 static const char import_usage[] =
@@ -64,6 +68,10 @@ int cmd_export_hf(int argc, char **argv) {
             else if (!strcmp(a + 9, "olmoe")) o.format = HF_OLMOE;
             else if (!strcmp(a + 9, "flex_olmo")) o.format = HF_FLEX_OLMO;
             else { fprintf(stderr, "moecore: error: --format: '%s' is not one of auto olmoe flex_olmo\n", a + 9); return 2; }
+        } else if (!strncmp(a, "--tokenizer=", 12) && a[12]) {
+            o.tokenizer = a + 12;
+        } else if (!strcmp(a, "--no-tokenizer")) {
+            o.no_tokenizer = 1;
         } else if (!strcmp(a, "--force")) {
             o.force = 1;
         } else if (!strncmp(a, "--", 2) || npos == 2) {
@@ -74,6 +82,10 @@ int cmd_export_hf(int argc, char **argv) {
         }
     }
     if (npos != 2) { fprintf(stderr, "%s", export_usage); return 2; }
+    if (o.tokenizer && o.no_tokenizer) {
+        fprintf(stderr, "moecore: error: export-hf: --tokenizer and --no-tokenizer exclude each other\n");
+        return 2;
+    }
     char err[1024];
     if (hf_export(pos[0], pos[1], &o, err, sizeof err)) {
         fprintf(stderr, "moecore: error: export-hf: %s\n", err);

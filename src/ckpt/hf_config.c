@@ -84,7 +84,7 @@ static json_object *json_float(float v) {
     return json_object_new_double_s((double)v, b);
 }
 
-char *hf_config_json(const ModelConfig *c, HfFormat f, StDtype dtype) {
+char *hf_config_json(const ModelConfig *c, HfFormat f, StDtype dtype, int eos_token_id) {
     json_object *o = json_object_new_object(), *arch = json_object_new_array();
     json_object_array_add(arch, json_object_new_string(f == HF_OLMOE ? "OlmoeForCausalLM" : "FlexOlmoForCausalLM"));
 #define ADD(k, v) json_object_object_add(o, k, v)
@@ -115,7 +115,7 @@ char *hf_config_json(const ModelConfig *c, HfFormat f, StDtype dtype) {
     ADD("use_cache", json_object_new_boolean(1));
     ADD("pad_token_id", NULL);
     ADD("bos_token_id", NULL);
-    ADD("eos_token_id", NULL);
+    ADD("eos_token_id", eos_token_id >= 0 ? json_object_new_int(eos_token_id) : NULL);
     ADD("torch_dtype", json_object_new_string(dtype == ST_BF16 ? "bfloat16" : "float32"));
     char *mc = model_config_to_json(c);
     ADD("moecore_model_config", json_tokener_parse(mc));

@@ -39,7 +39,7 @@ static const char *const gemm_kernel_names[] = CUDA_KERNELS_NAMES;
 static const Key table[] = {
     F(data.train, T_LIST), F(data.train_weights, T_LIST), F(data.eval, T_LIST),
     FE(data.dtype, dtype_names), F(data.validate, T_BOOL), F(data.synthetic, T_BOOL), F(data.eos_id, T_INT),
-    F(data.doc_mask, T_BOOL),
+    F(data.doc_mask, T_BOOL), F(data.tokenizer, T_STR),
     F(train.global_batch, T_INT), F(train.micro_batch, T_INT), F(train.steps, T_I64),
     F(train.tokens, T_I64), FE(train.lr_schedule, sched_names), F(train.warmup_steps, T_I64),
     F(train.decay_fraction, T_DOUBLE), F(train.min_lr_ratio, T_DOUBLE), F(train.clip_grad, T_DOUBLE),

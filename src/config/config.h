@@ -33,6 +33,7 @@ typedef struct {
     int synthetic;          // uniformly random tokens instead of files (benchmarks)
     int eos_id;             // the token that ends each document (byte tokenizer: 256)
     int doc_mask;           // attention within EOS-delimited documents only (docs/model.md)
+    char tokenizer[CFG_PATH_MAX]; // tokenizer.json the token files were made with; "" = none (ckpt/hf_tokenizer.h)
 } DataSection;
 
 typedef struct {

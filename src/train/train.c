@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/hf_tokenizer.h"
 #include "data/data.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
@@ -481,6 +482,14 @@ static int train_setup(Trainer *tr) {
     if (cfg->data.eval.n && !cfg->data.synthetic) {
         tr->eval = open_loader(cfg, &cfg->data.eval, NULL, 0, err, sizeof err);
         if (!tr->eval) return fatal("data.eval: %s", err);
+    }
+    if (cfg->data.tokenizer[0]) {
+        HfTokenizerInfo tok;
+        if (hf_tokenizer_read(cfg->data.tokenizer, cfg->data.eos_id, &tok, err, sizeof err) ||
+            hf_tokenizer_check_vocab(cfg->data.tokenizer, &tok, cfg->model.vocab_size, err, sizeof err))
+            return fatal("data.tokenizer: %s", err);
+        SAY("tokenizer: %s, %d tokens, EOS %d %s\n", cfg->data.tokenizer, tok.vocab_size, cfg->data.eos_id,
+            tok.eos_token[0] ? tok.eos_token : "(not one of its special tokens)");
     }
     if (cfg->data.validate) {
         SAY("validating every token of the data ...\n");

@@ -69,6 +69,39 @@ int fs_write_text(const char *path, const char *text, char *err, size_t errlen) 
     return 0;
 }
 
+char *fs_read_text(const char *path, size_t limit, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    struct stat st;
+    if (fstat(fd, &st)) {
+        snprintf(err, errlen, "%s: fstat: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if ((size_t)st.st_size > limit) {
+        snprintf(err, errlen, "%s: %lld bytes, more than the %zu-byte limit for a JSON file", path,
+                 (long long)st.st_size, limit);
+        close(fd);
+        return NULL;
+    }
+    char *buf = mallocCheck((size_t)st.st_size + 1);
+    size_t off = 0;
+    while (off < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + off, (size_t)st.st_size - off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            snprintf(err, errlen, "%s: read: %s", path, r < 0 ? strerror(errno) : "unexpected end of file");
+            free(buf);
+            close(fd);
+            return NULL;
+        }
+        off += (size_t)r;
+    }
+    buf[off] = 0;
+    close(fd);
+    return buf;
+}
+
 void fs_sync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) { fsync(fd); close(fd); }

@@ -15,6 +15,10 @@ int fs_fresh_dir(const char *path, char *err, size_t errlen);
 // Writes text as the whole file path, durably (fsync). -1 with a message
 // naming the path and the call.
 int fs_write_text(const char *path, const char *text, char *err, size_t errlen);
+// Reads a whole text file of at most limit bytes into a malloc'd,
+// NUL-terminated buffer; NULL with "PATH: cannot open: reason", "PATH: N
+// bytes, more than the L-byte limit for a JSON file" or a read error.
+char *fs_read_text(const char *path, size_t limit, char *err, size_t errlen);
 // fsyncs a directory, so that the names created or renamed in it last.
 void fs_sync_dir(const char *path);
 // An exclusive lock on the file path (created if missing), held while the
