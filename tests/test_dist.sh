@@ -14,7 +14,8 @@
 #     independent count, for both expert dispatches (symmetric and a2a), and
 #     so does symmetric's receive bound (parallel.ep_recv_factor below 1);
 #     (ep2 also with train.recompute: layers, both dispatches: the recomputed
-#     blocks exchange their rows again in the backward);
+#     blocks exchange their rows again in the backward; and with experts and
+#     gather, whose re-gather must not touch the symmetric receive buffers);
 #  1b. the symmetric dispatch (the default where the ranks share memory, ops/ep_sym.h)
 #     and the all-to-all (ep_backend: a2a) give bit-identical losses and weights
 #     (the experts see the same rows in the same order), and the symmetric path
@@ -106,6 +107,8 @@ for routing in learned random; do
     "one_sym 1 --parallel.ep_backend=symmetric" \
     "ep2_layers 2 --parallel.dp=2 --parallel.ep=2 --train.recompute=layers" \
     "ep2_a2a_layers 2 --parallel.dp=2 --parallel.ep=2 --parallel.ep_backend=a2a --train.recompute=layers" \
+    "ep2_gather 2 --parallel.dp=2 --parallel.ep=2 --train.recompute=gather" \
+    "ep2_experts 2 --parallel.dp=2 --parallel.ep=2 --train.recompute=experts" \
     "ep2xep_dp2 4 --parallel.dp=4 --parallel.ep=2" "ep4 4 --parallel.dp=4 --parallel.ep=4" \
     "dp2_sharded 2 --parallel.dp=2 --optim.sharded=true" \
     "ep2xep_dp2_sharded 4 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true"

@@ -178,7 +178,11 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     // recompute: one buffer each, shared by the MoE layers (model.h)
     int rc_ea = m->recompute == 1 && m->n_moe;
     int rc_xp = (m->recompute == 1 || m->recompute == 2) && m->n_moe && ep == 1 && !m->ep_sym;
-    void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = rc_xp ? take(cv, R * D) : NULL;
+    // symmetric expert parallelism: the routed rows are only the dispatch's
+    // source (the backward reads the received rows), so every MoE layer
+    // gathers into one buffer
+    int sh_xp = rc_xp || (m->ep_sym && m->n_moe);
+    void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = sh_xp ? take(cv, R * D) : NULL;
     // recompute layers: the recomputed blocks share one set of buffers per
     // kind of block (MoE, dense); only their inputs (resid) stay
     LayerActs shared[2];
@@ -210,7 +214,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         a->idx = itake(cv, N * k); a->row_of = itake(cv, R); a->token_of_row = itake(cv, R);
         a->offsets = itake(cv, E + 1);
         a->counts = ftake(cv, E); a->lb_counts = ftake(cv, E);
-        a->xp = rc_xp ? xp_shared : take(cv, R * D); a->ey = take(cv, R * D);
+        a->xp = sh_xp ? xp_shared : take(cv, R * D); a->ey = take(cv, R * D);
         a->xl = sym ? take(sv, Rl * D) : ep > 1 ? take(cv, Rl * D) : a->xp;
         a->yl = sym ? NULL : ep > 1 ? take(cv, Rl * D) : a->ey; // symmetric: the shared m->sym_out
         if (sym) { a->sym_plan = itake(cv, ep_sym_plan_ints(ep, (int)E)); a->sym_recv = take_bytes(cv, tab); }
@@ -869,7 +873,7 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     int accw = !m->expert_grads_unset; // the step's first backward writes the expert grads
     ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
-    if ((m->recompute == 1 || m->recompute == 2) && !a->use_plan) // the rows stayed here: xl is xp, shared (carve)
+    if ((m->recompute == 1 || m->recompute == 2) && !a->use_plan && !m->ep_sym) // the rows stayed here: xl is xp, shared (carve)
         ops->permute_forward(a->xl, in, a->token_of_row, R, D);
     ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe, accw);
     ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
