@@ -34,72 +34,15 @@ bin=$PWD/build/moecore
 py=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-fails=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails+1)); }
-command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; }
-
 $bin tokenize --out "$tmp/t.bin" /usr/share/common-licenses/* >/dev/null
 base=(--data.train="$tmp/t.bin" --data.eval= --model.d_model=32 --model.n_layers=2 --model.n_heads=2
       --model.n_experts=8 --model.top_k=2 --model.expert_hidden=32 --model.seq_len=16 --train.global_batch=8
       --train.micro_batch=2 --train.steps=5 --train.warmup_steps=2 --train.eval_interval=0
       --logging.log_interval=1 --checkpoint.interval=0 --parallel.bucket_mb=0.02 --optim.lr=3e-3)
-run() { # name np args...
-  local name=$1 np=$2; shift 2
-  local cmd=("$bin" train configs/tiny.yaml "${base[@]}" --logging.run_dir="$tmp/$name" "$@")
-  if [ "$np" -gt 1 ]; then cmd=(mpirun --oversubscribe -np "$np" "${cmd[@]}"); fi
-  timeout 300 "${cmd[@]}" >"$tmp/$name.log" 2>&1
-}
-compare() { # ref run, tol_loss, tol_weights, [first step to compare]
-  $py - "$tmp/$1" "$tmp/$2" "$3" "$4" "${5:-1}" <<'PY'
-import json, struct, sys, math
-a, b, tl, tw, first = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-la = {r["step"]: r["loss"] for r in map(json.loads, open(a + "/metrics.jsonl"))}
-lb = {r["step"]: r["loss"] for r in map(json.loads, open(b + "/metrics.jsonl"))}
-steps = [s for s in sorted(lb) if s >= first]
-worst = max(abs(la[s] - lb[s]) / abs(la[s]) for s in steps)
-def load(d):
-    import glob
-    path = sorted(glob.glob(d + "/checkpoints/step-*/model.safetensors"))[-1]
-    raw = open(path, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
-    hdr = json.loads(raw[8:8 + n]); out = {}
-    for k, v in hdr.items():
-        if k == "__metadata__": continue
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack("<%df" % ((e - s) // 4), raw[8 + n + s:8 + n + e])
-    return out
-wa, wb = load(a), load(b)
-assert wa.keys() == wb.keys(), "tensor names differ"
-ww = 0
-for k in wa:
-    d = math.sqrt(sum((x - y) ** 2 for x, y in zip(wa[k], wb[k]))); r = math.sqrt(sum(x * x for x in wa[k])) or 1
-    ww = max(ww, d / r)
-print(f"steps {steps[0]}..{steps[-1]}: worst loss rel err {worst:.2e} (<= {tl:g}), worst weight rel err {ww:.2e} (<= {tw:g})")
-sys.exit(0 if worst <= tl and ww <= tw else 1)
-PY
-}
+. tests/lib_ranks.sh
 
 # ---- 1. layouts against the single rank -------------------------------------------------
-# against_one_rank TAG WHAT "ARGS" "ONE-RANK ARGS" LAYOUT...: runs single_TAG on one
-# rank with ARGS and ONE-RANK ARGS, then each LAYOUT ("NAME NP ARGS...") as NAME_TAG
-# with ARGS, and compares each with the one-rank run
-against_one_rank() {
-  local tag=$1 what=$2 layout name np
-  local -a all=($3) one=($4)
-  shift 4
-  run "single_$tag" 1 "${all[@]}" "${one[@]}" || { tail "$tmp/single_$tag.log"; bad "single $what failed"; return; }
-  for layout in "$@"; do
-    set -- $layout
-    name=$1 np=$2; shift 2
-    if ! run "${name}_$tag" "$np" "${all[@]}" "$@"; then
-      tail -n 5 "$tmp/${name}_$tag.log"; bad "$name $what: run failed"; continue
-    fi
-    if out=$(compare "single_$tag" "${name}_$tag" 1e-5 1e-5); then ok "$name $what: $out"
-    else bad "$name $what: $out"; fi
-  done
-}
+
 for routing in learned random; do
   against_one_rank "$routing" "$routing" "--model.routing=$routing" "" \
     "dp2 2 --parallel.dp=2" "ep2 2 --parallel.dp=2 --parallel.ep=2" \

@@ -18,73 +18,16 @@ bin=$PWD/build/moecore
 py=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-fails=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails+1)); }
-command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; }
-
 $bin tokenize --out "$tmp/t.bin" /usr/share/common-licenses/* >/dev/null
 $bin tokenize --out "$tmp/e.bin" /usr/share/common-licenses/GPL-3 >/dev/null
 base=(--data.train="$tmp/t.bin" --data.eval= --model.d_model=32 --model.n_layers=8 --model.n_heads=2
       --model.n_experts=8 --model.top_k=2 --model.expert_hidden=32 --model.seq_len=16 --train.global_batch=8
       --train.micro_batch=2 --train.steps=5 --train.warmup_steps=2 --train.eval_interval=0
       --logging.log_interval=1 --checkpoint.interval=0 --parallel.bucket_mb=0.02 --optim.lr=3e-3)
-run() { # name np args...
-  local name=$1 np=$2; shift 2
-  local cmd=("$bin" train configs/tiny.yaml "${base[@]}" --logging.run_dir="$tmp/$name" "$@")
-  if [ "$np" -gt 1 ]; then cmd=(mpirun --oversubscribe -np "$np" "${cmd[@]}"); fi
-  timeout 300 "${cmd[@]}" >"$tmp/$name.log" 2>&1
-}
-compare() { # ref run, tol_loss, tol_weights, [first step to compare]
-  $py - "$tmp/$1" "$tmp/$2" "$3" "$4" "${5:-1}" <<'PY'
-import json, struct, sys, math, glob
-a, b, tl, tw, first = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-la = {r["step"]: r for r in map(json.loads, open(a + "/metrics.jsonl"))}
-lb = {r["step"]: r for r in map(json.loads, open(b + "/metrics.jsonl"))}
-steps = [s for s in sorted(lb) if s >= first]
-worst = max(abs(la[s]["loss"] - lb[s]["loss"]) / abs(la[s]["loss"]) for s in steps)
-ev = [abs(la[s]["eval_ce"] - lb[s]["eval_ce"]) / la[s]["eval_ce"] for s in steps if "eval_ce" in la[s]]
-if ev: worst = max(worst, max(ev))
-def load(d):
-    path = sorted(glob.glob(d + "/checkpoints/step-*/model.safetensors"))[-1]
-    raw = open(path, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
-    hdr = json.loads(raw[8:8 + n]); out = {}
-    for k, v in hdr.items():
-        if k == "__metadata__": continue
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack("<%df" % ((e - s) // 4), raw[8 + n + s:8 + n + e])
-    return out
-wa, wb = load(a), load(b)
-assert wa.keys() == wb.keys(), "tensor names differ"
-ww = 0
-for k in wa:
-    d = math.sqrt(sum((x - y) ** 2 for x, y in zip(wa[k], wb[k]))); r = math.sqrt(sum(x * x for x in wa[k])) or 1
-    ww = max(ww, d / r)
-print(f"steps {steps[0]}..{steps[-1]}: worst loss rel err {worst:.2e} (<= {tl:g}){' (eval too)' if ev else ''}, "
-      f"worst weight rel err {ww:.2e} (<= {tw:g})")
-sys.exit(0 if worst <= tl and ww <= tw else 1)
-PY
-}
-against_one_rank() { # TAG "ARGS" LAYOUT... (each "NAME NP ARGS...")
-  local tag=$1 layout name np
-  local -a all=($2)
-  shift 2
-  run "single_$tag" 1 "${all[@]}" || { tail "$tmp/single_$tag.log"; bad "single $tag failed"; return; }
-  for layout in "$@"; do
-    set -- $layout
-    name=$1 np=$2; shift 2
-    if ! run "${name}_$tag" "$np" "${all[@]}" "$@"; then
-      tail -n 5 "$tmp/${name}_$tag.log"; bad "$name $tag: run failed"; continue
-    fi
-    if out=$(compare "single_$tag" "${name}_$tag" 1e-5 1e-5); then ok "$name $tag: $out"
-    else bad "$name $tag: $out"; fi
-  done
-}
+. tests/lib_ranks.sh
 
 # ---- 1. layouts against one rank ------------------------------------------------------------
-against_one_rank learned "--model.routing=learned" \
+against_one_rank learned learned "--model.routing=learned" "" \
   "pp2_gpipe 2 --parallel.pp=2 --parallel.pp_schedule=gpipe" \
   "pp2_1f1b 2 --parallel.pp=2 --parallel.pp_schedule=1f1b" \
   "pp2_interleaved 2 --parallel.pp=2 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2" \
@@ -96,12 +39,12 @@ against_one_rank learned "--model.routing=learned" \
   "pp2xep2 4 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2" \
   "pp2xdp2_sharded 4 --parallel.pp=2 --parallel.dp=2 --optim.sharded=true --parallel.pp_schedule=interleaved --parallel.pp_virtual=2" \
   "pp2xdp2xep2 8 --parallel.pp=2 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true"
-against_one_rank random "--model.routing=random" "pp4_1f1b 4 --parallel.pp=4"
+against_one_rank random random "--model.routing=random" "" "pp4_1f1b 4 --parallel.pp=4"
 # the aux-free bias moves by the counts of every stage's layers (reduced over
 # the world), and lb_global sums each micro-batch's counts over the stage's dp group
-against_one_rank aux "--model.routing=learned --model.aux_free_rate=0.02" \
+against_one_rank aux aux "--model.routing=learned --model.aux_free_rate=0.02" "" \
   "pp2_1f1b 2 --parallel.pp=2" "pp2xdp2 4 --parallel.pp=2 --parallel.dp=2 --parallel.pp_schedule=zb1"
-against_one_rank lbg "--model.routing=learned --model.lb_global=true --model.lb_coef=1" "pp2_1f1b 2 --parallel.pp=2"
+against_one_rank lbg lbg "--model.routing=learned --model.lb_global=true --model.lb_coef=1" "" "pp2_1f1b 2 --parallel.pp=2"
 
 # ---- 2. a pp 2 checkpoint resumes with pp 1 and pp 4 ------------------------------------------
 long=(--train.steps=8 --checkpoint.interval=4 --model.routing=learned)
