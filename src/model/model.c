@@ -589,11 +589,45 @@ static void sym_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     ops->ep_sym_combine(m->dxp, m->sym_dxl_tab, a->sym_plan, a->offsets, P, E, R, D);
 }
 
+// The same without symmetric memory: dispatch to the experts' ranks with the
+// all-to-all (dist/ep.h), run the local experts on their segments, combine
+// back. One rank needs no plan: the experts' segments are the routed rows'
+// offsets, which stay where they are (device memory).
+static void a2a_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a, int li) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, R = N * c->top_k, Fe = c->expert_hidden;
+    int El = m->E_local;
+    Comm *epc = m->par.ep_comm;
+    a->use_plan = m->par.ep_size > 1;
+    int Rl = R;
+    a->local_offsets = a->offsets;
+    if (a->use_plan) {
+        ep_plan(epc, ops, &a->plan, a->offsets);
+        Rl = a->plan.rows;
+        a->local_offsets = a->plan.local_offsets_b;
+        ep_dispatch(epc, ops, &a->plan, a->xp, a->xl, m->ep_scratch, D);
+    }
+    a->rows_local = Rl;
+    ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->local_offsets, El, D, Fe);
+    ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), a->local_offsets, El, D, Fe);
+    ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
+    ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->local_offsets, El, Fe, D);
+    // capacity: the rows past each local expert's first `capacity` give zero
+    // outputs (and get zero grads in backward), counted where they are (not
+    // again when backward recomputes the block)
+    int capacity = expert_capacity(m);
+    if (capacity > 0)
+        ops->moe_capacity_drop(a->yl, m->recomputing ? NULL : m->dropped_step + li, a->local_offsets, El, Rl, D,
+                               capacity);
+    if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
+}
+
 static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in,
                         uint64_t seed) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k, Fe = c->expert_hidden;
+    int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k;
     int li = L->moe_index;
     ops->router_logits_forward(a->logits, in, P(L->router), N, D, E);
     ops->router_probs_forward(a->probs, a->logits, N, E, c->gating);
@@ -629,38 +663,12 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->lb_loss_forward(m->lb_mb + li, a->probs, a->lb_counts, a->lb_tokens, N, E, k, c->gating);
     ops->zloss_forward(m->z_mb + li, a->logits, N, E);
 
-    int R = N * k, El = m->E_local, ep = m->par.ep_size;
+    int R = N * k;
     ops->moe_route_index(a->offsets, a->row_of, a->token_of_row, a->idx, N, E, k);
     ops->permute_forward(a->xp, in, a->token_of_row, R, D);
-    // dispatch to the experts' ranks, run the local experts on their
-    // segments, combine back. One rank needs no plan: the experts' segments
-    // are the routed rows' offsets, which stay where they are (device memory).
-    Comm *epc = m->par.ep_comm;
-    int capacity = expert_capacity(m);
-    if (m->ep_sym) {
-        sym_moe_experts_forward(m, L, a, li, capacity);
-        goto combined;
-    }
-    a->use_plan = ep > 1;
-    int Rl = R;
-    a->local_offsets = a->offsets;
-    if (a->use_plan) {
-        ep_plan(epc, ops, &a->plan, a->offsets);
-        Rl = a->plan.rows;
-        a->local_offsets = a->plan.local_offsets_b;
-        ep_dispatch(epc, ops, &a->plan, a->xp, a->xl, m->ep_scratch, D);
-    }
-    a->rows_local = Rl;
-    ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->local_offsets, El, D, Fe);
-    ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), a->local_offsets, El, D, Fe);
-    ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
-    ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->local_offsets, El, Fe, D);
-    // capacity: the rows past each local expert's first `capacity` give zero
-    // outputs (and get zero grads in backward), counted where they are
-    if (capacity > 0)
-        ops->moe_capacity_drop(a->yl, again ? NULL : m->dropped_step + li, a->local_offsets, El, Rl, D, capacity);
-    if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
-combined:
+    // the routed rows to their experts and the outputs back (a->xp -> a->ey)
+    if (m->ep_sym) sym_moe_experts_forward(m, L, a, li, expert_capacity(m));
+    else a2a_moe_experts_forward(m, L, a, li);
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
     if (c->n_shared > 0) {
         int Fs = c->n_shared * c->shared_hidden;
@@ -838,27 +846,15 @@ static void swiglu_mlp_backward(Model *m, void *dinp, const void *dout, const vo
     ops->matmul_backward(dinp, G(wu), du, in, P(wu), N, D, F, 1);
 }
 
-static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,
-                         const void *dout, const void *in, float aux_scale, int accumulate) {
+// a2a_moe_experts_forward's backward: the grad of combine is a dispatch, and
+// the grad of dispatch a combine.
+static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k, Fe = c->expert_hidden;
-    int R = N * k;
-    if (c->n_shared > 0) {
-        int Fs = c->n_shared * c->shared_hidden;
-        swiglu_mlp_backward(m, dinp, dout, in, a->sg, a->su, a->sa, m->dsa, m->dsg, m->dsu,
-                            L->sh_gate, L->sh_up, L->sh_down, N, Fs, accumulate);
-        accumulate = 1;
-    }
+    int D = c->d_model, R = m->B * m->T * c->top_k, Fe = c->expert_hidden;
     int El = m->E_local, Rl = a->rows_local;
     const int *lo = a->local_offsets;
     Comm *epc = m->par.ep_comm;
-    ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
-    if (m->ep_sym) {
-        sym_moe_experts_backward(m, L, a);
-        goto experts_done;
-    }
-    // the grad of combine is a dispatch, and the grad of dispatch a combine
     void *dyl = m->dey, *dxl = m->dxp;
     if (a->use_plan) {
         dyl = m->dyl;
@@ -873,13 +869,30 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     int accw = !m->expert_grads_unset; // the step's first backward writes the expert grads
     ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
-    if ((m->recompute == 1 || m->recompute == 2) && !a->use_plan && !m->ep_sym) // the rows stayed here: xl is xp, shared (carve)
+    if ((m->recompute == 1 || m->recompute == 2) && !a->use_plan) // the rows stayed here: xl is xp, shared (carve)
         ops->permute_forward(a->xl, in, a->token_of_row, R, D);
     ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe, accw);
     ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
     ops->grouped_dgrad_pair(dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
     if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
-experts_done:
+}
+
+static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,
+                         const void *dout, const void *in, float aux_scale, int accumulate) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k;
+    int R = N * k;
+    if (c->n_shared > 0) {
+        int Fs = c->n_shared * c->shared_hidden;
+        swiglu_mlp_backward(m, dinp, dout, in, a->sg, a->su, a->sa, m->dsa, m->dsg, m->dsu,
+                            L->sh_gate, L->sh_up, L->sh_down, N, Fs, accumulate);
+        accumulate = 1;
+    }
+    ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
+    // the output grads to the experts and the input grads back (m->dey -> m->dxp)
+    if (m->ep_sym) sym_moe_experts_backward(m, L, a);
+    else a2a_moe_experts_backward(m, L, a, in);
     ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
     // router: weights <- probs <- logits, plus the aux losses
     ops->router_weights_backward(m->dprobs, m->dweights, a->probs, a->idx, N, E, k, c->renorm_topk, 0);
