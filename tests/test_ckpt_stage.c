@@ -22,6 +22,8 @@
 //     and the ORed files are the unsharded store's; a layout that owns more
 //     than a sharded store holds is refused.
 #include <check.h>
+
+#include "check_main.h"
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -399,9 +401,5 @@ int main(void) {
     tcase_add_test(tc, test_sharded_separate_compute_weights);
     tcase_add_exit_test(tc, test_main_outside_the_shard_dies, 1);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

@@ -8,6 +8,8 @@
 // Most files hold token value 1000*f + p at token p of file f, so a token
 // read back says where it came from.
 #include <check.h>
+
+#include "check_main.h"
 #include <dirent.h>
 #include <math.h>
 #include <stdint.h>
@@ -847,9 +849,5 @@ static Suite *data_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(data_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(data_suite());
 }

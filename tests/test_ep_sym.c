@@ -19,6 +19,8 @@
 //     hold the same rows bit for bit (ours the kept prefix of each), the
 //     dropped counts and the combined rows are equal.
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -306,9 +308,5 @@ int main(void) {
     tcase_add_test(tc, test_grouped_matmul_forward_backward);
     tcase_add_test(tc, test_against_ep_c_over_mpi);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

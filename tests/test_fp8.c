@@ -13,6 +13,8 @@
 //   over the dequantised operands, and its error against the unquantised
 //   FP32 product (what FP8 costs).
 #include <check.h>
+
+#include "check_main.h"
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -350,9 +352,5 @@ int main(void) {
     tcase_add_test(tc, test_quantize_mx);
     tcase_add_test(tc, test_grouped_matmul_ref);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

@@ -5,6 +5,8 @@
 // refusals that name the field. The end-to-end conversions are in
 // tests/test_hf_cli.sh, the comparison with transformers in tests/hf_compare.py.
 #include <check.h>
+
+#include "check_main.h"
 #include <json-c/json.h>
 #include <math.h>
 #include <stdint.h>
@@ -303,9 +305,5 @@ static Suite *hf_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(hf_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(hf_suite());
 }

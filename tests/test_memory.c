@@ -6,6 +6,8 @@
 // E/ep; with FP32 compute weights (the CPU, where they are the main
 // weights) 8 + 8/D. Not sharded, the optimizer state is whole: 18 and 16.
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,7 +39,7 @@ static const double expert_params = NL * 3.0 * NE * F * C;                // w_g
 
 static MemoryPlan plan(int dp, int dp_rank, int ep, int ep_dp_rank, int sharded, size_t act_bytes) {
     ModelConfig c = test_config();
-    MemoryLayout l = {dp, dp_rank, ep, dp / ep, ep_dp_rank, sharded, act_bytes, 0, NULL};
+    MemoryLayout l = {dp, dp_rank, ep, dp / ep, ep_dp_rank, sharded, act_bytes, 0, 0, NULL};
     MemoryPlan p;
     char err[512];
     ck_assert_msg(memory_plan(&p, &c, &l, err, sizeof err) == 0, "%s", err);
@@ -118,7 +120,7 @@ START_TEST(test_against_the_store_and_errors) {
     ck_assert_double_eq(m.store.table.class_numel[CLASS_DENSE], dense_params);
     ck_assert_double_eq(m.store.table.class_numel[CLASS_EXPERT], expert_params);
     model_free(&m);
-    MemoryLayout l = {6, 0, 3, 2, 0, 1, 2, 0, NULL}; // ep 3 does not divide 16 experts
+    MemoryLayout l = {6, 0, 3, 2, 0, 1, 2, 0, 0, NULL}; // ep 3 does not divide 16 experts
     MemoryPlan p;
     ck_assert_int_eq(memory_plan(&p, &c, &l, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "ep 3") && strstr(err, "n_experts"), "message: %s", err);
@@ -141,9 +143,5 @@ int main(void) {
     tcase_add_test(tc, test_not_sharded_and_fp32);
     tcase_add_test(tc, test_against_the_store_and_errors);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

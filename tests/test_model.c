@@ -3,6 +3,8 @@
 // still gets its gradient through the gathered weights), aux-loss-free bias
 // balancing and the global-batch LB counts.
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,9 +443,5 @@ int main(void) {
     tcase_add_test(tc, test_lb_global_counts);
     tcase_add_test(tc, test_doc_mask_switch);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

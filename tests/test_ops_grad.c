@@ -12,6 +12,8 @@
 // attention causality, top-k routing modes, the dispatch index, and AdamW
 // against a transcription of torch.optim.AdamW.
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1078,9 +1080,5 @@ static Suite *ops_grad_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(ops_grad_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(ops_grad_suite());
 }

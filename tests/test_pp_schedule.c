@@ -5,6 +5,8 @@
 // validator catches broken tables (swapped, missing, doubled actions, wrong
 // sends), each with a message naming the problem.
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -346,9 +348,5 @@ int main(void) {
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_print);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

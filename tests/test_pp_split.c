@@ -4,6 +4,8 @@
 // to the config's parameter count and to the trainer's useful FLOPs per
 // token (flops_per_token, other code); explicit splits are validated.
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,9 +132,5 @@ int main(void) {
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_config_costs);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

@@ -3,6 +3,8 @@
 // test per malformed-file case (table `bad`), each checking that the
 // message names the file and the problem.
 #include <check.h>
+
+#include "check_main.h"
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <stdint.h>
@@ -789,9 +791,5 @@ static Suite *safetensors_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(safetensors_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(safetensors_suite());
 }

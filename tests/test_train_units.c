@@ -6,6 +6,8 @@
 // overwritten, pruning (checkpoint.keep) never deletes the checkpoint just
 // written, and ckpt_remove_all (--overwrite) removes checkpoint directories only.
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -397,9 +399,5 @@ int main(void) {
     tcase_add_test(ck, test_prune_keeps_the_new_one);
     tcase_add_test(ck, test_remove_all);
     suite_add_tcase(s, ck);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

@@ -34,6 +34,31 @@ typedef struct {
     float *dropped;
 } DevRank;
 
+// Rank r's device buffers for case c: its expert offsets and BF16 routed
+// rows from the host, the count window and plan poisoned (every entry the
+// kernels own must be written), the receive and combine buffers allocated;
+// windows_h / recv_h get its entries of the peer tables.
+static void dev_rank_alloc(const EpSymCase *c, DevRank *d, const int *offsets, const uint16_t *xp, int **windows_h,
+                           void **recv_h) {
+    int P = c->P, R = c->N * c->k, C = c->C;
+    d->offsets = gt_dev_bytes(offsets, (c->E + 1) * sizeof(int));
+    d->xp = gt_dev_bytes(xp, (size_t)R * C * 2);
+    d->window = cuda_alloc((size_t)P * c->E * sizeof(int));
+    gt_poison(d->window, (size_t)P * c->E * sizeof(int));
+    d->plan = cuda_alloc(ep_sym_plan_ints(P, c->E) * sizeof(int));
+    gt_poison(d->plan, ep_sym_plan_ints(P, c->E) * sizeof(int));
+    d->recv = cuda_alloc((size_t)c->max_rows * C * 2);
+    d->y = cuda_alloc((size_t)R * C * 2);
+    d->dropped = cuda_alloc(sizeof(float));
+    *windows_h = d->window;
+    *recv_h = d->recv;
+}
+
+static void dev_rank_free(DevRank *d) {
+    cuda_free(d->offsets); cuda_free(d->xp); cuda_free(d->window); cuda_free(d->plan);
+    cuda_free(d->recv); cuda_free(d->y); cuda_free(d->dropped);
+}
+
 static void phases(const EpSymCase *c, DevRank *d, int **windows, void **recv) {
     int P = c->P, R = c->N * c->k;
     for (int r = 0; r < P; r++) cuda_ep_sym_write_counts(windows, d[r].offsets, P, r, c->E);
@@ -84,18 +109,8 @@ static void run_case(const EpSymCase *c) {
     void *recv_h[P];
     uint16_t *xb = gt_malloc((size_t)R * C * 2);
     for (int r = 0; r < P; r++) {
-        d[r].offsets = gt_dev_bytes(rk[r].offsets, (c->E + 1) * sizeof(int));
         for (size_t i = 0; i < (size_t)R * C; i++) xb[i] = f2bf(rk[r].xp[i]);
-        d[r].xp = gt_dev_bytes(xb, (size_t)R * C * 2);
-        d[r].window = cuda_alloc((size_t)P * c->E * sizeof(int));
-        gt_poison(d[r].window, (size_t)P * c->E * sizeof(int));
-        d[r].plan = cuda_alloc(ep_sym_plan_ints(P, c->E) * sizeof(int));
-        gt_poison(d[r].plan, ep_sym_plan_ints(P, c->E) * sizeof(int));
-        d[r].recv = cuda_alloc((size_t)c->max_rows * C * 2);
-        d[r].y = cuda_alloc((size_t)R * C * 2);
-        d[r].dropped = cuda_alloc(sizeof(float));
-        windows_h[r] = d[r].window;
-        recv_h[r] = d[r].recv;
+        dev_rank_alloc(c, &d[r], rk[r].offsets, xb, &windows_h[r], &recv_h[r]);
     }
     int **windows = gt_dev_bytes(windows_h, sizeof windows_h);
     void **recv = gt_dev_bytes(recv_h, sizeof recv_h);
@@ -125,10 +140,7 @@ static void run_case(const EpSymCase *c) {
             ops_cuda.graph_free(graph);
         }
     }
-    for (int r = 0; r < P; r++) {
-        cuda_free(d[r].offsets); cuda_free(d[r].xp); cuda_free(d[r].window); cuda_free(d[r].plan);
-        cuda_free(d[r].recv); cuda_free(d[r].y); cuda_free(d[r].dropped);
-    }
+    for (int r = 0; r < P; r++) dev_rank_free(&d[r]);
     cuda_free(windows);
     cuda_free(recv);
     free(xb);
@@ -391,18 +403,10 @@ static void bench_rate(void) {
     // uniform routing over the experts, rows in expert order
     int *offsets = gt_malloc((c.E + 1) * sizeof(int));
     for (int g = 0; g <= c.E; g++) offsets[g] = (int)((long)R * g / c.E);
-    for (int r = 0; r < P; r++) {
-        d[r].offsets = gt_dev_bytes(offsets, (c.E + 1) * sizeof(int));
-        d[r].xp = cuda_alloc((size_t)R * C * 2);
-        cudaMemsetAsync(d[r].xp, 0x3c, (size_t)R * C * 2, cuda_stream());
-        d[r].window = cuda_alloc((size_t)P * c.E * sizeof(int));
-        d[r].plan = cuda_alloc(ep_sym_plan_ints(P, c.E) * sizeof(int));
-        d[r].recv = cuda_alloc((size_t)c.max_rows * C * 2);
-        d[r].y = cuda_alloc((size_t)R * C * 2);
-        d[r].dropped = cuda_alloc(sizeof(float));
-        windows_h[r] = d[r].window;
-        recv_h[r] = d[r].recv;
-    }
+    uint16_t *rows = gt_malloc((size_t)R * C * 2);
+    for (size_t i = 0; i < (size_t)R * C; i++) rows[i] = 0x3c3c; // any finite BF16 value
+    for (int r = 0; r < P; r++) dev_rank_alloc(&c, &d[r], offsets, rows, &windows_h[r], &recv_h[r]);
+    free(rows);
     int **windows = gt_dev_bytes(windows_h, sizeof windows_h);
     void **recv = gt_dev_bytes(recv_h, sizeof recv_h);
     for (int r = 0; r < P; r++) ops_cuda.ep_sym_write_counts(windows, d[r].offsets, P, r, c.E);
@@ -419,10 +423,7 @@ static void bench_rate(void) {
            gb / (t_disp * 1e-3), 100 * t_copy / t_disp, t_comb, gb / (t_comb * 1e-3), 100 * t_copy / t_comb);
     gt_ok(t_copy / t_disp >= 0.7, "dispatch at >= 70%% of the device-to-device copy rate (%.0f%%)", 100 * t_copy / t_disp);
     gt_ok(t_copy / t_comb >= 0.7, "combine at >= 70%% of the device-to-device copy rate (%.0f%%)", 100 * t_copy / t_comb);
-    for (int r = 0; r < P; r++) {
-        cuda_free(d[r].offsets); cuda_free(d[r].xp); cuda_free(d[r].window); cuda_free(d[r].plan);
-        cuda_free(d[r].recv); cuda_free(d[r].y); cuda_free(d[r].dropped);
-    }
+    for (int r = 0; r < P; r++) dev_rank_free(&d[r]);
     cuda_free(windows); cuda_free(recv); free(offsets);
 }
 
