@@ -112,25 +112,7 @@ static __global__ void gather_rows_kernel(bf16 *__restrict__ out, const bf16 *__
                                           const int *__restrict__ index, int R, int C, bool vec) {
     int r = blockIdx.x * ROW_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (r >= R) return;
-    const bf16 *s = src + (size_t)index[r] * C;
-    bf16 *o = out + (size_t)r * C;
-    if (!vec) {
-        for (int c = lane; c < C; c += WARP) o[c] = s[c];
-        return;
-    }
-    for (int c0 = lane * 8; c0 < C; c0 += 4 * WARP * 8) {
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * WARP * 8;
-            if (c < C) v[u] = *reinterpret_cast<const uint4 *>(s + c);
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * WARP * 8;
-            if (c < C) *reinterpret_cast<uint4 *>(o + c) = v[u];
-        }
-    }
+    warp_copy_row(out + (size_t)r * C, src + (size_t)index[r] * C, C, lane, vec);
 }
 
 static void gather_rows(void *out, const void *src, const int *index, int R, int C) {

@@ -6,8 +6,8 @@
 // cuda_stream(), no host synchronisation, no allocation (capture-safe).
 // The barriers between the phases are the caller's (ep_sym.h).
 //
-// The copies are one warp per row with 16-byte accesses, 4 loads in flight
-// per lane, as dispatch.cu's gathers; the peer buffers must be 16-byte
+// The copies are one warp per row (memkernels.cuh's warp_copy_row, as
+// dispatch.cu's gathers); the peer buffers must be 16-byte
 // aligned (windows are: ncclMemAlloc's granularity) and the vector path is
 // taken when C is a multiple of 8 and the local rows are aligned.
 #include "ops/cuda/memkernels.cuh"
@@ -110,28 +110,6 @@ __device__ __forceinline__ int expert_of_row(const int *__restrict__ offsets, in
     return lo;
 }
 
-// one row of C BF16 values, by one warp: zeros when src is NULL
-__device__ __forceinline__ void copy_row(bf16 *__restrict__ o, const bf16 *__restrict__ s, int C, int lane,
-                                         bool vec) {
-    if (!vec) {
-        for (int c = lane; c < C; c += WARP) o[c] = s ? s[c] : __float2bfloat16(0.f);
-        return;
-    }
-    for (int c0 = lane * 8; c0 < C; c0 += 4 * WARP * 8) {
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * WARP * 8;
-            if (c < C) v[u] = s ? *reinterpret_cast<const uint4 *>(s + c) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * WARP * 8;
-            if (c < C) *reinterpret_cast<uint4 *>(o + c) = v[u];
-        }
-    }
-}
-
 // d (push): kept row r (expert g, i-th of its block) to recv[owner][base + i].
 // f (pull): y[r] from out[owner][base + i], or zeros when r was dropped.
 template <bool PUSH>
@@ -144,9 +122,9 @@ static __global__ void move_rows_kernel(bf16 *local, bf16 *const *peers, const i
     bf16 *remote = kept ? peers[g / (E / P)] + (size_t)(plan[g] + i) * C : nullptr;
     bf16 *mine = local + (size_t)r * C;
     if (PUSH) {
-        if (kept) copy_row(remote, mine, C, lane, vec);
+        if (kept) warp_copy_row(remote, mine, C, lane, vec);
     } else {
-        copy_row(mine, remote, C, lane, vec);
+        warp_copy_row(mine, remote, C, lane, vec);
     }
 }
 

@@ -213,3 +213,27 @@ __device__ __forceinline__ void block_sums(float v[K], float *red, int w0, int n
 // One block sums part[0..G) in a fixed order: out[0] = total / div when out,
 // else acc[0] += total (memkernels.cu).
 void sum_partials(const double *part, int G, float *out, double div, double *acc);
+
+// One row of C BF16 values copied by one warp (lane = its lane), zeros
+// where s is NULL; vec: 16-byte accesses, 4 loads in flight per lane before
+// the stores (C % 8 == 0 and both rows 16-byte aligned).
+__device__ __forceinline__ void warp_copy_row(bf16 *__restrict__ o, const bf16 *__restrict__ s, int C, int lane,
+                                              bool vec) {
+    if (!vec) {
+        for (int c = lane; c < C; c += WARP) o[c] = s ? s[c] : __float2bfloat16(0.f);
+        return;
+    }
+    for (int c0 = lane * 8; c0 < C; c0 += 4 * WARP * 8) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * WARP * 8;
+            if (c < C) v[u] = s ? *reinterpret_cast<const uint4 *>(s + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * WARP * 8;
+            if (c < C) *reinterpret_cast<uint4 *>(o + c) = v[u];
+        }
+    }
+}
