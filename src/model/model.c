@@ -752,7 +752,10 @@ void model_forward_chunk(Model *m, int ch, uint64_t route_seed) {
     int first = m->stage.begin[ch], end = m->stage.end[ch];
     int head = m->stage.head && ch == m->stage.n_chunks - 1;
     if (m->stage.embed && ch == 0) ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
-    for (int l = first; l < end; l++) block_forward(m, l, route_seed);
+    for (int l = first; l < end; l++) {
+        block_forward(m, l, route_seed);
+        if (m->between_blocks) m->between_blocks(m->between_blocks_ctx);
+    }
     int mf, mn;
     chunk_moe_range(m, ch, &mf, &mn);
     if (mn) {
@@ -998,6 +1001,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);
         input_norm_backward(m, m->d2, x, a->ln1_rstd, L->attn_norm, N);
         grads_final(m, L->first_entry, L->end_entry);
+        if (m->between_blocks) m->between_blocks(m->between_blocks_ctx);
     }
     if (m->stage.embed && ch == 0) {
         ops->embedding_backward(G(m->embed), m->dres, m->tokens, N, D);

@@ -133,6 +133,12 @@ typedef struct {
     // LM head to model_wgrad_chunk, keeping their output grads in the slot
     // (the MoE and MLP weight grads stay in the backward).
     int defer_wgrad;
+    // Called after each block of a chunk's forward and backward when set
+    // (pipeline.c on CPU ranks: MPI moves a large message only while the
+    // sender is inside an MPI call, so the pipeline's sends progress between
+    // blocks instead of waiting for the rank's next action).
+    void (*between_blocks)(void *ctx);
+    void *between_blocks_ctx;
     // Intra-document attention masking (docs/model.md), set before
     // model_alloc_acts: with doc_mask, a position attends only to the
     // positions of its own document, the documents of a sequence each ending

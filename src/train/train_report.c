@@ -234,6 +234,13 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
         json_object *idle = json_object_new_array();
         for (int p = 0; p < pl->pp; p++) json_object_array_add(idle, json_object_new_double(pl->idle[p]));
         json_object_object_add(o, "pp_idle_in_span", idle);
+        json_object *wait = json_object_new_array(), *other = json_object_new_array();
+        for (int p = 0; p < pl->pp; p++) {
+            json_object_array_add(wait, json_object_new_double(pl->wait[p]));
+            json_object_array_add(other, json_object_new_double(pl->other[p]));
+        }
+        json_object_object_add(o, "pp_wait_in_span", wait);
+        json_object_object_add(o, "pp_other_in_span", other);
     }
     json_object *layers = json_object_new_array();
     *worst_max = *dropped_total = *rows_total = 0;
