@@ -233,6 +233,8 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     m->xf = take(cv, N * D); m->xf_rstd = ftake(cv, N);
     m->logits = take(cv, N * Vp); m->losses = ftake(cv, N);
     m->tokens = itake(cv, N); m->targets = itake(cv, N);
+    m->route_seeds = take_bytes(cv, (size_t)c->n_layers * sizeof(uint64_t));
+    m->route_seed_set = 0;
     m->doc_start = m->doc_mask ? itake(cv, N) : NULL;
     m->grad_out = m->staged ? take(cv, N * D) : NULL;
 }
@@ -344,6 +346,7 @@ static void slot_store(const Model *m, ModelSlot *s) {
     s->batch_docs = m->batch_docs; s->n_valid = m->n_valid;
     s->plan_sizes = m->plan_sizes; s->plan_host = m->plan_host;
     s->grad_out = m->grad_out;
+    s->route_seeds = m->route_seeds; s->route_seed = m->route_seed; s->route_seed_set = m->route_seed_set;
 }
 static void slot_load(Model *m, const ModelSlot *s) {
     m->acts = s->acts; m->resid = s->resid;
@@ -352,6 +355,7 @@ static void slot_load(Model *m, const ModelSlot *s) {
     m->batch_docs = s->batch_docs; m->n_valid = s->n_valid;
     m->plan_sizes = s->plan_sizes; m->plan_host = s->plan_host;
     m->grad_out = s->grad_out;
+    m->route_seeds = s->route_seeds; m->route_seed = s->route_seed; m->route_seed_set = s->route_seed_set;
 }
 
 void model_use_slot(Model *m, int k) {
@@ -623,8 +627,7 @@ static void a2a_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
     if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
 }
 
-static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in,
-                        uint64_t seed) {
+static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k;
@@ -632,7 +635,7 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->router_logits_forward(a->logits, in, P(L->router), N, D, E);
     ops->router_probs_forward(a->probs, a->logits, N, E, c->gating);
     const float *bias = c->aux_free_rate > 0 ? m->store.router_bias + (size_t)li * E : NULL;
-    ops->router_topk(a->idx, a->probs, bias, N, E, k, c->routing, layer_seed(seed, l));
+    ops->router_topk(a->idx, a->probs, bias, N, E, k, c->routing, m->route_seeds + l); // model_set_route_seed's
     ops->router_weights_forward(a->weights, a->probs, a->idx, N, E, k, c->renorm_topk);
     ops->zero(a->counts, E * sizeof(float));
     ops->router_count(a->counts, a->idx, N, E, k);
@@ -642,7 +645,7 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     // global LB counts and the drop counts were taken the first time
     int again = m->recomputing;
     if (!again) ops->add_f32(step_counts, a->counts, E);
-    if (c->lb_global && again) { // the counts the first time saw (a->lb_tokens is kept from then)
+    if (c->lb_global && again) { // the counts the first time saw
         ops->copy_f32(a->lb_counts, m->lb_global_counts + (size_t)li * E, E);
     } else if (c->lb_global) {
         // Megatron-Core's global_aux_loss: this micro-batch's counts summed
@@ -655,7 +658,7 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
         if (dp > 1) comm_allreduce(m->par.dp_comm, a->lb_counts, E, COMM_F32); // backend buffers: host on CPU
         ops->add_f32(global, a->lb_counts, E);
         ops->copy_f32(a->lb_counts, global, E);
-        a->lb_tokens = (m->step_tokens + N) * dp; // step_tokens advances after all layers
+        a->lb_tokens = 0; // the kernels' sum of the counts / k: (step tokens so far + N) x dp, no host argument
     } else {
         ops->copy_f32(a->lb_counts, a->counts, E);
         a->lb_tokens = (float)N;
@@ -675,6 +678,17 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
         swiglu_mlp_forward(m, a->so, a->sg, a->su, a->sa, in, L->sh_gate, L->sh_up, L->sh_down, N, Fs);
         ops->add_act(a->f, a->so, (size_t)N * D);
     }
+}
+
+void model_set_route_seed(Model *m, uint64_t route_seed) {
+    if (m->cfg.routing != ROUTING_RANDOM || (m->route_seed_set && m->route_seed == route_seed)) return;
+    int L = m->cfg.n_layers;
+    uint64_t *s = mallocCheck(L * sizeof(uint64_t));
+    for (int l = 0; l < L; l++) s[l] = layer_seed(route_seed, l);
+    m->ops->to_device(m->route_seeds, s, L * sizeof(uint64_t));
+    free(s);
+    m->route_seed = route_seed;
+    m->route_seed_set = 1;
 }
 
 void model_set_batch(Model *m, const int *tokens, const int *targets) {
@@ -711,13 +725,14 @@ double model_aux_loss(const ModelConfig *c, const double *lb, const double *z, i
 }
 
 // Block l: resid[l] -> resid[l + 1], its activations into acts[l].
-static void block_forward(Model *m, int l, uint64_t route_seed) {
+// Random routing reads the layer's seed from the slot's route_seeds, which a
+// recompute in the backward finds unchanged.
+static void block_forward(Model *m, int l) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model;
     const LayerParams *L = &m->layers[l];
     LayerActs *a = &m->acts[l];
-    a->route_seed = route_seed; // for a recompute in the backward
     const void *x = m->resid[l];
     const void *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
     attention_forward(m, L, a, in);
@@ -725,7 +740,7 @@ static void block_forward(Model *m, int l, uint64_t route_seed) {
     ops->copy_act(a->h, x, (size_t)N * D);
     ops->add_act(a->h, add, (size_t)N * D);
     in = maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N);
-    if (L->moe_index >= 0) moe_forward(m, l, L, a, in, route_seed);
+    if (L->moe_index >= 0) moe_forward(m, l, L, a, in);
     else swiglu_mlp_forward(m, a->f, a->g, a->u, a->a, in, L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden);
     add = maybe_norm(m, a->fn, a->f_rstd, a->f, L->ffn_post_norm, N);
     void *y = m->resid[l + 1];
@@ -751,9 +766,10 @@ void model_forward_chunk(Model *m, int ch, uint64_t route_seed) {
     int N = m->B * m->T, D = c->d_model;
     int first = m->stage.begin[ch], end = m->stage.end[ch];
     int head = m->stage.head && ch == m->stage.n_chunks - 1;
+    model_set_route_seed(m, route_seed);
     if (m->stage.embed && ch == 0) ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
     for (int l = first; l < end; l++) {
-        block_forward(m, l, route_seed);
+        block_forward(m, l);
         if (m->between_blocks) m->between_blocks(m->between_blocks_ctx);
     }
     int mf, mn;
@@ -981,7 +997,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         LayerActs *a = &m->acts[l];
         if (model_recomputes_layer(m, l)) { // its activations, again, from its input (same kernels: same bits)
             m->recomputing = 1;
-            block_forward(m, l, a->route_seed);
+            block_forward(m, l);
             m->recomputing = 0;
         }
         // feed-forward half: y = h + post(ffn(pre(h))); dres holds dL/dy

@@ -85,7 +85,6 @@ typedef struct {
     // defer_wgrad: the output grads of wo, wq, wk, wv, kept from the input-grad
     // backward for the weight-grad one [N,D], [N,qd], [N,kvd] x2
     void *w_do, *w_dq, *w_dk, *w_dv;
-    uint64_t route_seed;              // the forward's, for a recompute (train.recompute: layers)
 } LayerActs;
 
 // What one micro-batch in flight keeps (an activation slot): the model's
@@ -100,6 +99,9 @@ typedef struct {
     size_t *plan_sizes;
     int *plan_host;
     void *grad_out;                   // pipeline: the grad this micro-batch sends to the previous stage [N,D]
+    uint64_t *route_seeds;            // random routing: each layer's seed, in backend memory [n_layers]
+    uint64_t route_seed;              // the micro-batch seed they were made from
+    int route_seed_set;               // whether route_seeds holds route_seed's
 } ModelSlot;
 
 typedef struct {
@@ -156,6 +158,11 @@ typedef struct {
     int *tokens, *targets;
     int *doc_start, *doc_start_host;  // [B*T] (ops.h), with doc_mask; else NULL
     void *grad_out;                   // the slot's grad to the previous stage (staged models)
+    // random routing: each layer's seed in backend memory [n_layers], made
+    // from the micro-batch seed route_seed (model_set_route_seed)
+    uint64_t *route_seeds;
+    uint64_t route_seed;
+    int route_seed_set;
     // The micro-batch has a document boundary (an EOS before its last
     // position in some row): attention gets doc_start; without one it runs
     // the causal kernels (the same numbers, at the causal speed).
@@ -237,6 +244,11 @@ void model_begin_step(Model *m);
 // so it can be captured in a CUDA graph. model_forward does both and copies
 // this micro-batch's losses to the host fields below, returning the total.
 void model_set_batch(Model *m, const int *tokens, const int *targets);
+// Random routing: uploads the layers' seeds of micro-batch seed route_seed
+// into the slot in use (a no-op when they are there already, or without
+// random routing). The forward calls it; a caller capturing the forward in
+// a CUDA graph calls it first, so that the graph only reads them.
+void model_set_route_seed(Model *m, uint64_t route_seed);
 void model_forward_async(Model *m, uint64_t route_seed);
 // Host-side counts of one executed micro-batch (tokens and routed rows of
 // the step): model_forward calls it; callers of model_forward_async call it

@@ -148,9 +148,11 @@ typedef struct Ops {
                                   int N, int E, Gating g, int accumulate);
     // Expert choice idx[N,k] (not differentiable). bias may be NULL (aux-free
     // balancing adds it to probs for the choice only). For ROUTING_RANDOM the
-    // choice of token n depends only on (seed, n).
+    // choice of token n depends only on (*seed, n): seed is in backend
+    // memory, so a captured graph reads each micro-batch's (read only for
+    // ROUTING_RANDOM; NULL otherwise is fine).
     void (*router_topk)(int *idx, const float *probs, const float *bias, int N, int E, int k,
-                        RoutingMode mode, uint64_t seed);
+                        RoutingMode mode, const uint64_t *seed);
     // weights[N,k] = probs[n, idx[n,s]], divided by their sum when renorm.
     void (*router_weights_forward)(float *weights, const float *probs, const int *idx,
                                    int N, int E, int k, int renorm);
@@ -167,7 +169,9 @@ typedef struct Ops {
     // Load-balancing loss (E/k) sum_i f_i P_i, f_i = counts[i] / count_tokens,
     // P_i = mean over the N tokens of p̂[:, i] (p̂ = probs, normalised per
     // token for sigmoid gating), written to out[0]; backward adds
-    // scale * dLB/dprobs into dprobs.
+    // scale * dLB/dprobs into dprobs. count_tokens <= 0: the tokens the
+    // counts cover, sum_i counts[i] / k, read where the counts are (so a
+    // graph of model.lb_global's running counts needs no host argument).
     void (*lb_loss_forward)(float *out, const float *probs, const float *counts, float count_tokens,
                             int N, int E, int k, Gating g);
     void (*lb_loss_backward)(float *dprobs, const float *probs, const float *counts,

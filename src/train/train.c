@@ -524,14 +524,17 @@ static int train_setup(Trainer *tr) {
     // CUDA graph of one micro-batch's forward + backward: its inputs are the
     // uploaded batch and fixed buffers, so one graph serves every micro-batch
     // (a different CE scale, from a batch with other masked targets, runs
-    // uncaptured). Random routing and lb_global change kernel arguments per
-    // micro-batch, and DDP hooks need the host: those run uncaptured.
+    // uncaptured). Random routing reads its seeds from device memory, which
+    // model_set_route_seed fills before each replay, and lb_global's token
+    // count comes from its running counts on the device; with several ranks
+    // lb_global reduces its counts in the forward, and DDP hooks need the
+    // host: those run uncaptured.
     // With several ranks the step captures when nothing in forward and
     // backward talks to the host: no expert dispatch, or the symmetric one
     // (the all-to-all's split sizes pass through the host).
     tr->use_graph = cfg->device.cuda_graph && tr->ops->capture_begin &&
                     (train_world_size == 1 || tr->m.par.ep_size == 1 || tr->m.ep_sym) &&
-                    tr->m.cfg.routing != ROUTING_RANDOM && !tr->m.cfg.lb_global;
+                    (train_world_size == 1 || !tr->m.cfg.lb_global);
     if (tr->ops->capture_begin) SAY("cuda graph: %s\n", tr->use_graph ? "on" : "off");
     return -1;
 }
@@ -546,6 +549,7 @@ static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
     const Ops *ops = tr->ops;
     char err[512];
     int g = m->batch_docs;
+    model_set_route_seed(m, route_seed); // before a capture or replay, which only read it
     if (tr->use_graph && tr->graph[g] && ce_scale == tr->graph_scale[g]) {
         ops->graph_launch(tr->graph[g]);
     } else if (tr->use_graph && tr->graph_tries[g] == 1) {

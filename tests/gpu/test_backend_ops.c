@@ -224,7 +224,7 @@ static void cpu_probs(float *p, int N, int E, Gating g, float scale) {
     free(l);
 }
 static void random_idx(int *idx, int N, int E, int k, uint64_t seed) {
-    ops_cpu.router_topk(idx, NULL, NULL, N, E, k, ROUTING_RANDOM, seed);
+    ops_cpu.router_topk(idx, NULL, NULL, N, E, k, ROUTING_RANDOM, &seed);
 }
 // expert choices: 0 random distinct experts, 1 learned top-k, 2 skewed (only
 // experts 0..2, slots may repeat an expert; most segments empty)
@@ -680,8 +680,11 @@ static void add_router_probs(int N, int E, Gating g, int acc) {
     dims2(tio(c, "dlogits", F32, ne, acc, G_UNIFORM, 1, &B_F32), N, E);
 }
 
-static void run_topk(const Case *c, const Ops *o, void *const *b) {
-    o->router_topk(b[2], b[0], b[1], c->N, c->E, c->k, c->mode, c->seed);
+static void run_topk(const Case *c, const Ops *o, void *const *b) { // the seed in the backend's memory
+    uint64_t *seed = o->alloc(sizeof(uint64_t));
+    o->to_device(seed, &c->seed, sizeof(uint64_t));
+    o->router_topk(b[2], b[0], b[1], c->N, c->E, c->k, c->mode, seed);
+    o->free(seed);
 }
 // ties: probabilities and bias quantised to a few levels, so that
 // most choices are decided by the lower-index rule

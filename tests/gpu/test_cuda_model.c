@@ -292,11 +292,90 @@ static void graph_capture(const TestConfig *tc) {
                    tag(tc), a, b);
             if (ok) gt_pass++; else gt_fail++;
         }
+        if (gpu.cfg.routing == ROUTING_RANDOM) {
+            // the graph reads the route seeds from device memory: after an
+            // uncaptured step with seed 2 a replay gives seed 2's CE, and
+            // after model_set_route_seed(1) seed 1's again
+            double ref2, got2, got1;
+            model_zero_grads(&gpu);
+            model_begin_step(&gpu);
+            model_forward_async(&gpu, 2);
+            model_backward(&gpu, 1.0f / gpu.n_valid, 1.0f);
+            cuda_to_host(&ref2, gpu.ce_acc, sizeof(double));
+            cuda_graph_launch(exec);
+            cuda_to_host(&got2, gpu.ce_acc, sizeof(double));
+            model_set_route_seed(&gpu, 1);
+            cuda_graph_launch(exec);
+            cuda_to_host(&got1, gpu.ce_acc, sizeof(double));
+            ok = got2 == ref2 && got1 == ref && ref2 != ref;
+            printf("%s %s: random routing replayed with the seed in device memory: seed 2 CE %.6f vs uncaptured %.6f, "
+                   "seed 1 again %.6f vs %.6f\n", ok ? "ok  " : "FAIL", tag(tc), got2, ref2, got1, ref);
+            if (ok) gt_pass++; else gt_fail++;
+        }
         // time the captured step
         void *t0 = cuda_event_record();
         for (int r = 0; r < 10; r++) cuda_graph_launch(exec);
         void *t1 = cuda_event_record();
         printf("      captured step: %.3f ms per forward+backward of %d tokens\n", cuda_event_elapsed_ms(t0, t1) / 10, N);
+        cuda_graph_free(exec);
+    }
+    free(tok); free(tgt);
+    model_free(&gpu);
+}
+
+// model.lb_global under a CUDA graph: two replays of one captured
+// micro-batch on two batches give the step's LB sums of the two uncaptured
+// micro-batches bit for bit (the second sees the running counts of both;
+// the LB kernels take the token count from them on the device, not from a
+// host argument).
+static void lb_global_graph(const TestConfig *tc) {
+    int B = 2, T = 128, N = B * T;
+    Model gpu;
+    char err[256];
+    ModelConfig c;
+    model_config_defaults(&c);
+    for (int i = 0; tc->keys[i][0]; i++) model_config_set(&c, tc->keys[i][0], tc->keys[i][1], err, sizeof err);
+    model_config_set(&c, "routing", routing, err, sizeof err);
+    model_config_set(&c, "lb_global", "true", err, sizeof err);
+    if (model_init(&gpu, &c, &ops_cuda, err, sizeof err)) { printf("FAIL %s\n", err); gt_fail++; return; }
+    model_init_weights(&gpu, 7);
+    model_alloc_acts(&gpu, B, T);
+    int *tok = malloc(2 * N * sizeof(int)), *tgt = malloc(2 * N * sizeof(int)); // two micro-batches
+    make_batch(tok, tgt, N, T, gpu.cfg.vocab_size, 9);
+    make_batch(tok + N, tgt + N, N, T, gpu.cfg.vocab_size, 10);
+    int L = gpu.n_moe;
+    float ref[L + 1], got[L + 1], one[L + 1];
+    model_zero_grads(&gpu);
+    model_begin_step(&gpu);
+    for (int mb = 0; mb < 2; mb++) {
+        model_set_batch(&gpu, tok + mb * N, tgt + mb * N);
+        model_forward_async(&gpu, 1);
+        model_backward(&gpu, 1.0f / gpu.n_valid, 1.0f);
+        model_count_micro_batch(&gpu);
+        if (mb == 0) cuda_to_host(one, gpu.lb_step, L * sizeof(float));
+    }
+    cuda_to_host(ref, gpu.lb_step, L * sizeof(float));
+    model_zero_grads(&gpu);
+    model_begin_step(&gpu);
+    model_set_batch(&gpu, tok, tgt);
+    cuda_capture_begin();
+    model_forward_async(&gpu, 1);
+    model_backward(&gpu, 1.0f / gpu.n_valid, 1.0f);
+    void *exec = cuda_capture_end(err, sizeof err);
+    if (!exec) {
+        printf("FAIL %s: lb_global: the step cannot be captured: %s\n", tag(tc), err);
+        gt_fail++;
+    } else {
+        for (int mb = 0; mb < 2; mb++) {
+            model_set_batch(&gpu, tok + mb * N, tgt + mb * N);
+            cuda_graph_launch(exec);
+            model_count_micro_batch(&gpu);
+        }
+        cuda_to_host(got, gpu.lb_step, L * sizeof(float));
+        int ok = !memcmp(got, ref, L * sizeof(float)) && ref[0] != 2 * one[0];
+        printf("%s %s: lb_global captured: 2 replays' LB sum %.6f (layer 0) vs 2 uncaptured micro-batches %.6f "
+               "(one micro-batch %.6f)\n", ok ? "ok  " : "FAIL", tag(tc), got[0], ref[0], one[0]);
+        if (ok) gt_pass++; else gt_fail++;
         cuda_graph_free(exec);
     }
     free(tok); free(tgt);
@@ -365,6 +444,8 @@ int main(void) {
         compare_step(&configs[i]);
         graph_capture(&configs[i]);
         routing = "random";
+        graph_capture(&configs[i]);
+        lb_global_graph(&configs[i]);
         recompute_step(&configs[i]);
     }
     doc_eos = 256;

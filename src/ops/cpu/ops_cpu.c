@@ -33,6 +33,10 @@ static void c_matmul_backward(void *dinp, float *dw, const void *dout, const voi
                               int N, int C, int OC, int accumulate) {
     cpu_matmul_backward(F(dinp), dw, CF(dout), CF(inp), CF(w), N, C, OC, accumulate);
 }
+static void c_router_topk(int *idx, const float *probs, const float *bias, int N, int E, int k, RoutingMode mode,
+                          const uint64_t *seed) {
+    cpu_router_topk(idx, probs, bias, N, E, k, mode, mode == ROUTING_RANDOM ? *seed : 0);
+}
 static void c_router_logits_forward(float *logits, const void *inp, const void *w, int N, int C, int E) {
     cpu_matmul_forward(logits, CF(inp), CF(w), N, C, E);
 }
@@ -180,7 +184,7 @@ const Ops ops_cpu = {
     .swiglu_backward_rows = c_swiglu_backward_rows,
     .router_probs_forward = cpu_router_probs_forward,
     .router_probs_backward = cpu_router_probs_backward,
-    .router_topk = cpu_router_topk,
+    .router_topk = c_router_topk,
     .router_weights_forward = cpu_router_weights_forward,
     .router_weights_backward = cpu_router_weights_backward,
     .router_count = cpu_router_count,

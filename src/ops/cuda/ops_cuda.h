@@ -62,7 +62,7 @@ void cuda_router_probs_forward(float *probs, const float *logits, int N, int E, 
 void cuda_router_probs_backward(float *dlogits, const float *dprobs, const float *probs, int N, int E,
                                 Gating g, int accumulate);
 void cuda_router_topk(int *idx, const float *probs, const float *bias, int N, int E, int k,
-                      RoutingMode mode, uint64_t seed);
+                      RoutingMode mode, const uint64_t *seed);
 void cuda_router_weights_forward(float *weights, const float *probs, const int *idx, int N, int E, int k, int renorm);
 void cuda_router_weights_backward(float *dprobs, const float *dweights, const float *probs, const int *idx,
                                   int N, int E, int k, int renorm, int accumulate);

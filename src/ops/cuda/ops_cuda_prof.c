@@ -91,7 +91,7 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (dlogits, dprobs, probs, N, E, g, accumulate))                                                         \
     X(router_topk, C_DISPATCH,                                                                               \
       (int *idx, const float *probs, const float *bias, int N, int E, int k, RoutingMode mode,               \
-       uint64_t seed),                                                                                       \
+       const uint64_t *seed),                                                                                \
       (idx, probs, bias, N, E, k, mode, seed))                                                               \
     X(router_weights_forward, C_DISPATCH,                                                                    \
       (float *weights, const float *probs, const int *idx, int N, int E, int k, int renorm),                 \
