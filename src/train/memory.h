@@ -27,6 +27,7 @@ typedef struct {
                                 // it holds the expert-parallel receive buffers too
     size_t dispatch_bytes;      // symmetric expert parallelism: its symmetric memory (model.h)
     const ParamStage *stage;    // a pipeline stage's tensors only (NULL: the whole model)
+    int fp8;                    // train.precision: fp8: FP8 copies of the expert weights (model.h)
 } MemoryLayout;
 
 typedef struct {
@@ -40,6 +41,7 @@ typedef struct {
     size_t arena;                   // activations (0: not known)
     size_t dispatch;                // symmetric memory of the expert dispatch (0: none)
     size_t other;                   // the aux-free router bias
+    size_t fp8_weights;             // train.precision: fp8: the expert weights' E4M3 copies and their 128x128 scales
 } MemoryPlan;
 
 // The plan of this rank of layout l for model cfg (validated). -1 with a

@@ -108,7 +108,7 @@ static void print_memory(const Trainer *tr) {
     char err[400];
     MemoryLayout l = {mesh->dp, comm_rank(mesh->dp_comm), mesh->ep, mesh->ep_dp, comm_rank(mesh->ep_dp_comm),
                       tr->cfg.optim_sharded, tr->ops->act_bytes, tr->m.arena_bytes, tr->m.sym_bytes,
-                      tr->pipe.on ? &tr->pipe.stage : NULL};
+                      tr->pipe.on ? &tr->pipe.stage : NULL, tr->m.fp8};
     MemoryPlan p;
     if (memory_plan(&p, &tr->m.cfg, &l, err, sizeof err)) {
         printf("rank %d: memory: no accounting: %s\n", comm_rank(tr->world), err);
