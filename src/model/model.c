@@ -120,6 +120,7 @@ int model_set_fp8(Model *m, char *err, size_t errlen) {
     m->fp8_w = m->ops->alloc(tensors * n);
     m->fp8_ws = m->ops->alloc(tensors * m->fp8_ws_per * sizeof(float));
     m->fp8 = 1;
+    param_store_drop_act(&m->store, CLASS_EXPERT); // the FP8 copies replace the BF16 ones (a no-op on FP32)
     return 0;
 }
 
@@ -343,6 +344,7 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
         m->dxl = sym ? m->sym_dxl : ep > 1 ? take(cv, Rl * D) : m->dxp;
         m->dea = take(cv, Rl * Fe); m->deg = take(cv, Rl * Fe); m->deu = take(cv, Rl * Fe);
         m->fp8_deq = m->fp8 ? take(cv, R * (D > Fe ? D : Fe)) : NULL;
+        for (int i = 0; i < 2; i++) m->fp8_wdeq[i] = m->fp8 ? take(cv, (size_t)m->E_local * D * Fe) : NULL;
         m->ep_scratch = ep > 1 && !sym ? take(cv, Rl * D) : NULL;
         m->dweights = ftake(cv, N * k); m->dprobs = ftake(cv, N * E); m->dlogits = ftake(cv, N * E);
         if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
@@ -980,9 +982,9 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
 }
 
-// fp8_moe_experts_forward's backward, in BF16: each weight-grad from the
-// dequantised FP8 input its forward multiplied, the data-grads from the BF16
-// weight copies.
+// fp8_moe_experts_forward's backward, in the compute dtype: the weight-grads
+// from the dequantised FP8 inputs, the data-grads from the dequantised FP8
+// weights (what the forward multiplied, both).
 static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -992,15 +994,19 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     if (capacity > 0) ops->moe_capacity_drop(m->dey, NULL, lo, El, R, D, capacity);
     // recompute: a->eaq and (both) a->xq are shared buffers that later layers overwrote
     if (m->recompute == 1) ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
-    int accw = !m->expert_grads_unset;
+    int accw = !m->expert_grads_unset, li = L->moe_index;
+    void *wg = m->fp8_wdeq[0], *wu = m->fp8_wdeq[1];
     ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
-    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->dey, m->fp8_deq, P(L->exp_down), lo, El, Fe, D, accw);
+    ops->fp8_dequantize_weights(wg, fp8_weight(m, li, 2), fp8_scales(m, li, 2), El, D, Fe);
+    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->dey, m->fp8_deq, wg, lo, El, Fe, D, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)R * Fe);
     if (m->recompute == 1 || m->recompute == 2) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
     ops->fp8_dequantize_rows(m->fp8_deq, a->xq, a->xs, R, D);
-    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, m->fp8_deq, P(L->exp_gate), lo, El, D, Fe, accw);
-    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, m->fp8_deq, P(L->exp_up), lo, El, D, Fe, accw);
-    ops->grouped_dgrad_pair(m->dxp, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
+    ops->fp8_dequantize_weights(wg, fp8_weight(m, li, 0), fp8_scales(m, li, 0), El, Fe, D);
+    ops->fp8_dequantize_weights(wu, fp8_weight(m, li, 1), fp8_scales(m, li, 1), El, Fe, D);
+    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, m->fp8_deq, wg, lo, El, D, Fe, accw);
+    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, m->fp8_deq, wu, lo, El, D, Fe, accw);
+    ops->grouped_dgrad_pair(m->dxp, m->deg, wg, m->deu, wu, lo, El, D, Fe);
 }
 
 static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,

@@ -138,14 +138,17 @@ typedef struct {
     // experts' grouped GEMMs run their forward in FP8 (block128: E4M3, 1 x 128
     // activation tiles, 128 x 128 weight blocks, FP32 accumulation). The
     // FP8 copies of the expert weights [n_moe][gate, up, down] and their
-    // scales are made from the FP32 main weights by model_fp8_refresh; the
-    // backward's data- and weight-grads run in BF16 (from the BF16 weight
-    // copies and the dequantised FP8 inputs).
+    // scales are made from the FP32 main weights by model_fp8_refresh, and
+    // replace the BF16 copies of the expert weights (the store drops them).
+    // The backward's data- and weight-grads run in the compute dtype: the
+    // data-grads with the dequantised FP8 weights, the weight-grads with the
+    // dequantised FP8 inputs (what the forward multiplied).
     int fp8;
     uint8_t *fp8_w;                   // [n_moe * 3][E_local * d_model * expert_hidden]
     float *fp8_ws;                    // [n_moe * 3][fp8_ws_per]
     size_t fp8_ws_per;                // scales per expert tensor
     void *fp8_deq;                    // backward scratch [R, max(d_model, expert_hidden)] act: a dequantised input
+    void *fp8_wdeq[2];                // backward scratch [E_local, expert_hidden, d_model] act x2: dequantised weights
     // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
     // backward leaves the weight grads of the attention projections and the
     // LM head to model_wgrad_chunk, keeping their output grads in the slot

@@ -244,6 +244,8 @@ typedef struct Ops {
     // memory; rows of C values have ceil(C / 128) scales.
     // qw[E,M,K], sw[E, ceil(M/128), ceil(K/128)] from the FP32 weights w.
     void (*fp8_quantize_weights)(uint8_t *qw, float *sw, const float *w, int E, int M, int K);
+    // w[E,M,K] (act) = the dequantised qw, sw (the data-grads' weights).
+    void (*fp8_dequantize_weights)(void *w, const uint8_t *qw, const float *sw, int E, int M, int K);
     // q[R,C], s of rows x[token_of_row[r], :] (the permute, quantised;
     // token_of_row NULL: x's own rows in order).
     void (*fp8_quantize_rows)(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C);

@@ -44,7 +44,8 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
     p->expert_main = shared ? 0 : p->expert_opt;
 
     size_t held = p->dense + p->expert;
-    p->compute_weights = held * l->act_bytes;
+    // train.precision: fp8: the expert weights' FP8 copies replace their BF16 ones (model_set_fp8)
+    p->compute_weights = (held - (l->fp8 && !shared ? p->expert : 0)) * l->act_bytes;
     p->grads = held * sizeof(float);
     p->main_weights = (p->dense_main + p->expert_main) * sizeof(float);
     p->moments = (p->dense_opt + p->expert_opt) * 2 * sizeof(float);

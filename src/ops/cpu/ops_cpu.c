@@ -134,6 +134,9 @@ static void c_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, 
 static void c_fp8_quantize_weights(uint8_t *qw, float *sw, const float *w, int E, int M, int K) {
     fp8_quantize_128x128(qw, sw, w, E, M, K);
 }
+static void c_fp8_dequantize_weights(void *w, const uint8_t *qw, const float *sw, int E, int M, int K) {
+    fp8_dequantize_128x128(F(w), qw, sw, E, M, K);
+}
 static void c_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C) {
     if (!token_of_row) { fp8_quantize_1x128(q, s, CF(x), R, C); return; }
     float *xp = mallocCheck((size_t)R * C * sizeof(float) + 1);
@@ -231,6 +234,7 @@ const Ops ops_cpu = {
     .grouped_matmul_backward = c_grouped_matmul_backward,
     .grouped_dgrad_pair = c_grouped_dgrad_pair,
     .fp8_quantize_weights = c_fp8_quantize_weights,
+    .fp8_dequantize_weights = c_fp8_dequantize_weights,
     .fp8_quantize_rows = c_fp8_quantize_rows,
     .fp8_swiglu_quantize = c_fp8_swiglu_quantize,
     .fp8_dequantize_rows = c_fp8_dequantize_rows,

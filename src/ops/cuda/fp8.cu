@@ -130,12 +130,9 @@ __global__ void swiglu_quantize_kernel(uint8_t *q, float *scale, const bf16 *gat
     quantize_tile8(q, scale, v, live, e0);
 }
 
-// x = float(q) * scale, rounded to BF16; 8 values per thread.
-__global__ void dequantize_1x128_kernel(bf16 *x, const uint8_t *q, const float *scale, size_t n) {
-    size_t e0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (e0 >= n) return;
-    uint2 raw = *(const uint2 *)(q + e0);
-    float s = scale[e0 / 128];
+// 8 E4M3 bytes times s, rounded to BF16, stored as 16 bytes at x
+__device__ __forceinline__ void dequantize8(bf16 *x, const uint8_t *q, float s) {
+    uint2 raw = *(const uint2 *)q;
     const uint8_t *b = (const uint8_t *)&raw;
     uint4 out;
     uint32_t *o = (uint32_t *)&out;
@@ -147,7 +144,24 @@ __global__ void dequantize_1x128_kernel(bf16 *x, const uint8_t *q, const float *
         __nv_bfloat162 h = __floats2bfloat162_rn((float)lo * s, (float)hi * s);
         o[j] = *(uint32_t *)&h;
     }
-    *(uint4 *)(x + e0) = out;
+    *(uint4 *)x = out;
+}
+
+// x = float(q) * scale, rounded to BF16; 8 values per thread.
+__global__ void dequantize_1x128_kernel(bf16 *x, const uint8_t *q, const float *scale, size_t n) {
+    size_t e0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (e0 >= n) return;
+    dequantize8(x + e0, q + e0, scale[e0 / 128]);
+}
+
+// w [E, M, K] = float(q) * the scale of its 128 x 128 block; 8 values per thread.
+__global__ void dequantize_128x128_kernel(bf16 *w, const uint8_t *q, const float *scale, int M, int K, size_t n) {
+    size_t e0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (e0 >= n) return;
+    size_t row = e0 / K; // over all experts: [E * M]
+    int k = (int)(e0 % K), kb = K / 128;
+    size_t e = row / M, i = row % M;
+    dequantize8(w + e0, q + e0, scale[(e * (M / 128) + i / 128) * kb + k / 128]);
 }
 
 // 128 x 128 blocks of w [E, M, K]: one block of 256 threads each; thread
@@ -485,6 +499,15 @@ extern "C" int cuda_fp8_dequantize_1x128(void *x, const uint8_t *q, const float 
     return 0;
 }
 
+extern "C" int cuda_fp8_dequantize_128x128(void *w, const uint8_t *q, const float *scale, int E, int M, int K) {
+    if (E <= 0 || M <= 0 || K <= 0 || M % 128 || K % 128) return -1;
+    if (((uintptr_t)w & 15) || ((uintptr_t)q & 7)) return -1;
+    size_t n = (size_t)E * M * K, threads = n / 8;
+    dequantize_128x128_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>((bf16 *)w, q, scale, M, K, n);
+    cudaLaunchCheck();
+    return 0;
+}
+
 extern "C" int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K) {
     if (E <= 0 || M <= 0 || K <= 0 || M % 128 || K % 128 || E > 65535) return -1;
     quantize_128x128_kernel<<<dim3((unsigned)(M / 128 * (K / 128)), E), 256, 0, cuda_stream()>>>(q, scale, w, M, K);
@@ -560,6 +583,9 @@ static void fp8_ok(int rc, const char *what, int a, int b) {
 }
 extern "C" void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, const float *w, int E, int M, int K) {
     fp8_ok(cuda_fp8_quantize_128x128(qw, sw, w, E, M, K), "fp8_quantize_weights", M, K);
+}
+extern "C" void cuda_fp8_dequantize_weights(void *w, const uint8_t *qw, const float *sw, int E, int M, int K) {
+    fp8_ok(cuda_fp8_dequantize_128x128(w, qw, sw, E, M, K), "fp8_dequantize_weights", M, K);
 }
 extern "C" void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C) {
     fp8_ok(cuda_fp8_gather_quantize(q, s, x, token_of_row, R, C), "fp8_quantize_rows", R, C);

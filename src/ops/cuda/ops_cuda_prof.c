@@ -158,6 +158,8 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (dinp, dout1, w1, dout2, w2, offsets, E, C, OC))                                                       \
     X(fp8_quantize_weights, C_OPTIM, (uint8_t *qw, float *sw, const float *w, int E, int M, int K),          \
       (qw, sw, w, E, M, K))                                                                                  \
+    X(fp8_dequantize_weights, C_OTHER, (void *w, const uint8_t *qw, const float *sw, int E, int M, int K),   \
+      (w, qw, sw, E, M, K))                                                                                  \
     X(fp8_quantize_rows, C_DISPATCH,                                                                         \
       (uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C),                          \
       (q, s, x, token_of_row, R, C))                                                                         \

@@ -74,6 +74,7 @@ const Ops ops_cuda = {
     .grouped_matmul_backward = cuda_grouped_matmul_backward,
     .grouped_dgrad_pair = cuda_grouped_dgrad_pair,
     .fp8_quantize_weights = cuda_fp8_quantize_weights,
+    .fp8_dequantize_weights = cuda_fp8_dequantize_weights,
     .fp8_quantize_rows = cuda_fp8_quantize_rows,
     .fp8_swiglu_quantize = cuda_fp8_swiglu_quantize,
     .fp8_dequantize_rows = cuda_fp8_dequantize_rows,
