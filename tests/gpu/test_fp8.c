@@ -131,6 +131,22 @@ static void test_quantize_128x128(void) {
     float *gs = gt_host_bytes(ds, ns * 4);
     gt_check_bits("128x128 from FP32 [3, 384, 640]: values", gq, q, n, 1);
     gt_check_bits("128x128 from FP32 [3, 384, 640]: scales", gs, s, ns, 4);
+    // and back (the data-grads' weights): float(q) * s rounded to BF16, NaN for NaN
+    float *deq = gt_malloc(n * 4);
+    fp8_dequantize_128x128(deq, q, s, E, M, K);
+    void *dd = cuda_alloc(n * 2);
+    gt_poison(dd, n * 2);
+    check_rc(cuda_fp8_dequantize_128x128(dd, dq, ds, E, M, K), "dequantize_128x128");
+    uint16_t *gd = gt_host_bytes(dd, n * 2);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t ref = f2bf(deq[i]);
+        int both_nan = isnan(deq[i]) && isnan(bf2f(gd[i]));
+        differ += !both_nan && gd[i] != ref;
+    }
+    gt_ok(differ == 0, "dequantise 128x128 -> BF16 [3, 384, 640]: %zu of %zu differ", differ, n);
+    free(deq); free(gd);
+    cuda_free(dd);
     free(w); free(q); free(s); free(gq); free(gs);
     cuda_free(dw); cuda_free(dq); cuda_free(ds);
 }
