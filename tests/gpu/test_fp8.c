@@ -237,6 +237,19 @@ static void test_gemm(const char *name, const int *off, int E, int C, int OC) {
     cuda_free(doff); cuda_free(dout);
 }
 
+// The device's q [n] and scales [ns] against q, s, bit for bit.
+static void check_quantised(const char *what, const uint8_t *dq, const float *ds, const uint8_t *q, const float *s,
+                            size_t n, size_t ns) {
+    uint8_t *gq = gt_host_bytes(dq, n);
+    float *gs = gt_host_bytes(ds, ns * 4);
+    char line[160];
+    snprintf(line, sizeof line, "%s: values", what);
+    gt_check_bits(line, gq, q, n, 1);
+    snprintf(line, sizeof line, "%s: scales", what);
+    gt_check_bits(line, gs, s, ns, 4);
+    free(gq); free(gs);
+}
+
 // The fused quantisers of train.precision: fp8 (ops.h's FP8 entries):
 // gather + 1x128 against the CPU reference on the gathered rows; SwiGLU +
 // 1x128 against cuda_swiglu_forward followed by the 1x128 quantiser (the
@@ -260,10 +273,7 @@ static void test_fused(void) {
     gt_poison(dq, n);
     gt_poison(ds, (size_t)R * nt * 4);
     cuda_fp8_quantize_rows(dq, ds, dx, drows, R, C);
-    uint8_t *gq = gt_host_bytes(dq, n);
-    float *gs = gt_host_bytes(ds, (size_t)R * nt * 4);
-    gt_check_bits("gather + 1x128 [1500 of 700 rows, 1024]: values", gq, q, n, 1);
-    gt_check_bits("gather + 1x128 [1500 of 700 rows, 1024]: scales", gs, s, (size_t)R * nt, 4);
+    check_quantised("gather + 1x128 [1500 of 700 rows, 1024]", dq, ds, q, s, n, (size_t)R * nt);
 
     // SwiGLU + 1x128 = swiglu_forward then the quantiser (gate, up: ordinary values)
     float *g = gt_malloc(n * 4), *u = gt_malloc(n * 4);
@@ -277,10 +287,7 @@ static void test_fused(void) {
     gt_poison(dq, n);
     gt_poison(ds, (size_t)R * nt * 4);
     cuda_fp8_swiglu_quantize(dq, ds, dg, du, R, C);
-    uint8_t *fq = gt_host_bytes(dq, n);
-    float *fs = gt_host_bytes(ds, (size_t)R * nt * 4);
-    gt_check_bits("SwiGLU + 1x128 [1500, 1024] = swiglu_forward + quantise: values", fq, uq, n, 1);
-    gt_check_bits("SwiGLU + 1x128 [1500, 1024] = swiglu_forward + quantise: scales", fs, us, (size_t)R * nt, 4);
+    check_quantised("SwiGLU + 1x128 [1500, 1024] = swiglu_forward + quantise", dq, ds, uq, us, n, (size_t)R * nt);
     // dequantise (ordinary values: the SwiGLU's q, s): float(q) * s rounded to BF16
     uint16_t *ref = gt_malloc(n * 2);
     float *deq = gt_malloc(n * 4);
@@ -294,8 +301,8 @@ static void test_fused(void) {
     uint16_t *gd = gt_host_bytes(dd, n * 2);
     gt_check_bits("dequantise 1x128 -> BF16 [1500, 1024]", gd, ref, n, 2);
 
-    free(x); free(xp); free(rows); free(q); free(s); free(gq); free(gs); free(ref); free(deq); free(gd);
-    free(g); free(u); free(uq); free(us); free(fq); free(fs);
+    free(x); free(xp); free(rows); free(q); free(s); free(ref); free(deq); free(gd);
+    free(g); free(u); free(uq); free(us);
     cuda_free(dx); cuda_free(drows); cuda_free(dq); cuda_free(ds); cuda_free(dq2); cuda_free(ds2); cuda_free(dd);
     cuda_free(dg); cuda_free(du); cuda_free(da);
 }
