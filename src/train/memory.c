@@ -44,8 +44,7 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
     p->expert_main = shared ? 0 : p->expert_opt;
 
     size_t held = p->dense + p->expert;
-    // train.precision: fp8: the expert weights' FP8 copies replace their BF16 ones (model_set_fp8)
-    p->compute_weights = (held - (l->fp8 && !shared ? p->expert : 0)) * l->act_bytes;
+    p->compute_weights = held * l->act_bytes;
     p->grads = held * sizeof(float);
     p->main_weights = (p->dense_main + p->expert_main) * sizeof(float);
     p->moments = (p->dense_opt + p->expert_opt) * 2 * sizeof(float);
@@ -53,16 +52,20 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
     p->arena = l->arena_bytes;
     p->dispatch = l->dispatch_bytes;
     p->other = (size_t)model_moe_layers(cfg) * cfg->n_experts * sizeof(float);
-    if (l->fp8 && p->expert) { // 1 B per expert weight + an FP32 scale per 128x128 block (model_set_fp8)
-        size_t blocks = ((size_t)cfg->d_model + 127) / 128 * (((size_t)cfg->expert_hidden + 127) / 128);
-        p->fp8_weights = p->expert + (size_t)model_moe_layers(cfg) * 3 * (cfg->n_experts / l->ep) * blocks * sizeof(float);
-    }
     return 0;
+}
+
+void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l) {
+    if (!p->expert) return;
+    // 1 B per expert weight + an FP32 scale per 128x128 block of each expert tensor
+    size_t blocks = ((size_t)cfg->d_model + 127) / 128 * (((size_t)cfg->expert_hidden + 127) / 128);
+    p->fp8_weights = p->expert + (size_t)model_moe_layers(cfg) * 3 * (cfg->n_experts / l->ep) * blocks * sizeof(float);
+    if (l->act_bytes != sizeof(float)) p->compute_weights -= p->expert * l->act_bytes;
 }
 
 double memory_bytes_per_param(const MemoryPlan *p) {
     size_t held = p->dense + p->expert;
-    return held ? (double)(p->compute_weights + p->grads + p->main_weights + p->moments) / held : 0;
+    return held ? (double)(p->compute_weights + p->fp8_weights + p->grads + p->main_weights + p->moments) / held : 0;
 }
 
 size_t memory_total(const MemoryPlan *p) {

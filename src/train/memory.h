@@ -27,7 +27,6 @@ typedef struct {
                                 // it holds the expert-parallel receive buffers too
     size_t dispatch_bytes;      // symmetric expert parallelism: its symmetric memory (model.h)
     const ParamStage *stage;    // a pipeline stage's tensors only (NULL: the whole model)
-    int fp8;                    // train.precision: fp8: FP8 copies of the expert weights (model.h)
 } MemoryLayout;
 
 typedef struct {
@@ -47,7 +46,11 @@ typedef struct {
 // The plan of this rank of layout l for model cfg (validated). -1 with a
 // message when the layout does not fit the model.
 int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, char *err, size_t errlen);
-// compute weights + grads + main weights + moments, per parameter held.
+// train.precision: fp8 (model_set_fp8), after memory_plan: the expert
+// weights' FP8 copies and 128x128 block scales, which replace their compute
+// weights where those are a separate copy (not the FP32 main weights).
+void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l);
+// compute weights (and FP8 weights) + grads + main weights + moments, per parameter held.
 double memory_bytes_per_param(const MemoryPlan *p);
 size_t memory_total(const MemoryPlan *p);
 // One line: "rank R: memory: ...", every number with its unit.

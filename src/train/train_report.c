@@ -108,13 +108,14 @@ static void print_memory(const Trainer *tr) {
     char err[400];
     MemoryLayout l = {mesh->dp, comm_rank(mesh->dp_comm), mesh->ep, mesh->ep_dp, comm_rank(mesh->ep_dp_comm),
                       tr->cfg.optim_sharded, tr->ops->act_bytes, tr->m.arena_bytes, tr->m.sym_bytes,
-                      tr->pipe.on ? &tr->pipe.stage : NULL, tr->m.fp8};
+                      tr->pipe.on ? &tr->pipe.stage : NULL};
     MemoryPlan p;
     if (memory_plan(&p, &tr->m.cfg, &l, err, sizeof err)) {
         printf("rank %d: memory: no accounting: %s\n", comm_rank(tr->world), err);
         fflush(stdout);
         return;
     }
+    if (tr->m.fp8) memory_plan_fp8(&p, &tr->m.cfg, &l);
     memory_print(stdout, comm_rank(tr->world), &p);
     size_t held[N_CLASSES] = {p.dense, p.expert}, opt[N_CLASSES] = {p.dense_opt, p.expert_opt};
     size_t main[N_CLASSES] = {p.dense_main, p.expert_main};
