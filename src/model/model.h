@@ -82,6 +82,12 @@ typedef struct {
     int rows_local;                   // rows at the local experts (-1: symmetric, only the device knows)
     void *xl, *eg, *eu, *ea, *yl;     // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
     void *sg, *su, *sa, *so;          // shared experts [N,Fs] x3, [N,D]
+    // train.precision: fp8 (model_set_fp8): the experts' routed inputs and
+    // SwiGLU outputs as the FP8 GEMMs read them and the backward dequantises
+    // them, in place of xp / xl and ea: E4M3 bytes [Rl,D], [Rl,Fe] and FP32
+    // scales per 1 x 128 tile [Rl,D/128], [Rl,Fe/128]
+    uint8_t *xq, *eaq;
+    float *xs, *eas;
     // defer_wgrad: the output grads of wo, wq, wk, wv, kept from the input-grad
     // backward for the weight-grad one [N,D], [N,qd], [N,kvd] x2
     void *w_do, *w_dq, *w_dk, *w_dv;
@@ -130,6 +136,21 @@ typedef struct {
     // and, with recompute_first > 0, l < recompute_first.
     int recompute, recompute_every, recompute_first;
     int recomputing;                  // set while backward recomputes a block
+    // train.precision: fp8 (model_set_fp8, before model_alloc_acts): the
+    // experts' grouped GEMMs run their forward in FP8 (block128: E4M3, 1 x 128
+    // activation tiles, 128 x 128 weight blocks, FP32 accumulation). The
+    // FP8 copies of the expert weights [n_moe][gate, up, down] and their
+    // scales are made from the FP32 main weights by model_fp8_refresh, and
+    // replace the BF16 copies of the expert weights (the store drops them).
+    // The backward's data- and weight-grads run in the compute dtype: the
+    // data-grads with the dequantised FP8 weights, the weight-grads with the
+    // dequantised FP8 inputs (what the forward multiplied).
+    int fp8;
+    uint8_t *fp8_w;                   // [n_moe * 3][E_local * d_model * expert_hidden]
+    float *fp8_ws;                    // [n_moe * 3][fp8_ws_per]
+    size_t fp8_ws_per;                // scales per expert tensor
+    void *fp8_deq;                    // backward scratch [R, max(d_model, expert_hidden)] act: a dequantised input
+    void *fp8_wdeq[2];                // backward scratch [E_local, expert_hidden, d_model] act x2: dequantised weights
     // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
     // backward leaves the weight grads of the attention projections and the
     // LM head to model_wgrad_chunk, keeping their output grads in the slot
@@ -217,6 +238,15 @@ int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size
 // Same with expert parallelism (par may be NULL).
 int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const ModelParallel *par,
                         char *err, size_t errlen);
+// train.precision: fp8 (fp8.recipe block128, fp8.gemms experts): call after
+// model_init, before model_alloc_acts. -1 with a message naming what the
+// model or the backend cannot do (one expert-parallel rank, no pipeline
+// stages, the backend's FP8 kernel sizes).
+int model_set_fp8(Model *m, char *err, size_t errlen);
+// The FP8 expert weights from the FP32 main weights. model_begin_step calls
+// it; call it after the weights change outside a step, before a forward
+// (eval after an optimizer step). A no-op without fp8.
+void model_fp8_refresh(Model *m);
 // Matrices ~ normal(0, init_std), norms 1, from a seeded generator.
 void model_init_weights(Model *m, uint64_t seed);
 void model_alloc_acts(Model *m, int B, int T);

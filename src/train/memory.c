@@ -55,22 +55,32 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
     return 0;
 }
 
+void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l) {
+    if (!p->expert) return;
+    // 1 B per expert weight + an FP32 scale per 128x128 block of each expert tensor
+    size_t blocks = ((size_t)cfg->d_model + 127) / 128 * (((size_t)cfg->expert_hidden + 127) / 128);
+    p->fp8_weights = p->expert + (size_t)model_moe_layers(cfg) * 3 * (cfg->n_experts / l->ep) * blocks * sizeof(float);
+    if (l->act_bytes != sizeof(float)) p->compute_weights -= p->expert * l->act_bytes;
+}
+
 double memory_bytes_per_param(const MemoryPlan *p) {
     size_t held = p->dense + p->expert;
-    return held ? (double)(p->compute_weights + p->grads + p->main_weights + p->moments) / held : 0;
+    return held ? (double)(p->compute_weights + p->fp8_weights + p->grads + p->main_weights + p->moments) / held : 0;
 }
 
 size_t memory_total(const MemoryPlan *p) {
-    return p->compute_weights + p->grads + p->main_weights + p->moments + p->comm + p->arena + p->dispatch + p->other;
+    return p->compute_weights + p->grads + p->main_weights + p->moments + p->comm + p->arena + p->dispatch + p->other +
+           p->fp8_weights;
 }
 
 void memory_print(FILE *f, int rank, const MemoryPlan *p) {
     char main_note[64] = "";
     if (p->main_weights == 0 && p->dense + p->expert > 0) snprintf(main_note, sizeof main_note, " (the FP32 compute weights)");
-    char arena[64];
+    char arena[128];
     if (p->arena) snprintf(arena, sizeof arena, "%zu B", p->arena);
     else snprintf(arena, sizeof arena, "unknown");
     if (p->dispatch) snprintf(arena + strlen(arena), sizeof arena - strlen(arena), ", expert dispatch %zu B", p->dispatch);
+    if (p->fp8_weights) snprintf(arena + strlen(arena), sizeof arena - strlen(arena), ", FP8 expert weights %zu B", p->fp8_weights);
     fprintf(f, "rank %d: memory: %zu dense + %zu expert parameters; compute weights %zu B, grads %zu B, "
                "main weights %zu B%s, moments %zu B (1/%d of dense, 1/%d of expert), comm buffers %zu B, "
                "activations %s, router bias %zu B; %.4f B/param (weights + grads + main + moments), %.2f MiB in all\n",

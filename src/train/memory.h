@@ -40,12 +40,17 @@ typedef struct {
     size_t arena;                   // activations (0: not known)
     size_t dispatch;                // symmetric memory of the expert dispatch (0: none)
     size_t other;                   // the aux-free router bias
+    size_t fp8_weights;             // train.precision: fp8: the expert weights' E4M3 copies and their 128x128 scales
 } MemoryPlan;
 
 // The plan of this rank of layout l for model cfg (validated). -1 with a
 // message when the layout does not fit the model.
 int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, char *err, size_t errlen);
-// compute weights + grads + main weights + moments, per parameter held.
+// train.precision: fp8 (model_set_fp8), after memory_plan: the expert
+// weights' FP8 copies and 128x128 block scales, which replace their compute
+// weights where those are a separate copy (not the FP32 main weights).
+void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l);
+// compute weights (and FP8 weights) + grads + main weights + moments, per parameter held.
 double memory_bytes_per_param(const MemoryPlan *p);
 size_t memory_total(const MemoryPlan *p);
 // One line: "rank R: memory: ...", every number with its unit.

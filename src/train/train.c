@@ -134,6 +134,7 @@ static int evaluate(Trainer *tr, DataLoader *eval, const Mesh *mesh, int batches
     double acc[2] = {0, 0}; // CE sum, valid targets
     int64_t n_inst = data_instances_per_epoch(eval);
     int rounds = (batches + mesh->dp - 1) / mesh->dp;
+    model_fp8_refresh(m); // the weights of the last optimizer step
     for (int i = 0; i < rounds; i++) {
         int b = i * mesh->dp + mesh->dp_rank;
         int64_t g = ((int64_t)(b < batches ? b : 0) * mb) % n_inst;
@@ -317,6 +318,12 @@ static int setup_model(Trainer *tr) {
     m->defer_wgrad = tr->pipe.on && tr->pipe.sched.kind == PP_ZB1; // W runs the deferred weight grads
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);
+    if (t->precision == PRECISION_FP8) {
+        if (model_set_fp8(m, err, sizeof err)) return fatal("%s", err);
+        SAY("precision: fp8 (block128: E4M3, FP32 scales per 1x128 activation tile and 128x128 weight block) in the "
+            "experts' grouped GEMMs' forward; their backward, the dense GEMMs, attention and the router in the compute dtype (BF16 on GPUs); "
+            "MFU stays against the dense BF16 peak\n");
+    }
     model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
     if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
     pipeline_alloc(tr);

@@ -115,6 +115,7 @@ static void print_memory(const Trainer *tr) {
         fflush(stdout);
         return;
     }
+    if (tr->m.fp8) memory_plan_fp8(&p, &tr->m.cfg, &l);
     memory_print(stdout, comm_rank(tr->world), &p);
     size_t held[N_CLASSES] = {p.dense, p.expert}, opt[N_CLASSES] = {p.dense_opt, p.expert_opt};
     size_t main[N_CLASSES] = {p.dense_main, p.expert_main};
