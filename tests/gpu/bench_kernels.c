@@ -22,9 +22,10 @@
 //    CUDA graph (the loop's GPU time alone), and (b) one dense cuBLASLt
 //    product of the same size (all R rows against expert 0's weights).
 //    TFLOP/s at 2 R C OC for all of them.
-// 2. Causal attention forward and backward, B=1 T=4096 H=KV=16 hd=128.
-//    FLOPs: forward 4 B H T^2 hd / 2 (two matmuls, halved for causality),
-//    backward 2.5 x forward.
+// 2. Causal attention forward and backward, B=1 T=4096 H=KV=16 hd=128;
+//    the forward under both device.cuda.attention_fwd choices (TMA + wgmma,
+//    mma.sync), the default first. FLOPs: forward 4 B H T^2 hd / 2 (two
+//    matmuls, halved for causality), backward 2.5 x forward.
 // 3. Memory-bound kernels: GB/s with every buffer counted once (each input
 //    read once, each output written once; accumulated outputs read and
 //    written; the bytes are stated per row), against a measured
@@ -599,13 +600,14 @@ static void device_info(void) {
              "- device: %s (sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB)\n"
              "- driver %s (CUDA driver API %d.%d), CUDA runtime %d.%d\n"
              "- commit: %s (MOECORE_COMMIT); binary built from %s\n"
-             "- date: %s; device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d; "
+             "- date: %s; device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d, "
+             "attention_fwd %s; "
              "OMP_NUM_THREADS=%s\n",
              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
              l2_bytes / 1048576.0, nvrm, drv / 1000, drv % 1000 / 10, rtv / 1000, rtv % 1000 / 10,
              commit && *commit ? commit : "unset", MOECORE_BUILD_COMMIT[0] ? MOECORE_BUILD_COMMIT : "unknown", date,
              cuda_kernels_name(cs->grouped_gemm), cuda_kernels_name(cs->grouped_wgrad), cs->gemm_tma ? "true" : "false", cs->attention_ds_mib,
-             e4 ? e4 : "unset");
+             cuda_kernels_name(cs->attention_fwd), e4 ? e4 : "unset");
     printf("%s", header);
 }
 
@@ -852,20 +854,29 @@ static void section_attention(void) {
     snprintf(shape, sizeof shape, "B=%d T=%d H=KV=%d hd=%d", B, T, H, hd);
     double fwd_flop = 4.0 * B * H * (double)T * T * hd / 2;
 
-    Row *r = row_begin(SEC_ATTN, "attention forward", shape, "");
-    r->flops = fwd_flop;
-    Timed tf = {.run = attn_fwd, .ctx = &a, .nsets = a.nsets};
-    add_poison(&tf, a.out_t, nq, 0);
-    add_poison(&tf, a.lse_t, ns, 1);
-    run_once(&tf, 0);
-    {
-        float *got = down_bf16(a.out_t, nq), *gh = gather_heads(got, T, H, hd, heads, NH);
-        check_vals("out (4 heads)", gh, ro, nh, TOL_ATT);
-        free(got);
-        check_written("out (all heads)", a.out_t, nq, 0);
-        check_written("lse (all heads)", a.lse_t, ns, 1);
+    // the forward under both device.cuda.attention_fwd choices, the default first
+    CudaSettings fs = *cuda_settings(), saved_fs = fs;
+    Row *r = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        int kern = pass == 0 ? saved_fs.attention_fwd : !saved_fs.attention_fwd;
+        fs.attention_fwd = kern;
+        cuda_configure(&fs);
+        r = row_begin(SEC_ATTN, "attention forward", shape, kern == CUDA_KERNELS_WGMMA ? "TMA + wgmma" : "mma.sync");
+        r->flops = fwd_flop;
+        Timed tf = {.run = attn_fwd, .ctx = &a, .nsets = a.nsets};
+        add_poison(&tf, a.out_t, nq, 0);
+        add_poison(&tf, a.lse_t, ns, 1);
+        run_once(&tf, 0);
+        {
+            float *got = down_bf16(a.out_t, nq), *gh = gather_heads(got, T, H, hd, heads, NH);
+            check_vals("out (4 heads)", gh, ro, nh, TOL_ATT);
+            free(got);
+            check_written("out (all heads)", a.out_t, nq, 0);
+            check_written("lse (all heads)", a.lse_t, ns, 1);
+        }
+        time_it(&tf);
     }
-    time_it(&tf);
+    cuda_configure(&saved_fs);
 
     r = row_begin(SEC_ATTN, "attention backward", shape, "");
     r->flops = 2.5 * fwd_flop;

@@ -1358,6 +1358,12 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
         dims4(tout(c, "out", ACT, nq, &B_ATTN), B, T, H, hd)->row = (size_t)H * hd;
         tout(c, "saved", F32, 0, &B_LSE)->flags |= SIZED | NOCMP;
         if (!(flags & NOCPU)) c->extra = extra_lse;
+        if (hd == 128) { // the TMA + wgmma forward where it takes the shape (the default), and mma.sync
+            c->choice[0].label = "fwd wgmma";
+            CudaSettings s = cuda_settings_default();
+            s.attention_fwd = CUDA_KERNELS_MMA_SYNC;
+            add_choice(c, "fwd mma_sync", s);
+        }
         if (docs) attention_docs_input(c, docs);
         return c;
     }
@@ -1571,6 +1577,12 @@ static void make_cases(void) {
     add_attention(1, 333, 2, 2, 128, RERUN, 0, DOCS_NONE);
     add_attention(3, 200, 4, 4, 128, RERUN, 1, DOCS_NONE); // dS^T of 2 batch rows of T=200, H=4 fit: slices of 2, 1
     add_attention(1, 129, 2, 2, 128, 0, 0, DOCS_NONE);
+    // shapes the TMA + wgmma forward takes (T a multiple of 128): one tile,
+    // GQA groups of 3 and of 4, several batch rows; T = 512 GQA above too
+    add_attention(1, 128, 2, 1, 128, RERUN, 0, DOCS_NONE);
+    add_attention(2, 384, 6, 2, 128, RERUN, 0, DOCS_NONE);
+    add_attention(3, 256, 4, 4, 128, RERUN, 0, DOCS_NONE);
+    add_attention(1, 1024, 8, 2, 128, RERUN, 0, DOCS_NONE);
     // OLMoE's attention (special check attention_heads validates two heads)
     add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_NONE);
     add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0, DOCS_NONE);

@@ -1608,6 +1608,9 @@ extern "C" void cuda_attention_forward(void *out, float *saved, const void *q, c
                                        const int *doc_start, int B, int T, int H, int KV, int hd) {
     check_shape("attention forward", B, T, H, KV, hd);
     if (B == 0 || T == 0) return;
+    if (cuda_settings()->attention_fwd == CUDA_KERNELS_WGMMA &&
+        cuda_attention_forward_wgmma(out, saved, q, k, v, doc_start, B, T, H, KV, hd) == 0)
+        return;
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     switch (hd) {

@@ -28,9 +28,13 @@ typedef struct {
     // instead of 7); batch rows go through it in slices beyond it; 0: dQ
     // by its own kernel. Read when the attention scratch is sized.
     int attention_ds_mib;
+    // Attention forward at head dim 128 without documents, T a multiple of
+    // 128: the warp-specialised TMA + wgmma kernel (attention_wgmma.cu) or
+    // the mma.sync kernels (attention.cu), which run every other case.
+    int attention_fwd;     // CudaGemmKernels
 } CudaSettings;
 
 static inline CudaSettings cuda_settings_default(void) {
-    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024};
+    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024, CUDA_KERNELS_WGMMA};
     return s;
 }

@@ -108,6 +108,10 @@ extern "C" {
 // The limits behind Ops.supports (ops_cuda_table.c): 1 when the kernels
 // take the sizes, else 0 with the limit in why. No device is touched.
 int cuda_attention_supports(int B, int T, int H, int KV, int hd, char *why, size_t whylen); // attention.cu
+// The forward on the TMA + wgmma kernel (attention_wgmma.cu): 0 when it ran,
+// -1 (nothing launched) for the cases it does not take.
+int cuda_attention_forward_wgmma(void *out, float *lse2, const void *q, const void *k, const void *v,
+                                 const int *doc_start, int B, int T, int H, int KV, int hd);
 int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen);                 // gemm.cu
 int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen);             // router.cu
 int cuda_supports(const OpDesc *d, char *why, size_t whylen);                              // ops_cuda_table.c
