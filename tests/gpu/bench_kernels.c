@@ -5,7 +5,8 @@
 // run against the CPU backend (ops_cpu, FP32) on the same inputs. It prints
 // the table as markdown and writes it to argv[1] when given (rewritten after
 // each section, and by an exit handler if a CUDA error stops the run, marked
-// INCOMPLETE). Not a test_* program, so scripts/gpu-check.sh's test loop
+// INCOMPLETE); argv[2], when given, names the sections to run ("attention",
+// "gemm,memory"; default all). Not a test_* program, so scripts/gpu-check.sh's test loop
 // leaves it out; `gpu-check.sh kernels` runs it. Ends with "N passed, N
 // failed" and exits 1 when a check failed.
 //
@@ -601,13 +602,13 @@ static void device_info(void) {
              "- driver %s (CUDA driver API %d.%d), CUDA runtime %d.%d\n"
              "- commit: %s (MOECORE_COMMIT); binary built from %s\n"
              "- date: %s; device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d, "
-             "attention_fwd %s; "
+             "attention_fwd %s, attention_bwd %s; "
              "OMP_NUM_THREADS=%s\n",
              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
              l2_bytes / 1048576.0, nvrm, drv / 1000, drv % 1000 / 10, rtv / 1000, rtv % 1000 / 10,
              commit && *commit ? commit : "unset", MOECORE_BUILD_COMMIT[0] ? MOECORE_BUILD_COMMIT : "unknown", date,
              cuda_kernels_name(cs->grouped_gemm), cuda_kernels_name(cs->grouped_wgrad), cs->gemm_tma ? "true" : "false", cs->attention_ds_mib,
-             cuda_kernels_name(cs->attention_fwd), e4 ? e4 : "unset");
+             cuda_kernels_name(cs->attention_fwd), cuda_kernels_name(cs->attention_bwd), e4 ? e4 : "unset");
     printf("%s", header);
 }
 
@@ -1473,9 +1474,11 @@ int main(int argc, char **argv) {
     flush_acc = cuda_alloc(sizeof(double));
     CK(cudaMemsetAsync(flush_buf, 0x3c, flush_n * sizeof(float), st));
 
-    section_gemm();
-    section_attention();
-    section_memory();
+    // argv[2] (optional): the sections to run, e.g. "attention" or "gemm,memory"
+    const char *only = argc > 2 ? argv[2] : "gemm,attention,memory";
+    if (strstr(only, "gemm")) section_gemm();
+    if (strstr(only, "attention")) section_attention();
+    if (strstr(only, "memory")) section_memory();
 
     printf("\n");
     write_table(stdout, 1);

@@ -1569,10 +1569,15 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
     int dsr = ds_batch_rows(B, T, H, KV, HD);
     if (dsr > 0) { // dK, dV and dS^T, then dQ = scale dS K, per slice of batch rows
         bf16 *dsT = (bf16 *)(D + d_floats(B, T, H));
+        bool wg = cuda_settings()->attention_bwd == CUDA_KERNELS_WGMMA &&
+                  cuda_attention_backward_wgmma_takes(doc_start, B, T, H, KV, HD);
         for (int b0 = 0; b0 < B; b0 += dsr) {
             int nb = B - b0 < dsr ? B - b0 : dsr;
             size_t oq = (size_t)b0 * T * H * HD, ok = (size_t)b0 * T * KV * HD, ol = (size_t)b0 * H * T;
             const int *dst = doc ? doc_start + (size_t)b0 * T : NULL;
+            if (wg && cuda_attention_backward_wgmma(dq + oq, dk + ok, dv + ok, dsT, dout + oq, lse2 + ol, D + ol,
+                                                    q + oq, k + ok, v + ok, nb, T, H, v2::ds_head_elems(T)) == 0)
+                continue;
             backward_dkv_v2(dk + ok, dv + ok, dsT, dout + oq, lse2 + ol, q + oq, k + ok, v + ok, D + ol, dst, nb, T,
                             H, KV);
             backward_dq_ds(dq + oq, dsT, k + ok, dst, nb, T, H, KV);

@@ -1,8 +1,8 @@
 // Hopper primitives shared by the wgmma kernels (grouped_wgmma.cu, the FP8
 // kernels in fp8.cu, attention_wgmma.cu): cp.async, proxy fences, wgmma
-// fences and waits, the m64n128 / m64n256 BF16 wgmma (A from shared memory
-// or registers), the K-major and MN-major 128-byte-swizzle descriptors,
-// mbarriers and 2D TMA loads; and the host side of the tensor maps
+// fences and waits, the m64n64 / m64n128 / m64n256 BF16 wgmma (A from shared
+// memory, or registers at n128), the K-major and MN-major 128-byte-swizzle descriptors,
+// mbarriers, 2D TMA and 1D bulk loads; and the host side of the tensor maps
 // (grouped_wgmma.cu).
 #pragma once
 #include <cuda.h>
@@ -124,6 +124,21 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t a, uint64_t
                  : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
+// d[32] (+)= A(desc a) B(desc b)^T, m64n64k16; TA / TB as for wgmma_n128
+template <int TA = 0, int TB = 0>
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\n"
+                 "setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "%32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
+}
 // d[64] (+)= A B(desc b)^T, m64n128k16 with A from registers: a[4] is the
 // warp's 16 x 16 slice of A as mma.sync m16n8k16 holds it (a0 row g, k
 // 2c..2c+1; a1 row g+8; a2 row g, k 2c+8..; a3 row g+8, k 2c+8.., g = lane
@@ -158,6 +173,14 @@ __device__ __forceinline__ void wgmma_n128_rs(float (&d)[64], const uint32_t (&a
 __host__ __device__ __forceinline__ uint64_t smem_desc_mn_lbo(uint32_t addr, uint32_t lbo) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
+}
+
+// bytes (a multiple of 16) contiguous from gmem into dst by the copy engine,
+// completing on bar (1D bulk copy: no tensor map)
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *gmem, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(gmem), "r"(bytes), "r"(bar)
+                 : "memory");
 }
 
 // A warpgroup's m64nBN accumulator block: acc[4 j + h] is row r + 8 (h / 2),
