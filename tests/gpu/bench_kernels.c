@@ -862,7 +862,8 @@ static void section_attention(void) {
         int kern = pass == 0 ? saved_fs.attention_fwd : !saved_fs.attention_fwd;
         fs.attention_fwd = kern;
         cuda_configure(&fs);
-        r = row_begin(SEC_ATTN, "attention forward", shape, kern == CUDA_KERNELS_WGMMA ? "TMA + wgmma" : "mma.sync");
+        r = row_begin(SEC_ATTN, kern == CUDA_KERNELS_WGMMA ? "attention forward (TMA + wgmma)" : "attention forward (mma.sync)",
+                      shape, "");
         r->flops = fwd_flop;
         Timed tf = {.run = attn_fwd, .ctx = &a, .nsets = a.nsets};
         add_poison(&tf, a.out_t, nq, 0);
@@ -879,7 +880,9 @@ static void section_attention(void) {
     }
     cuda_configure(&saved_fs);
 
-    r = row_begin(SEC_ATTN, "attention backward", shape, "");
+    r = row_begin(SEC_ATTN, cuda_settings()->attention_bwd == CUDA_KERNELS_WGMMA ? "attention backward (TMA + wgmma)"
+                                                                                  : "attention backward (mma.sync)",
+                  shape, "");
     r->flops = 2.5 * fwd_flop;
     Timed tb = {.run = attn_bwd, .ctx = &a, .nsets = a.nsets};
     add_poison(&tb, a.dq, nq, 0);

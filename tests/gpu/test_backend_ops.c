@@ -1397,9 +1397,11 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
 static void add_attention(int B, int T, int H, int KV, int hd, int flags, int small_cap, int docs) {
     attention_case(0, B, T, H, KV, hd, flags, docs);
     Case *c = attention_case(1, B, T, H, KV, hd, flags, docs);
-    if (small_cap) {
+    if (small_cap) { // every dS^T choice under the cap the scratch is sized with (choice 0's)
         c->choice[0].s.attention_ds_mib = 1;
         c->choice[0].label = "dQ via dS^T, attention_ds_mib=1";
+        c->choice[1].s.attention_ds_mib = 1;
+        c->choice[1].label = "dQ via dS^T, mma_sync, attention_ds_mib=1";
     }
 }
 
