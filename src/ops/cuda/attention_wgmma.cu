@@ -75,15 +75,6 @@ __device__ __forceinline__ void fa_pv(float (&o)[64], const uint32_t (&p)[32], u
         wgmma_n128_rs<1>(o, a, v + (uint64_t)(2048 >> 4) * kk, 1);
     }
 }
-__device__ __forceinline__ float fa_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
 // Keys past their row (columns > row, both local to the diagonal tile) to
 // -inf; acc[4 j + h] is row row0 + 8 (h / 2), column col0 + 8 j + h % 2.
 __device__ __forceinline__ void fa_mask(float (&s)[64], int row0, int col0) {
@@ -106,13 +97,13 @@ __device__ __forceinline__ void fa_softmax(float (&s)[64], float (&m)[2], float 
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         float base = mx == -INFINITY ? 0.f : mx * sl2;
-        alpha[i] = fa_exp2(m[i] * sl2 - base); // m = -inf at first: 0
+        alpha[i] = fast_exp2(m[i] * sl2 - base); // m = -inf at first: 0
         m[i] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            float p0 = fa_exp2(fmaf(s[4 * j + 2 * i], sl2, -base));
-            float p1 = fa_exp2(fmaf(s[4 * j + 2 * i + 1], sl2, -base));
+            float p0 = fast_exp2(fmaf(s[4 * j + 2 * i], sl2, -base));
+            float p1 = fast_exp2(fmaf(s[4 * j + 2 * i + 1], sl2, -base));
             s[4 * j + 2 * i] = p0;
             s[4 * j + 2 * i + 1] = p1;
             sum += p0 + p1;
@@ -125,7 +116,7 @@ __device__ __forceinline__ void fa_to_p(uint32_t (&p)[32], const float (&s)[64])
 #pragma unroll
     for (int kk = 0; kk < 8; kk++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) p[4 * kk + r] = fa_pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        for (int r = 0; r < 4; r++) p[4 * kk + r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 __device__ __forceinline__ void fa_rescale(float (&o)[64], const float (&alpha)[2]) {
 #pragma unroll
@@ -336,6 +327,20 @@ __host__ __device__ __forceinline__ size_t ds_tile_off(int kt, int qt, int nq) {
     return (first + (size_t)(qt - 2 * a)) * 4096;
 }
 
+// The backward kernels' ring: n full barriers (the producer's arrival and
+// the bytes) and n empty ones (one arrival per consumer warp), and `once`
+// (a load of their own, when not 0); then the whole block syncs.
+__device__ __forceinline__ void fb_init_ring(uint32_t full, uint32_t empty, int n, uint32_t once) {
+    if (threadIdx.x == 0) {
+        if (once) mbar_init(once, 1);
+        for (int s = 0; s < n; s++) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
 __device__ __forceinline__ void fb_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void fb_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
@@ -355,15 +360,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     int h = blockIdx.x, b = blockIdx.y, kb = blockIdx.z, k0 = kb * FA_BN;
     int nq = T / FB_QT, q_first = 2 * kb, ntiles = nq - q_first;
     int wg = threadIdx.x >> 7;
-    if (threadIdx.x == 0) {
-        mbar_init(kvbar, 1);
-        for (int s = 0; s < FB_STAGES; s++) {
-            mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    fb_init_ring(full, empty, FB_STAGES, kvbar);
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -446,7 +443,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float lq = e & 1 ? l2.y : l2.x, dq = e & 1 ? dd.y : dd.x;
-                float p = fa_exp2(fmaf(sacc[4 * j + e], sl2, -lq));
+                float p = fast_exp2(fmaf(sacc[4 * j + e], sl2, -lq));
                 if (diag && q0 + 8 * j + lcol + (e & 1) < key0 + lrow + 8 * (e >> 1)) p = 0.f;
                 sacc[4 * j + e] = p;
                 pacc[4 * j + e] = p * (pacc[4 * j + e] - dq);
@@ -456,8 +453,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         for (int kk = 0; kk < 4; kk++)
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                pf[4 * kk + r] = fa_pack(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
-                df[4 * kk + r] = fa_pack(pacc[8 * kk + 2 * r], pacc[8 * kk + 2 * r + 1]);
+                pf[4 * kk + r] = pack_bf16(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
+                df[4 * kk + r] = pack_bf16(pacc[8 * kk + 2 * r], pacc[8 * kk + 2 * r + 1]);
             }
         uint64_t dom = smem_desc_mn_lbo(st + FB_QTILE, FB_QHALF), qm = smem_desc_mn_lbo(st, FB_QHALF);
         my_turn();
@@ -518,14 +515,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     int nq = T / FB_QT, nkt = 2 * qb + 2; // key tiles 0 .. 2 qb + 1; warpgroup 0 skips the last
     int wg = threadIdx.x >> 7;
     const bf16 *ds_h = dsT + ((size_t)b * H + h) * ds_head;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < DQ_STAGES; s++) {
-            mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    fb_init_ring(full, empty, DQ_STAGES, 0);
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
