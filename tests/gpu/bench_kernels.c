@@ -24,8 +24,8 @@
 //    product of the same size (all R rows against expert 0's weights).
 //    TFLOP/s at 2 R C OC for all of them.
 // 2. Causal attention forward and backward, B=1 T=4096 H=KV=16 hd=128;
-//    the forward under both device.cuda.attention_fwd choices (TMA + wgmma,
-//    mma.sync), the default first. FLOPs: forward 4 B H T^2 hd / 2 (two
+//    the forward and the backward under both device.cuda.attention_fwd /
+//    attention_bwd choices (TMA + wgmma, mma.sync), the default first. FLOPs: forward 4 B H T^2 hd / 2 (two
 //    matmuls, halved for causality), backward 2.5 x forward.
 // 3. Memory-bound kernels: GB/s with every buffer counted once (each input
 //    read once, each output written once; accumulated outputs read and
@@ -880,33 +880,40 @@ static void section_attention(void) {
     }
     cuda_configure(&saved_fs);
 
-    r = row_begin(SEC_ATTN, cuda_settings()->attention_bwd == CUDA_KERNELS_WGMMA ? "attention backward (TMA + wgmma)"
-                                                                                  : "attention backward (mma.sync)",
-                  shape, "");
-    r->flops = 2.5 * fwd_flop;
-    Timed tb = {.run = attn_bwd, .ctx = &a, .nsets = a.nsets};
-    add_poison(&tb, a.dq, nq, 0);
-    add_poison(&tb, a.dk, nk, 0);
-    add_poison(&tb, a.dv, nk, 0);
-    add_scratch(&tb, a.scr, nscr);
-    run_once(&tb, 0);
-    {
-        const char *what[3] = {"dq", "dk", "dv"};
-        void *d[3] = {a.dq, a.dk, a.dv};
-        float *ref[3] = {rdq, rdk, rdv};
-        size_t n[3] = {nq, nk, nk};
-        int nhead[3] = {H, KV, KV};
-        char name[32];
-        for (int i = 0; i < 3; i++) {
-            float *got = down_bf16(d[i], n[i]), *gh = gather_heads(got, T, nhead[i], hd, heads, NH);
-            snprintf(name, sizeof name, "%s (4 heads)", what[i]);
-            check_vals(name, gh, ref[i], nh, TOL_ATT);
-            free(got);
-            snprintf(name, sizeof name, "%s (all heads)", what[i]);
-            check_written(name, d[i], n[i], 0);
+    // the backward likewise under both device.cuda.attention_bwd choices
+    CudaSettings bs = saved_fs;
+    for (int pass = 0; pass < 2; pass++) {
+        int kern = pass == 0 ? saved_fs.attention_bwd : !saved_fs.attention_bwd;
+        bs.attention_bwd = kern;
+        cuda_configure(&bs);
+        r = row_begin(SEC_ATTN, kern == CUDA_KERNELS_WGMMA ? "attention backward (TMA + wgmma)" : "attention backward (mma.sync)",
+                      shape, "");
+        r->flops = 2.5 * fwd_flop;
+        Timed tb = {.run = attn_bwd, .ctx = &a, .nsets = a.nsets};
+        add_poison(&tb, a.dq, nq, 0);
+        add_poison(&tb, a.dk, nk, 0);
+        add_poison(&tb, a.dv, nk, 0);
+        add_scratch(&tb, a.scr, nscr);
+        run_once(&tb, 0);
+        {
+            const char *what[3] = {"dq", "dk", "dv"};
+            void *d[3] = {a.dq, a.dk, a.dv};
+            float *ref[3] = {rdq, rdk, rdv};
+            size_t n[3] = {nq, nk, nk};
+            int nhead[3] = {H, KV, KV};
+            char name[32];
+            for (int i = 0; i < 3; i++) {
+                float *got = down_bf16(d[i], n[i]), *gh = gather_heads(got, T, nhead[i], hd, heads, NH);
+                snprintf(name, sizeof name, "%s (4 heads)", what[i]);
+                check_vals(name, gh, ref[i], nh, TOL_ATT);
+                free(got);
+                snprintf(name, sizeof name, "%s (all heads)", what[i]);
+                check_written(name, d[i], n[i], 0);
+            }
         }
+        time_it(&tb);
     }
-    time_it(&tb);
+    cuda_configure(&saved_fs);
     release();
     save_table(0);
 }

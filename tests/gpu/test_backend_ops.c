@@ -1255,14 +1255,14 @@ static void uneven_counts(int *counts, int E, int R, const int *zero, int nzero)
 // The CPU saves the probabilities [B,H,T,T], CUDA the log-sum-exp [B,H,T]
 // (saved is SIZED and not compared; extra_lse checks CUDA's). At head dim
 // 128 without GQA, the backward's dQ goes through dS^T by default
-// (device.cuda.attention_ds_mib > 0) or by its own kernel (0); where T is a
-// multiple of 128 and there are no documents, the default forward and the
-// default dS^T backward are the TMA + wgmma kernels (attention_wgmma.cu;
-// device.cuda.attention_fwd / attention_bwd: mma_sync the others), so each
-// hd 128 case also runs under mma_sync. The mma.sync choices do the same
-// arithmetic in the same order (0 differing elements expected), the wgmma
-// kernels sum in another order; the comparison between choices allows
-// rounding-level differences within 1e-2 per position.
+// (device.cuda.attention_ds_mib > 0) or by its own kernel (0). Where T is
+// a multiple of 128 and there are no documents the forward runs on the TMA
+// + wgmma kernel by default (device.cuda.attention_fwd; each hd 128 case
+// also runs under mma_sync), and the dS^T backward has a TMA + wgmma choice
+// (device.cuda.attention_bwd: wgmma; default mma_sync). The mma.sync
+// choices do the same arithmetic in the same order (0 differing elements
+// expected), the wgmma kernels sum in another order; the comparison between
+// choices allows rounding-level differences within 1e-2 per position.
 // Cases with documents (docs=..., intra-document masking) add doc_start
 // [B,T], an I32 input of the pattern named (make_doc_starts); their TFLOP/s
 // count the causal FLOPs, so that fewer masked tiles show as a higher rate.
@@ -1380,11 +1380,12 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
     dims4(tout(c, "dk", ACT, nk, &B_ATTN), B, T, KV, hd)->row = (size_t)KV * hd;
     dims4(tout(c, "dv", ACT, nk, &B_ATTN), B, T, KV, hd)->row = (size_t)KV * hd;
     tensor(c, "scratch", F32, WORK, 0)->flags |= SIZED;
-    if (hd == 128 && H == KV) { // dQ through dS^T (the default: wgmma where it takes the shape), and by its own kernel
+    if (hd == 128 && H == KV) { // dQ through dS^T (the default), on wgmma where it takes the shape, by its own kernel
         c->choice[0].label = "dQ via dS^T";
         CudaSettings s = cuda_settings_default();
+        s.attention_bwd = CUDA_KERNELS_WGMMA;
+        add_choice(c, "dQ via dS^T, wgmma", s);
         s.attention_bwd = CUDA_KERNELS_MMA_SYNC;
-        add_choice(c, "dQ via dS^T, mma_sync", s);
         s.attention_ds_mib = 0;
         add_choice(c, "dQ kernel", s);
     }
@@ -1401,7 +1402,7 @@ static void add_attention(int B, int T, int H, int KV, int hd, int flags, int sm
         c->choice[0].s.attention_ds_mib = 1;
         c->choice[0].label = "dQ via dS^T, attention_ds_mib=1";
         c->choice[1].s.attention_ds_mib = 1;
-        c->choice[1].label = "dQ via dS^T, mma_sync, attention_ds_mib=1";
+        c->choice[1].label = "dQ via dS^T, wgmma, attention_ds_mib=1";
     }
 }
 
@@ -1941,7 +1942,7 @@ static size_t rows_differ(const void *a, const void *c, size_t elem, int B, int 
 static void docs_check(int B, int T, int H, int KV, int hd, int kind, int ds_mib) {
     // doc_start NULL on the mma.sync kernels: the DOC kernels' causal twins,
     // whose bits they must give with every doc_start 0 (the TMA + wgmma
-    // kernels, documents' fallback, sum in another order)
+    // kernels, which documents fall back from, sum in another order)
     CudaSettings cs = cuda_settings_default();
     cs.attention_fwd = cs.attention_bwd = CUDA_KERNELS_MMA_SYNC;
     if (ds_mib >= 0) cs.attention_ds_mib = ds_mib;

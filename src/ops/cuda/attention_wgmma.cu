@@ -38,7 +38,6 @@
 #include "ops/cuda/ops_cuda.h"
 #include "ops/cuda/wgmma_util.cuh"
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 namespace {
@@ -341,14 +340,7 @@ __device__ __forceinline__ void fb_init_ring(uint32_t full, uint32_t empty, int 
     }
     __syncthreads();
 }
-__device__ __forceinline__ void fb_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void fb_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-
-// grid (H, B, T / 128); heaviest (first) key blocks first. PP: the two
-// consumer warpgroups take turns to issue their products (named barriers 2
-// and 3, warpgroup 0 first), so that one's softmax runs under the other's
-// products instead of both computing at once.
-template <bool PP>
+// grid (H, B, T / 128); heaviest (first) key blocks first.
 __global__ void __launch_bounds__(FA_THREADS, 1)
     attention_bwd_dkv_wgmma_kernel(bf16 *dk, bf16 *dv, bf16 *dsT, const __grid_constant__ FbMaps maps,
                                    const float *lse2, const float *D, int T, int H, size_t ds_head, float sl2,
@@ -403,16 +395,6 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < 32; i++) sacc[i] = pacc[i] = 0.f;
     mbar_wait(kvbar, 0);
-    // PP turns: 2 per tile; warpgroup 1 passes the first to 0 up front and
-    // leaves out its last pass
-    int turn = 0;
-    auto my_turn = [&]() {
-        if (PP) fb_bar_sync(2 + cw);
-    };
-    auto pass_turn = [&]() {
-        if (PP && !(cw == 1 && ++turn == 2 * ntiles)) fb_bar_arrive(3 - cw);
-    };
-    if (PP && cw == 1) fb_bar_arrive(2);
 
     for (int i = 0; i < ntiles; i++) {
         int s = i % FB_STAGES, qt = q_first + i, q0 = qt * FB_QT;
@@ -421,7 +403,6 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         uint64_t q0d = smem_desc(st), q1d = smem_desc(st + FB_QHALF);
         uint64_t o0d = smem_desc(st + FB_QTILE), o1d = smem_desc(st + FB_QTILE + FB_QHALF);
         uint64_t k0d = smem_desc(ka), k1d = smem_desc(ka + FA_HALF), v0d = smem_desc(va), v1d = smem_desc(va + FA_HALF);
-        my_turn();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(sacc, k0d + 2 * kk, q0d + 2 * kk, kk > 0);
@@ -432,7 +413,6 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(pacc, v1d + 2 * kk, o1d + 2 * kk, 1);
         wgmma_commit();
-        pass_turn();
         wgmma_wait<0>();
         // P^T, dS^T: acc[4 j + e] is key lrow + 8 (e / 2), query q0 + 8 j + lcol + e % 2
         bool diag = q0 < key0 + 64;
@@ -457,7 +437,6 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
                 df[4 * kk + r] = pack_bf16(pacc[8 * kk + 2 * r], pacc[8 * kk + 2 * r + 1]);
             }
         uint64_t dom = smem_desc_mn_lbo(st + FB_QTILE, FB_QHALF), qm = smem_desc_mn_lbo(st, FB_QHALF);
-        my_turn();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -470,7 +449,6 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
             wgmma_n128_rs<1>(dkacc, a, qm + (uint64_t)(2048 >> 4) * kk, 1);
         }
         wgmma_commit();
-        pass_turn();
         // dS^T to scratch in the dQ kernel's layout: word df[4 kk + r] is key
         // lrow + 8 (r & 1), queries 16 kk + 8 (r >> 1) + lcol, + 1
         unsigned char *tile = (unsigned char *)(ds_h + ds_tile_off(2 * kb + cw, qt, nq));
@@ -598,14 +576,12 @@ extern "C" int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void 
         cuda_tensor_map_2d(&maps.v, v, bf, 2, cols, rows, 64, 64) ||
         cuda_tensor_map_2d(&maps.dout, dout, bf, 2, cols, rows, 64, 64))
         return -1;
-    static int set_kv[2], set_q, pp = -1;
-    if (pp < 0) pp = getenv("MOECORE_ATTN_BWD_PP") && atoi(getenv("MOECORE_ATTN_BWD_PP")); // A/B experiment
-    auto dkv = pp ? attention_bwd_dkv_wgmma_kernel<true> : attention_bwd_dkv_wgmma_kernel<false>;
-    cuda_allow_smem((const void *)dkv, &set_kv[pp], FB_SMEM);
+    static int set_kv, set_q;
+    cuda_allow_smem((const void *)attention_bwd_dkv_wgmma_kernel, &set_kv, FB_SMEM);
     cuda_allow_smem((const void *)attention_bwd_dq_wgmma_kernel, &set_q, DQ_SMEM);
     dim3 grid(H, B, T / FA_BM);
     float scale = (float)(1.0 / sqrt((double)FA_HD)), sl2 = (float)(1.4426950408889634 / sqrt((double)FA_HD));
-    dkv<<<grid, FA_THREADS, FB_SMEM, cuda_stream()>>>(
+    attention_bwd_dkv_wgmma_kernel<<<grid, FA_THREADS, FB_SMEM, cuda_stream()>>>(
         (bf16 *)dk, (bf16 *)dv, (bf16 *)dsT, maps, lse2, D, T, H, ds_head, sl2, scale);
     cudaLaunchCheck();
     attention_bwd_dq_wgmma_kernel<<<grid, FA_THREADS, DQ_SMEM, cuda_stream()>>>((bf16 *)dq, (const bf16 *)dsT, maps,
