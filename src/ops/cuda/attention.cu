@@ -50,6 +50,12 @@
 //
 // Head dim 128 also has a second set of kernels ("variant 2", below the
 // first), with bigger warp tiles; the launchers choose by shape.
+//
+// At head dim 128 with T a multiple of 128 and no documents, the forward
+// runs on attention_wgmma.cu's TMA + wgmma kernel (device.cuda.attention_fwd:
+// wgmma, the default), and the dS^T backward can (attention_bwd: wgmma),
+// with the same saved lse2 and scratch; the kernels here run every other
+// case, and all of them under mma_sync.
 #include <math.h>
 
 #include "ops/cuda/cuda_common.cuh"
