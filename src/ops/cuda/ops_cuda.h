@@ -108,6 +108,17 @@ extern "C" {
 // The limits behind Ops.supports (ops_cuda_table.c): 1 when the kernels
 // take the sizes, else 0 with the limit in why. No device is touched.
 int cuda_attention_supports(int B, int T, int H, int KV, int hd, char *why, size_t whylen); // attention.cu
+// The forward on the TMA + wgmma kernel (attention_wgmma.cu): 0 when it ran,
+// -1 (nothing launched) for the cases it does not take.
+int cuda_attention_forward_wgmma(void *out, float *lse2, const void *q, const void *k, const void *v,
+                                 const int *doc_start, int B, int T, int H, int KV, int hd);
+// The backward's dK/dV (+ dS^T into dsT, ds_head elements per head) and dQ
+// kernels on TMA + wgmma, given D (attention_wgmma.cu): whether they take
+// the shape, and the launch (0, or -1 with nothing launched).
+int cuda_attention_backward_wgmma_takes(const int *doc_start, int B, int T, int H, int KV, int hd);
+int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void *dsT, const void *dout, const float *lse2,
+                                  const float *D, const void *q, const void *k, const void *v, int B, int T, int H,
+                                  size_t ds_head);
 int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen);                 // gemm.cu
 int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen);             // router.cu
 int cuda_supports(const OpDesc *d, char *why, size_t whylen);                              // ops_cuda_table.c
