@@ -1487,6 +1487,8 @@ static void make_cases(void) {
         add_lb_loss(4096, 64, 8, (Gating)g, 4096.f, g == GATING_SIGMOID ? RERUN : 0);
         add_lb_loss(4096, 64, 8, (Gating)g, 3 * 4096.f, 0);
         add_lb_loss(5, 7, 3, (Gating)g, 5.f, 0);
+        add_lb_loss(4096, 64, 8, (Gating)g, 0.f, 0); // count_tokens 0: from the counts (lb_global)
+        add_lb_loss(5, 7, 3, (Gating)g, 0.f, 0);
     }
     add_zloss(4096, 64, RERUN);
     add_zloss(5, 7, 0);
