@@ -822,6 +822,7 @@ static int train_loop(Trainer *tr) {
         SAY("%s: step %lld of %lld, %lld tokens, %s\n", st->step < t->steps ? "stopped (--stop-after)" : "done",
             (long long)st->step, (long long)t->steps, (long long)st->tokens_seen, d);
     }
+    if (rc == 0) print_memory_measured(tr);
 #ifdef MOECORE_CUDA
     if (timed && rc == 0 && train_rank0)
         ops_timed_report(stdout, timed_steps, timed_steps ? 1000 * timed_s / timed_steps : 0);

@@ -88,6 +88,7 @@ typedef struct {
     void *graph[2];
     float graph_scale[2];
     double peak_dev_mib;
+    double mem_plan_mib[2];    // this rank's memory plan (train/memory.h): steady, peak
     int run_info_written;      // the first metrics record of this process carries the run's description
     int nonfinite_run;         // consecutive steps with a non-finite loss or grad norm, up to now
     int64_t saved_step;        // the newest step committed by or resumed from in this process (-1 none)
@@ -120,6 +121,8 @@ void fmt_duration(char *buf, size_t n, double s);
 json_object *run_info_json(const Trainer *tr);
 // Sets tr->peak and tr->fpt, prints the header (rank 0; every rank its memory line).
 void print_header(Trainer *tr);
+// Every rank's measured memory beside its plan, at the end of a run.
+void print_memory_measured(const Trainer *tr);
 // The step's metrics.jsonl record; fills the per-layer loads, the worst
 // max/mean load, dropped and routed rows, and whether gerrymandering is flagged.
 json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, double *dropped_total,
