@@ -31,8 +31,8 @@ static size_t router_bias_bytes(const ModelConfig *cfg, size_t nm) { return nm *
 // the model's and DDP's small buffers, the pipeline's send buffers, on a
 // GPU the kernel workspaces and the stated context allowance; and the peak
 // of setup (train.c setup_model: store, [ep > 1: the whole model drawn on
-// the CPU], arena, DDP with the main-weight shard copied out of the whole
-// FP32 weights, then the moments).
+// the CPU], DDP with the main-weight shard copied out of the whole FP32
+// weights, the moments, then the arena).
 static int plan_run(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, size_t held, char *err,
                     size_t errlen) {
     if (l->arena_bytes || l->dispatch_bytes) FAIL("memory plan: arena_bytes and dispatch_bytes come from ops");
@@ -73,7 +73,7 @@ static int plan_run(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l
         setup += 2 * all * sizeof(float) + router_bias_bytes(cfg, nm_all) + model_small_bytes(cfg, nm_all) + 2 * 2 * 4;
     }
     if (l->sharded && separate) { // the shard copied out of the whole main weights
-        size_t at_shard = store_whole + p->arena + p->dispatch + p->comm + p->main_weights;
+        size_t at_shard = store_whole + p->comm + p->main_weights; // before the arena (train.c)
         if (at_shard > setup) setup = at_shard;
     }
     p->setup_peak = setup + p->workspace + p->context;

@@ -61,8 +61,9 @@ typedef struct {
     int n_slots;                    // activation slots (micro-batches in flight)
     // the peak: the steady state (memory_total), or setup's, where the
     // distributed optimizer's main-weight shard is copied out of the whole
-    // FP32 weights before they are freed; on CPU ranks with ep > 1 setup
-    // also draws the whole model on the CPU (train.c) beside the stage's
+    // FP32 weights before they are freed (before the arena: train.c); on
+    // CPU ranks with ep > 1 setup also draws the whole model on the CPU
+    // beside the stage's
     size_t setup_peak, peak;
 } MemoryPlan;
 

@@ -317,13 +317,17 @@ static int setup_model(Trainer *tr) {
     m->defer_wgrad = tr->pipe.on && tr->pipe.sched.kind == PP_ZB1; // W runs the deferred weight grads
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);
-    model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
-    if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
-    pipeline_alloc(tr);
+    // DDP and the optimizer before the activations: the distributed
+    // optimizer frees the whole FP32 main weights for its shard first, so
+    // they never sit beside the arena (train/memory.h, the setup peak), and
+    // the arena's receive buffers are sized from the memory really left
     ddp_init(&tr->ddp, &m->store, tr->mesh.dp_comm, tr->mesh.ep_dp_comm, tr->world, cfg->optim_sharded,
              (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / 4));
     if (cfg->optim_sharded) adamw_init_range(&tr->adamw, &cfg->optim, &m->store, tr->ddp.shard_begin, tr->ddp.shard_end);
     else adamw_init(&tr->adamw, &cfg->optim, &m->store);
+    model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
+    if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
+    pipeline_alloc(tr);
     tr->layout.world = tr->world;
     for (int c = 0; c < N_CLASSES; c++) {
         tr->layout.own_begin[c] = tr->ddp.shard_begin[c];

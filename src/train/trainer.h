@@ -108,6 +108,12 @@ typedef struct {
 // micro-batches (tr->tokens), ce_scale as model_backward's; pipeline_eval
 // runs one micro-batch's forward through the stages (the CE on the last).
 int pipeline_plan(Trainer *tr, int print_schedule, char *err, size_t errlen);
+// The part of it that needs no trainer (the planner's too): the split of
+// run config cfg's layers into pp x pp_virtual stages (split), pipeline rank
+// rank's chunks (st), the schedule of M micro-batches (built: free it) and
+// the activation slots the rank holds at most (n_slots).
+int pipeline_rank_layout(const RunConfig *cfg, int M, int rank, int *split, ParamStage *st, PPSchedule *sched,
+                         int *n_slots, char *err, size_t errlen);
 void pipeline_alloc(Trainer *tr);
 void pipeline_step(Trainer *tr, int64_t step, float ce_scale);
 void pipeline_eval(Trainer *tr, const int *tokens, const int *targets, uint64_t route_seed);
