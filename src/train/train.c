@@ -262,6 +262,9 @@ static int pick_backend(Trainer *tr) {
     }
     tr->ops = tr->opt.timed_ops ? &ops_cuda_timed : &ops_cuda;
     cuda_configure(&cfg->device.cuda);
+    // what the CUDA context takes before our first allocation (the memory
+    // plan's stated allowance is checked against it: train/memory.h)
+    tr->start_dev_mib = tr->ops->device_memory_used() / 1048576.0;
     // what the kernels cannot run is refused here, before any allocation
     char msg[600], err[1800];
     if (model_config_check_backend(&cfg->model, tr->ops, cfg->train.micro_batch, cfg->parallel.ep, msg, sizeof msg)) {

@@ -131,6 +131,10 @@ static void print_memory(Trainer *tr) {
         printf("rank %d: memory: warning: the plan's activations (%zu B, dispatch %zu B) differ from the arena "
                "allocated (%zu B, dispatch %zu B)\n", comm_rank(tr->world), p.arena, p.dispatch, tr->m.arena_bytes,
                tr->m.sym_bytes);
+    if (l.gpu)
+        printf("rank %d: memory: the GPU had %.1f MiB in use before the first allocation (the CUDA context; "
+               "the plan allows %.0f MiB for the context, cuBLASLt and loaded kernels)\n", comm_rank(tr->world),
+               tr->start_dev_mib, MEMORY_CONTEXT_MIB);
     tr->mem_plan_mib[0] = memory_total(&p) / 1048576.0;
     tr->mem_plan_mib[1] = p.peak / 1048576.0;
     size_t held[N_CLASSES] = {p.dense, p.expert}, opt[N_CLASSES] = {p.dense_opt, p.expert_opt};

@@ -88,6 +88,7 @@ typedef struct {
     void *graph[2];
     float graph_scale[2];
     double peak_dev_mib;
+    double start_dev_mib;      // GPU memory in use before the first allocation (the CUDA context)
     double mem_plan_mib[2];    // this rank's memory plan (train/memory.h): steady, peak
     int run_info_written;      // the first metrics record of this process carries the run's description
     int nonfinite_run;         // consecutive steps with a non-finite loss or grad norm, up to now
