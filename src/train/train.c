@@ -262,9 +262,6 @@ static int pick_backend(Trainer *tr) {
     }
     tr->ops = tr->opt.timed_ops ? &ops_cuda_timed : &ops_cuda;
     cuda_configure(&cfg->device.cuda);
-    // what the CUDA context takes before our first allocation (the memory
-    // plan's stated allowance is checked against it: train/memory.h)
-    tr->start_dev_mib = tr->ops->device_memory_used() / 1048576.0;
     // what the kernels cannot run is refused here, before any allocation
     char msg[600], err[1800];
     if (model_config_check_backend(&cfg->model, tr->ops, cfg->train.micro_batch, cfg->parallel.ep, msg, sizeof msg)) {
@@ -272,6 +269,9 @@ static int pick_backend(Trainer *tr) {
         if (train_rank0) fprintf(stderr, "moecore: error: %s\n", err);
         return 2;
     }
+    // what the CUDA context takes before our first allocation (the memory
+    // plan's stated allowance is checked against it: train/memory.h)
+    tr->start_dev_mib = tr->ops->device_memory_used() / 1048576.0;
     return -1;
 #else
     if (train_rank0) fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (nvcc was not found when it was built)\n");

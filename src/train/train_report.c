@@ -111,6 +111,13 @@ static void print_memory(Trainer *tr) {
                           tr->pipe.on ? &tr->pipe.stage : NULL, tr->pipe.on ? tr->pipe.n_slots : 1, tr->M,
                           tr->cfg.device.type == 1);
     l.pp_rank = tr->pipe.on ? tr->pipe.rank : 0;
+    // the dispatch the model runs (symmetric memory may be unavailable), and
+    // the receive rows it chose (a device may have cut them to its memory)
+    const Model *m = &tr->m;
+    l.act.ep_sym = m->ep_sym;
+    size_t routed = (size_t)tr->MB * tr->T * m->cfg.top_k;
+    if (m->ep_sym && (size_t)m->max_rows_local != (size_t)mesh->ep * routed)
+        l.act.ep_recv_factor = ((double)m->max_rows_local - 0.5) / (double)routed;
     // NCCL's buffers: the groups of more than one rank of a launched GPU job
     if (l.gpu && tr->launch.kind != LAUNCH_SINGLE) {
         Comm *g[] = {tr->world, mesh->dp_comm, mesh->ep_comm, mesh->ep_dp_comm, mesh->pp_comm};
