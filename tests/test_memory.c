@@ -139,7 +139,7 @@ END_TEST
 // The planner's activations (model_arena_plan: no model, no device) are
 // the arena model_alloc_slots allocates, for every recompute mode, slots,
 // pipeline chunks (with the zero-bubble deferred grads), intra-document
-// masking and 2-byte activations.
+// masking, the input norms' recompute and 2-byte activations.
 START_TEST(test_arena_plan_is_the_allocation) {
     ModelConfig c = test_config();
     c.n_layers = 6;
@@ -165,10 +165,12 @@ START_TEST(test_arena_plan_is_the_allocation) {
                     m.recompute_first = rc == 3 && slots == 3 ? 4 : 0;
                     m.defer_wgrad = si == 1 && rc != 3;
                     m.doc_mask = slots == 3;
+                    m.recompute_norms = rc % 2 == b;
                     model_alloc_slots(&m, 2, 16, slots);
                     ModelArenaSpec sp = {.B = 2, .T = 16, .n_slots = slots, .ep = 1, .recompute = rc,
                                          .recompute_every = m.recompute_every, .recompute_first = m.recompute_first,
-                                         .defer_wgrad = m.defer_wgrad, .doc_mask = m.doc_mask, .stage = stages[si]};
+                                         .defer_wgrad = m.defer_wgrad, .doc_mask = m.doc_mask, .stage = stages[si],
+                                         .recompute_norms = m.recompute_norms};
                     ModelArenaSize sz;
                     ck_assert_msg(model_arena_plan(&c, backends[b], &sp, &sz, err, sizeof err) == 0, "%s", err);
                     ck_assert_msg(sz.arena_bytes == m.arena_bytes && sz.slot_bytes == m.slot_bytes,

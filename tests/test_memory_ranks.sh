@@ -52,6 +52,7 @@ layouts=(
   "pp2_zb1xdp2_sharded 4 --parallel.pp=2 --parallel.dp=2 --optim.sharded=true --parallel.pp_schedule=zb1"
   "pp2_interleavedxep2 4 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2"
   "one_recompute_layers 1 --train.recompute=layers"
+  "pp2_norms 2 --parallel.pp=2 --train.recompute=gather --train.recompute_norms=true"
 )
 for layout in "${layouts[@]}"; do
   set -- $layout; name=$1 np=$2; shift 2

@@ -184,6 +184,8 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     // gathers into one buffer
     int sh_xp = rc_xp || (m->ep_sym && m->n_moe);
     void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = sh_xp ? take(cv, R * D) : NULL;
+    int rc_ln = m->recompute_norms && pre; // ln1 and ln2 of every block in one buffer
+    void *ln_shared = rc_ln ? take(cv, N * D) : NULL;
     // recompute layers: the recomputed blocks share one set of buffers per
     // kind of block (MoE, dense); only their inputs (resid) stay
     LayerActs shared[2];
@@ -194,7 +196,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         if (rl && have_shared[moe]) { *a = shared[moe]; continue; }
         memset(a, 0, sizeof(*a));
         if (param_stage_chunk_of(&m->stage, l) < 0) continue; // another stage's
-        if (pre) { a->ln1 = take(cv, N * D); a->ln1_rstd = ftake(cv, N); }
+        if (pre) { a->ln1 = rc_ln ? ln_shared : take(cv, N * D); a->ln1_rstd = ftake(cv, N); }
         a->q = take(cv, N * qd); a->k = take(cv, N * kvd); a->v = take(cv, N * kvd);
         if (c->qk_norm != QKNORM_NONE) {
             a->qn = take(cv, N * qd); a->kn = take(cv, N * kvd);
@@ -207,7 +209,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         a->o = take(cv, N * D);
         if (post) { a->on = take(cv, N * D); a->o_rstd = ftake(cv, N); }
         a->h = take(cv, N * D);
-        if (pre) { a->ln2 = take(cv, N * D); a->ln2_rstd = ftake(cv, N); }
+        if (pre) { a->ln2 = rc_ln ? ln_shared : take(cv, N * D); a->ln2_rstd = ftake(cv, N); }
         a->f = take(cv, N * D);
         if (post) { a->fn = take(cv, N * D); a->f_rstd = ftake(cv, N); }
         if (!moe) { a->g = take(cv, N * F); a->u = take(cv, N * F); a->a = take(cv, N * F); goto carved; }
@@ -410,6 +412,7 @@ int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpe
     m->recompute = s->recompute;
     m->recompute_every = s->recompute_every;
     m->recompute_first = s->recompute_first;
+    m->recompute_norms = s->recompute_norms;
     m->defer_wgrad = s->defer_wgrad;
     m->doc_mask = s->doc_mask;
     m->B = s->B;
@@ -1033,6 +1036,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         }
         // feed-forward half: y = h + post(ffn(pre(h))); dres holds dL/dy
         const void *df = maybe_norm_backward(m, m->d1, m->dres, a->f, a->f_rstd, L->ffn_post_norm, N);
+        if (m->recompute_norms) maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N); // the same bits again
         const void *in = L->ffn_norm >= 0 ? a->ln2 : a->h;
         void *din = L->ffn_norm >= 0 ? m->d2 : m->dres; // without an input norm, add straight into dres
         int acc = L->ffn_norm < 0;
@@ -1043,6 +1047,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         // attention half: h = x + post(attn(pre(x))); dres holds dL/dh
         const void *x = m->resid[l];
         const void *dout = maybe_norm_backward(m, m->d1, m->dres, a->o, a->o_rstd, L->attn_post_norm, N);
+        if (m->recompute_norms) maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
         in = L->attn_norm >= 0 ? a->ln1 : x;
         din = L->attn_norm >= 0 ? m->d2 : m->dres;
         attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);

@@ -127,6 +127,10 @@ typedef struct {
     // block l unless it is the last, when l % recompute_every == 0 (0: 1)
     // and, with recompute_first > 0, l < recompute_first.
     int recompute, recompute_every, recompute_first;
+    // Selective recompute, set before model_alloc_acts: recompute_norms: the
+    // input norms' outputs (ln1, ln2) of every block share one buffer; the
+    // backward recomputes each from its kept input before using it.
+    int recompute_norms;
     int recomputing;                  // set while backward recomputes a block
     // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
     // backward leaves the weight grads of the attention projections and the
@@ -218,7 +222,7 @@ typedef struct {
     int B, T, n_slots;
     int ep, ep_sym;
     double ep_recv_factor;
-    int recompute, recompute_every, recompute_first;
+    int recompute, recompute_every, recompute_first, recompute_norms;
     int defer_wgrad, doc_mask;
     const ParamStage *stage;          // NULL: the whole model
 } ModelArenaSpec;

@@ -185,6 +185,7 @@ void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops
                               .ep_sym = sym, .ep_recv_factor = par->ep_recv_factor,
                               .recompute = cfg->train.recompute, .recompute_every = cfg->train.recompute_every,
                               .recompute_first = cfg->train.recompute_first,
+                              .recompute_norms = cfg->train.recompute_norms,
                               .defer_wgrad = par->pp > 1 && par->pp_schedule == PP_ZB1, .doc_mask = cfg->data.doc_mask,
                               .stage = stage};
     l->gpu = gpu;

@@ -158,8 +158,8 @@ static const char *const rc_names[] = {"none", "experts", "gather", "layers"};
 void plan_layout_name(const PlanLayout *l, char *buf, size_t n) {
     char pp[48] = "";
     if (l->pp > 1) snprintf(pp, sizeof pp, "/pp%d/v%d/%s", l->pp, l->virt, pp_schedule_kind_name((PPScheduleKind)l->sched));
-    snprintf(buf, n, "dp%d/ep%d%s%s/%s/mb%d/%s", l->dp, l->ep, pp, l->sharded ? "/sharded" : "", rc_names[l->recompute],
-             l->mb, l->fp8 ? "mxfp8" : "bf16");
+    snprintf(buf, n, "dp%d/ep%d%s%s/%s%s/mb%d/%s", l->dp, l->ep, pp, l->sharded ? "/sharded" : "", rc_names[l->recompute],
+             l->norms ? "/norms" : "", l->mb, l->fp8 ? "mxfp8" : "bf16");
 }
 
 int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, size_t errlen) {
@@ -188,6 +188,7 @@ int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, 
             continue;
         }
         if (!strcmp(t, "sharded") || !strcmp(t, "unsharded")) { l->sharded = t[0] == 's'; gv |= PL_SHARDED; continue; }
+        if (!strcmp(t, "norms") || !strcmp(t, "keepnorms")) { l->norms = t[0] == 'n'; gv |= PL_NORMS; continue; }
         if (!strcmp(t, "bf16") || !strcmp(t, "mxfp8")) { l->fp8 = t[0] == 'm'; gv |= PL_PREC; continue; }
         int r = 0;
         while (r < 4 && strcmp(t, rc_names[r])) r++;
@@ -196,7 +197,7 @@ int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, 
         char e2[128];
         if (!pp_schedule_kind_parse(t, &k, e2, sizeof e2)) { l->sched = k; gv |= PL_SCHED; continue; }
         return errorf(err, errlen, "layout '%s': unknown part '%s' (dpN, epN, ppN, vN, gpipe|1f1b|interleaved|zb1, "
-                      "sharded|unsharded, none|experts|gather|layers, mbN, bf16|mxfp8)", s, t);
+                      "sharded|unsharded, none|experts|gather|layers, norms|keepnorms, mbN, bf16|mxfp8)", s, t);
     }
     if (l->pp == 1) l->virt = 1;
     if (given) *given = gv;
@@ -217,6 +218,7 @@ static int layout_config(const PlanInput *in, const PlanLayout *l, RunConfig *c,
     if (l->pp == 1) c->parallel.n_pp_layers = 0;
     c->optim_sharded = l->sharded;
     c->train.recompute = l->recompute;
+    c->train.recompute_norms = l->norms;
     c->train.micro_batch = l->mb;
     if (l->dp * l->pp != in->gpus)
         return errorf(err, errlen, "dp %d x pp %d is not the %d GPUs", l->dp, l->pp, in->gpus);
@@ -328,6 +330,8 @@ static void stage_time(const RunConfig *rc, const GpuSpec *g, const PlanLayout *
             block_time(c, g, l, moe, 0, &s->f);
             block_time(c, g, l, moe, 1, &s->b);
             recompute_time(c, g, l, moe, recomputes_block(rc, st, i), &s->rc);
+            if (rc->train.recompute_norms) // the two input norms again
+                op(&s->rc, g, C_ELEM, 2 * 4.0 * l->mb * c->seq_len * c->d_model, g->membw * GB, 2);
             s->moe_layers += moe;
         }
     double gemm = (l->fp8 ? g->fp8_gemm : g->gemm) * TF;
@@ -593,7 +597,8 @@ static int matches(const PlanLayout *a, const PlanLayout *w, unsigned given) {
            (!(given & PL_PP) || a->pp == w->pp) && (!(given & PL_V) || a->virt == w->virt) &&
            (!(given & PL_SCHED) || a->pp == 1 || a->sched == w->sched) &&
            (!(given & PL_SHARDED) || a->sharded == w->sharded) && (!(given & PL_RC) || a->recompute == w->recompute) &&
-           (!(given & PL_MB) || a->mb == w->mb) && (!(given & PL_PREC) || a->fp8 == w->fp8);
+           (!(given & PL_MB) || a->mb == w->mb) && (!(given & PL_PREC) || a->fp8 == w->fp8) &&
+           (!(given & PL_NORMS) || a->norms == w->norms);
 }
 
 static void enumerate(const PlanInput *in, int precisions, const PlanLayout *where, unsigned given, Results *rs,
@@ -608,13 +613,13 @@ static void enumerate(const PlanInput *in, int precisions, const PlanLayout *whe
             static const int scheds[][2] = {{PP_1F1B, 1}, {PP_INTERLEAVED, 2}, {PP_ZB1, 1}};
             for (int si = 0; si < (pp > 1 ? 3 : 1); si++) {
                 for (int sh = 0; sh <= (dp > 1); sh++)
-                    for (int rc = 0; rc < 4; rc++)
+                    for (int rc = 0; rc < 8; rc++) // the mode, and the input norms kept or recomputed
                         for (int mb = 1; mb <= G / dp; mb++) {
                             if ((G / dp) % mb || G % dp) continue;
                             for (int p8 = 0; p8 < 2; p8++) {
                                 if (!(precisions & (1 << p8))) continue;
                                 PlanLayout l = {dp, ep, pp, pp > 1 ? scheds[si][1] : 1, pp > 1 ? scheds[si][0] : PP_1F1B,
-                                                sh, rc, mb, p8};
+                                                sh, rc % 4, rc / 4, mb, p8};
                                 if (!matches(&l, where, given)) continue;
                                 PlanResult r;
                                 char err[512];
@@ -682,8 +687,9 @@ static int usage_plan(FILE *f) {
                "  Enumerates the layouts of CONFIG on N GPUs (dp, ep, pp, virtual stages and schedule, sharded\n"
                "  optimizer, recompute, micro-batch, precision), drops those whose peak memory does not fit, and\n"
                "  ranks the rest by predicted tokens/s per GPU. NAME: configs/gpus/NAME.yaml (default h200).\n"
-               "  LAYOUT: as the table prints it, e.g. dp8/ep8/pp4/v1/1f1b/sharded/layers/mb1/bf16\n"
-               "  (missing parts: dp1 ep1 pp1 v1 1f1b, not sharded, none, mb1, bf16). --where keeps the layouts\n"
+               "  LAYOUT: as the table prints it, e.g. dp8/ep8/pp4/v1/1f1b/sharded/layers/norms/mb1/bf16\n"
+               "  (missing parts: dp1 ep1 pp1 v1 1f1b, not sharded, none, norms kept, mb1, bf16). --where keeps\n"
+               "  the layouts\n"
                "  with the parts given (e.g. ep8/pp4/unsharded). mxfp8 is modelled\n"
                "  (FP8 expert GEMM rate), not trainable yet.\n");
     return f == stdout ? 0 : 2;
