@@ -184,6 +184,8 @@ bad_yaml "mapping three levels down" 3 $'device:\n  cuda:\n    gemm_tma: {a: 1}'
 expect_error "negative device.cuda.attention_ds_mib" "$tmp/base.yaml" device.cuda.attention_ds_mib ">= 0" \
   -- --device.cuda.attention_ds_mib=-1
 expect_error "bad device.cuda override" "$tmp/base.yaml" device.cuda.gemm_tma maybe -- --device.cuda.gemm_tma=maybe
+expect_error "bad device.cuda.attention_fwd override" "$tmp/base.yaml" device.cuda.attention_fwd fa3 mma_sync \
+  -- --device.cuda.attention_fwd=fa3
 bad_yaml "YAML syntax error" 3 $'optim:\n  lr: 1\n  beta1: 0.9: 3' "YAML syntax error"
 expect_error "unknown override key" "$tmp/base.yaml" train.stpes "did you mean train.steps" -- --train.stpes=5
 expect_error "unknown override section" "$tmp/base.yaml" trian.steps -- --trian.steps=5

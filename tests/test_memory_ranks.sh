@@ -6,7 +6,8 @@
 # ops_cpu_alloc_stats: every ops_cpu.alloc and the symmetric memory's
 # shared window). For each layout (one rank; dp 2; dp 2 sharded; dp 2 x
 # ep 2 with the symmetric dispatch; ep 2 with the all-to-all; pp 2 1F1B;
-# pp 2 zb1 x dp 2 sharded; pp 2 interleaved x ep 2) every rank's measured
+# pp 2 zb1 x dp 2 sharded; pp 2 interleaved x ep 2; recompute layers; gather
+# + recompute_norms under pp 2; FP8 experts) every rank's measured
 # peak must be within 5% of its plan, and the plan must not be the
 # measure's copy: a second check requires each rank's plan to move with
 # micro_batch the way the allocation does.
@@ -53,6 +54,7 @@ layouts=(
   "pp2_interleavedxep2 4 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2"
   "one_recompute_layers 1 --train.recompute=layers"
   "pp2_norms 2 --parallel.pp=2 --train.recompute=gather --train.recompute_norms=true"
+  "one_fp8_experts 1 --train.precision=fp8 --train.recompute=experts --model.d_model=256 --model.expert_hidden=256"
 )
 for layout in "${layouts[@]}"; do
   set -- $layout; name=$1 np=$2; shift 2

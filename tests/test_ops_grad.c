@@ -605,6 +605,12 @@ START_TEST(test_lb_loss) {
         double *prefill = randn(&r, np, 1), *dprobs = dcopy(prefill, np);
         cpu_lb_loss_backward(dprobs, probs, counts, c.count_tokens, N, E, k, g, c.scale);
         check_grad(op, "probs (+= onto prefill)", lb_loss, &c, probs, np, diff(dprobs, prefill, np));
+        // count_tokens 0: the counts' own tokens (sum / k = 2N here), the same bits both ways
+        double derived = cpu_lb_loss_forward(probs, counts, 0, N, E, k, g);
+        ck_assert_msg(derived == got, "%s: LB with count_tokens 0 %.17g != with 2N %.17g", op, derived, got);
+        double *d0 = dcopy(prefill, np);
+        cpu_lb_loss_backward(d0, probs, counts, 0, N, E, k, g, c.scale);
+        ck_assert_msg(!memcmp(d0, dprobs, np * sizeof(double)), "%s: LB backward with count_tokens 0 differs", op);
     }
 }
 END_TEST

@@ -96,6 +96,28 @@ if [ -f "$tmp/run/metrics.jsonl" ]; then
   fi
 fi
 
+# ---- configs/routing/report.py: the routing-health table of the real run ----------------
+# (its row: 6 steps, the best eval CE as the metrics hold it; a plot and a CSV per run)
+if [ -f "$tmp/run/metrics.jsonl" ]; then
+  mkdir -p "$tmp/routing/tiny-m-softmax-lb" && cp "$tmp/run/metrics.jsonl" "$tmp/routing/tiny-m-softmax-lb/"
+  if $py configs/routing/report.py "$tmp/routing" -o "$tmp/rout" > "$tmp/report.md" 2> "$tmp/report.err"; then
+    best=$($py -c "
+import json, sys
+e = [(json.loads(l)['eval_ce'], json.loads(l)['step']) for l in open(sys.argv[1]) if 'eval_ce' in json.loads(l)]
+print('%.3f (%d)' % min(e))" "$tmp/run/metrics.jsonl")
+    row=$(grep '^| tiny-m-softmax-lb | 6 |' "$tmp/report.md")
+    [ -n "$row" ] || fail "report.py: no row for the run with 6 steps: $(cat "$tmp/report.md")"
+    case "$row" in *"| $best |"*) echo "ok: report.py row, best eval CE $best";; *) fail "report.py: best eval CE $best not in: $row";; esac
+    check_png "$tmp/rout/routing-tiny-m.png" "report.py plot"
+    [ "$(head -1 "$tmp/rout/summary-tiny-m-softmax-lb.csv" | cut -d, -f1-3)" = "step,ce,eval_ce" ] ||
+      fail "report.py: summary CSV header: $(head -1 "$tmp/rout/summary-tiny-m-softmax-lb.csv")"
+  else
+    fail "report.py failed: $(cat "$tmp/report.err")"
+  fi
+  mkdir -p "$tmp/norun"
+  $py configs/routing/report.py "$tmp/norun" > /dev/null 2>&1 && fail "report.py accepted a directory without runs"
+fi
+
 # ---- nothing to plot: an error, no PNG ---------------------------------------------------
 printf '{"step": 1, "loss' > "$tmp/empty.jsonl"
 if $py scripts/plot_metrics.py "$tmp/empty.jsonl" -o "$tmp/empty.png" > "$tmp/empty.log" 2>&1; then

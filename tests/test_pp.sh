@@ -74,6 +74,9 @@ for path, theory in zip(sys.argv[1:], [3 / 7, 3 / 11]):
     for r in rows:
         assert abs(r["pp_bubble_theory"] - theory) < 1e-12, (path, r["pp_bubble_theory"], theory)
         assert 0 <= r["pp_bubble"] < 1 and len(r["pp_idle_in_span"]) == 4, r
+        # each rank's idle share splits into waiting in receives and the rest
+        for i, w, o in zip(r["pp_idle_in_span"], r["pp_wait_in_span"], r["pp_other_in_span"]):
+            assert 0 <= w <= i + 1e-12 and abs(w + o - i) < 1e-9, (path, i, w, o)
 print("pp 4 m 4: theory 1f1b 3/7, interleaved v 2 3/11 logged, measured bubbles in [0, 1)")
 PY
 ); then ok "$out"; else bad "bubble records: $out"; fi

@@ -28,6 +28,9 @@ static const char *const sched_names[] = {"cosine", "wsd", "constant", "linear",
 static const char *const decay_shape_names[] = {"linear", "cosine", "1-sqrt", NULL}; // DecayShape
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const recompute_names[] = {"none", "experts", "gather", "layers", NULL};
+static const char *const precision_names[] = {"bf16", "fp8", NULL};            // Precision
+static const char *const fp8_recipe_names[] = {"block128", "mxfp8", NULL};     // Fp8Recipe
+static const char *const fp8_gemms_names[] = {"experts", "experts_dense", NULL}; // Fp8Gemms
 // parallel.ep_backend, in EpBackend's order (model.h)
 static const char *const ep_backend_names[] = {"auto", "a2a", "symmetric", NULL};
 // parallel.pp_schedule, in the order of dist/pp_schedule.h's PPScheduleKind
@@ -47,7 +50,8 @@ static const Key table[] = {
     F(train.max_nonfinite_steps, T_INT),
     F(train.eval_batches, T_INT), F(train.seed, T_U64), FE(train.recompute, recompute_names),
     F(train.recompute_every, T_INT), F(train.recompute_first, T_INT), F(train.recompute_norms, T_BOOL),
-    FE(train.decay_shape, decay_shape_names),
+    FE(train.decay_shape, decay_shape_names), FE(train.precision, precision_names),
+    FE(fp8.recipe, fp8_recipe_names), FE(fp8.gemms, fp8_gemms_names),
     F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
     F(optim.weight_decay, T_FLOAT), F(optim.decay_norms, T_BOOL), F(optim.decay_embeddings, T_BOOL),
     {"optim.sharded", T_BOOL, offsetof(RunConfig, optim_sharded), NULL},
@@ -60,6 +64,7 @@ static const Key table[] = {
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
     F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT),
+    FE(device.cuda.attention_fwd, gemm_kernel_names), FE(device.cuda.attention_bwd, gemm_kernel_names),
 };
 #define NTABLE ((int)(sizeof(table) / sizeof(table[0])))
 
@@ -336,8 +341,8 @@ static int yaml_key_once(const RunConfig *c, const char *key, size_t line, const
     return -1;
 }
 
-static const char *const sections[] = {"model", "data", "train", "optim", "checkpoint", "logging", "parallel",
-                                       "device", NULL};
+static const char *const sections[] = {"model", "data", "train", "fp8", "optim", "checkpoint", "logging",
+                                       "parallel", "device", NULL};
 
 // Accepts one two-level document: sections mapping keys to scalars or to
 // sequences of scalars (list keys), and where the table has keys
@@ -655,6 +660,20 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     if ((c->train.recompute_every > 0 || c->train.recompute_first > 0) && c->train.recompute != 3)
         FAIL("train.recompute_every and train.recompute_first choose the blocks of train.recompute: layers, "
              "which is not set");
+    if (t->precision == PRECISION_FP8) {
+        if (c->fp8.recipe == FP8_RECIPE_MXFP8)
+            FAIL("fp8.recipe: mxfp8 is not implemented for training: no GEMM consumes MXFP8 here (Blackwell's "
+                 "tensor cores would; the H200 has none); use fp8.recipe: block128");
+        if (c->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE)
+            FAIL("fp8.gemms: experts_dense is not implemented yet (the dense GEMMs stay BF16); use fp8.gemms: experts");
+        if (c->model.n_experts <= 0)
+            FAIL("train.precision: fp8 with fp8.gemms: experts needs MoE layers (model.n_experts > 0)");
+        if (p->ep > 1) FAIL("train.precision: fp8 runs with parallel.ep = 1 only for now (the FP8 dispatch is not built)");
+        if (p->pp > 1) FAIL("train.precision: fp8 with parallel.pp > 1 is not supported yet");
+        if (c->optim_sharded && p->dp > 1 && c->device.type == 1)
+            FAIL("train.precision: fp8 with optim.sharded on GPUs is not supported yet (the FP8 expert weights are "
+                 "made from the whole FP32 main weights, which a sharded optimizer does not keep)");
+    }
     if (!(p->ep_recv_factor >= 0) || p->ep_recv_factor > 1e6)
         FAIL("parallel.ep_recv_factor must be 0 (auto) or a positive number of times the rows a rank routes, got %g",
              p->ep_recv_factor);

@@ -43,6 +43,7 @@ typedef struct {
                             // 3 layers: whole blocks redone in backward (model.h)
     int recompute_every, recompute_first; // layers: every N-th block (0: 1); only blocks below this one (0: all)
     int recompute_norms;    // selective: the input norms' outputs are recomputed in the backward (model.h)
+    int precision;          // Precision: bf16 (the compute dtype everywhere) | fp8 (the FP8 GEMMs of the fp8 section)
     int64_t steps;          // optimizer steps (0: derive from tokens)
     int64_t tokens;         // train tokens (used when steps is 0)
     int lr_schedule;        // LrSchedule
@@ -58,6 +59,18 @@ typedef struct {
     int eval_batches;       // micro-batches per eval
     uint64_t seed;          // data order, init, random routing
 } TrainSection;
+
+// train.precision and the fp8 section (issue 18): which GEMMs run in FP8 and
+// in which format. block128 (E4M3, FP32 scales per 1 x 128 activation tile
+// and 128 x 128 weight block) runs on Hopper; mxfp8 (E8M0 scales per 32) is
+// Blackwell's, refused by validation until a GEMM consumes it.
+typedef enum { PRECISION_BF16 = 0, PRECISION_FP8 = 1 } Precision;
+typedef enum { FP8_RECIPE_BLOCK128 = 0, FP8_RECIPE_MXFP8 = 1 } Fp8Recipe;
+typedef enum { FP8_GEMMS_EXPERTS = 0, FP8_GEMMS_EXPERTS_DENSE = 1 } Fp8Gemms;
+typedef struct {
+    int recipe;              // Fp8Recipe
+    int gemms;               // Fp8Gemms: the experts' grouped GEMMs, or also the dense ones
+} Fp8Section;
 
 typedef struct {
     char dir[CFG_PATH_MAX];  // default <run_dir>/checkpoints
@@ -111,6 +124,7 @@ typedef struct {
     TrainSection train;
     OptimConfig optim;
     int optim_sharded;
+    Fp8Section fp8;
     CheckpointSection checkpoint;
     LoggingSection logging;
     ParallelSection parallel;

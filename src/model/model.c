@@ -82,6 +82,69 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     return 0;
 }
 
+// ---- FP8 (train.precision: fp8) ---------------------------------------------------
+
+static size_t fp8_blocks(int n) { return ((size_t)n + 127) / 128; }
+
+int model_set_fp8(Model *m, char *err, size_t errlen) {
+    const ModelConfig *c = &m->cfg;
+    int El = m->E_local, D = c->d_model, Fe = c->expert_hidden;
+    if (c->n_experts <= 0 || m->n_moe == 0) {
+        snprintf(err, errlen, "train.precision: fp8 (fp8.gemms: experts) needs MoE layers (model.n_experts > 0)");
+        return -1;
+    }
+    if (m->par.ep_size > 1 || m->ep_sym) {
+        snprintf(err, errlen, "train.precision: fp8 runs with parallel.ep = 1 only for now (the FP8 dispatch of "
+                 "routed rows to other ranks is not built); got ep %d%s", m->par.ep_size,
+                 m->ep_sym ? " with the symmetric dispatch" : "");
+        return -1;
+    }
+    if (m->staged) {
+        snprintf(err, errlen, "train.precision: fp8 with pipeline stages (parallel.pp > 1) is not supported yet");
+        return -1;
+    }
+    if (!m->ops->fp8_grouped_matmul_forward) {
+        snprintf(err, errlen, "train.precision: fp8: the %s backend has no FP8 ops", m->ops->name);
+        return -1;
+    }
+    if (m->ops->supports) {
+        char why[300];
+        OpDesc up = {.op = OP_FP8_GROUPED, .E = El, .C = D, .OC = Fe}, down = {.op = OP_FP8_GROUPED, .E = El, .C = Fe, .OC = D};
+        if (!m->ops->supports(&up, why, sizeof why) || !m->ops->supports(&down, why, sizeof why)) {
+            snprintf(err, errlen, "train.precision: fp8 with model.d_model %d, model.expert_hidden %d, %d experts per "
+                     "rank: the %s backend cannot run these FP8 expert GEMMs: %s", D, Fe, El, m->ops->name, why);
+            return -1;
+        }
+    }
+    size_t n = (size_t)El * D * Fe, tensors = (size_t)m->n_moe * 3;
+    m->fp8_ws_per = (size_t)El * fp8_blocks(D) * fp8_blocks(Fe);
+    m->fp8_w = m->ops->alloc(tensors * n);
+    m->fp8_ws = m->ops->alloc(tensors * m->fp8_ws_per * sizeof(float));
+    m->fp8 = 1;
+    param_store_drop_act(&m->store, CLASS_EXPERT); // the FP8 copies replace the BF16 ones (a no-op on FP32)
+    return 0;
+}
+
+// FP8 expert weight t (0 gate, 1 up, 2 down) of MoE layer li, and its scales
+static uint8_t *fp8_weight(const Model *m, int li, int t) {
+    return m->fp8_w + ((size_t)li * 3 + t) * m->E_local * m->cfg.d_model * m->cfg.expert_hidden;
+}
+static float *fp8_scales(const Model *m, int li, int t) { return m->fp8_ws + ((size_t)li * 3 + t) * m->fp8_ws_per; }
+
+void model_fp8_refresh(Model *m) {
+    if (!m->fp8) return;
+    const ModelConfig *c = &m->cfg;
+    int El = m->E_local, D = c->d_model, Fe = c->expert_hidden;
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerParams *L = &m->layers[l];
+        if (L->moe_index < 0) continue;
+        int li = L->moe_index;
+        m->ops->fp8_quantize_weights(fp8_weight(m, li, 0), fp8_scales(m, li, 0), param_store_main(&m->store, L->exp_gate), El, Fe, D);
+        m->ops->fp8_quantize_weights(fp8_weight(m, li, 1), fp8_scales(m, li, 1), param_store_main(&m->store, L->exp_up), El, Fe, D);
+        m->ops->fp8_quantize_weights(fp8_weight(m, li, 2), fp8_scales(m, li, 2), param_store_main(&m->store, L->exp_down), El, D, Fe);
+    }
+}
+
 // Box-Muller over splitmix64: reproducible on every platform.
 static uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
@@ -183,7 +246,11 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     // source (the backward reads the received rows), so every MoE layer
     // gathers into one buffer
     int sh_xp = rc_xp || (m->ep_sym && m->n_moe);
-    void *ea_shared = rc_ea ? take(cv, Rl * Fe) : NULL, *xp_shared = sh_xp ? take(cv, R * D) : NULL;
+    int fp8 = m->fp8; // FP8 inputs and SwiGLU outputs in place of xp / xl and ea (shared likewise)
+    void *ea_shared = rc_ea && !fp8 ? take(cv, Rl * Fe) : NULL, *xp_shared = sh_xp && !fp8 ? take(cv, R * D) : NULL;
+    uint8_t *eaq_shared = rc_ea && fp8 ? take_bytes(cv, Rl * Fe) : NULL, *xq_shared = rc_xp && fp8 ? take_bytes(cv, R * D) : NULL;
+    float *eas_shared = rc_ea && fp8 ? ftake(cv, Rl * fp8_blocks((int)Fe)) : NULL;
+    float *xs_shared = rc_xp && fp8 ? ftake(cv, R * fp8_blocks((int)D)) : NULL;
     int rc_ln = m->recompute_norms && pre; // ln1 and ln2 of every block in one buffer
     void *ln_shared = rc_ln ? take(cv, N * D) : NULL;
     // recompute layers: the recomputed blocks share one set of buffers per
@@ -217,7 +284,15 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         a->idx = itake(cv, N * k); a->row_of = itake(cv, R); a->token_of_row = itake(cv, R);
         a->offsets = itake(cv, E + 1);
         a->counts = ftake(cv, E); a->lb_counts = ftake(cv, E);
-        a->xp = sh_xp ? xp_shared : take(cv, R * D); a->ey = take(cv, R * D);
+        a->ey = take(cv, R * D);
+        if (fp8) { // one rank (model_set_fp8): the rows stay here
+            a->xq = rc_xp ? xq_shared : take_bytes(cv, R * D); a->xs = rc_xp ? xs_shared : ftake(cv, R * fp8_blocks((int)D));
+            a->eaq = rc_ea ? eaq_shared : take_bytes(cv, Rl * Fe); a->eas = rc_ea ? eas_shared : ftake(cv, Rl * fp8_blocks((int)Fe));
+            a->yl = a->ey;
+            a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe);
+            goto experts_carved;
+        }
+        a->xp = sh_xp ? xp_shared : take(cv, R * D);
         a->xl = sym ? take(sv, Rl * D) : ep > 1 ? take(cv, Rl * D) : a->xp;
         a->yl = sym ? NULL : ep > 1 ? take(cv, Rl * D) : a->ey; // symmetric: the shared m->sym_out
         if (sym) { a->sym_plan = itake(cv, ep_sym_plan_ints(ep, (int)E)); a->sym_recv = take_bytes(cv, tab); }
@@ -229,6 +304,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
                 ep_plan_carve(&a->plan, ep, El, (int)Rl, m->plan_host + (size_t)l * pn, plan_ints,
                               m->plan_sizes + (size_t)l * ep_plan_sizes(ep));
         }
+    experts_carved:
         if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = take(cv, N * Fs); a->so = take(cv, N * D); }
     carved:
         if (rl) { shared[moe] = *a; have_shared[moe] = 1; }
@@ -236,6 +312,8 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     m->xf = take(cv, N * D); m->xf_rstd = ftake(cv, N);
     m->logits = take(cv, N * Vp); m->losses = ftake(cv, N);
     m->tokens = itake(cv, N); m->targets = itake(cv, N);
+    m->route_seeds = take_bytes(cv, (size_t)c->n_layers * sizeof(uint64_t));
+    m->route_seed_set = 0;
     m->doc_start = m->doc_mask ? itake(cv, N) : NULL;
     m->grad_out = m->staged ? take(cv, N * D) : NULL;
 }
@@ -270,6 +348,8 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
         m->dyl = sym ? m->sym_dout : ep > 1 ? take(cv, Rl * D) : m->dey;
         m->dxl = sym ? m->sym_dxl : ep > 1 ? take(cv, Rl * D) : m->dxp;
         m->dea = take(cv, Rl * Fe); m->deg = take(cv, Rl * Fe); m->deu = take(cv, Rl * Fe);
+        m->fp8_deq = m->fp8 ? take(cv, R * (D > Fe ? D : Fe)) : NULL;
+        for (int i = 0; i < 2; i++) m->fp8_wdeq[i] = m->fp8 ? take(cv, (size_t)m->E_local * D * Fe) : NULL;
         m->ep_scratch = ep > 1 && !sym ? take(cv, Rl * D) : NULL;
         m->dweights = ftake(cv, N * k); m->dprobs = ftake(cv, N * E); m->dlogits = ftake(cv, N * E);
         if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
@@ -347,6 +427,7 @@ static void slot_store(const Model *m, ModelSlot *s) {
     s->batch_docs = m->batch_docs; s->n_valid = m->n_valid;
     s->plan_sizes = m->plan_sizes; s->plan_host = m->plan_host;
     s->grad_out = m->grad_out;
+    s->route_seeds = m->route_seeds; s->route_seed = m->route_seed; s->route_seed_set = m->route_seed_set;
 }
 static void slot_load(Model *m, const ModelSlot *s) {
     m->acts = s->acts; m->resid = s->resid;
@@ -355,6 +436,7 @@ static void slot_load(Model *m, const ModelSlot *s) {
     m->batch_docs = s->batch_docs; m->n_valid = s->n_valid;
     m->plan_sizes = s->plan_sizes; m->plan_host = s->plan_host;
     m->grad_out = s->grad_out;
+    m->route_seeds = s->route_seeds; m->route_seed = s->route_seed; m->route_seed_set = s->route_seed_set;
 }
 
 void model_use_slot(Model *m, int k) {
@@ -413,6 +495,7 @@ int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpe
     m->recompute_every = s->recompute_every;
     m->recompute_first = s->recompute_first;
     m->recompute_norms = s->recompute_norms;
+    m->fp8 = s->fp8;
     m->defer_wgrad = s->defer_wgrad;
     m->doc_mask = s->doc_mask;
     m->B = s->B;
@@ -506,6 +589,7 @@ void model_free(Model *m) {
     float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts, m->dropped_step};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
     ops->free(m->ce_acc);
+    if (m->fp8) { ops->free(m->fp8_w); ops->free(m->fp8_ws); }
     memset(m, 0, sizeof(*m));
 }
 
@@ -530,6 +614,7 @@ void model_begin_step(Model *m) {
     m->ops->zero(m->z_step, nm * sizeof(float));
     m->ops->zero(m->ce_acc, 2 * sizeof(double));
     m->step_tokens = 0;
+    model_fp8_refresh(m);
 }
 
 // ---- forward ----------------------------------------------------------------------
@@ -676,8 +761,28 @@ static void a2a_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
     if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
 }
 
-static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in,
-                        uint64_t seed) {
+// train.precision: fp8 (one rank, model_set_fp8): the routed rows gathered
+// and quantised in one pass, the three grouped GEMMs in FP8 with FP32
+// accumulation, the SwiGLU output quantised as it is made. The backward
+// reads the FP8 inputs (xq, eaq) and the BF16 eg, eu.
+static void fp8_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a, const void *in, int li) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int R = m->B * m->T * c->top_k, D = c->d_model, Fe = c->expert_hidden, El = m->E_local;
+    a->use_plan = 0;
+    a->local_offsets = a->offsets;
+    a->rows_local = R;
+    ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
+    ops->fp8_grouped_matmul_forward(a->eg, a->xq, a->xs, fp8_weight(m, li, 0), fp8_scales(m, li, 0), a->offsets, El, D, Fe);
+    ops->fp8_grouped_matmul_forward(a->eu, a->xq, a->xs, fp8_weight(m, li, 1), fp8_scales(m, li, 1), a->offsets, El, D, Fe);
+    ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
+    ops->fp8_grouped_matmul_forward(a->ey, a->eaq, a->eas, fp8_weight(m, li, 2), fp8_scales(m, li, 2), a->offsets, El, Fe, D);
+    int capacity = expert_capacity(m); // as a2a_moe_experts_forward
+    if (capacity > 0)
+        ops->moe_capacity_drop(a->ey, m->recomputing ? NULL : m->dropped_step + li, a->offsets, El, R, D, capacity);
+}
+
+static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k;
@@ -685,7 +790,7 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->router_logits_forward(a->logits, in, P(L->router), N, D, E);
     ops->router_probs_forward(a->probs, a->logits, N, E, c->gating);
     const float *bias = c->aux_free_rate > 0 ? m->store.router_bias + (size_t)li * E : NULL;
-    ops->router_topk(a->idx, a->probs, bias, N, E, k, c->routing, layer_seed(seed, l));
+    ops->router_topk(a->idx, a->probs, bias, N, E, k, c->routing, m->route_seeds + l); // model_set_route_seed's
     ops->router_weights_forward(a->weights, a->probs, a->idx, N, E, k, c->renorm_topk);
     ops->zero(a->counts, E * sizeof(float));
     ops->router_count(a->counts, a->idx, N, E, k);
@@ -695,7 +800,7 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     // global LB counts and the drop counts were taken the first time
     int again = m->recomputing;
     if (!again) ops->add_f32(step_counts, a->counts, E);
-    if (c->lb_global && again) { // the counts the first time saw (a->lb_tokens is kept from then)
+    if (c->lb_global && again) { // the counts the first time saw
         ops->copy_f32(a->lb_counts, m->lb_global_counts + (size_t)li * E, E);
     } else if (c->lb_global) {
         // Megatron-Core's global_aux_loss: this micro-batch's counts summed
@@ -708,7 +813,7 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
         if (dp > 1) comm_allreduce(m->par.dp_comm, a->lb_counts, E, COMM_F32); // backend buffers: host on CPU
         ops->add_f32(global, a->lb_counts, E);
         ops->copy_f32(a->lb_counts, global, E);
-        a->lb_tokens = (m->step_tokens + N) * dp; // step_tokens advances after all layers
+        a->lb_tokens = 0; // the kernels' sum of the counts / k: (step tokens so far + N) x dp, no host argument
     } else {
         ops->copy_f32(a->lb_counts, a->counts, E);
         a->lb_tokens = (float)N;
@@ -718,16 +823,31 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
 
     int R = N * k;
     ops->moe_route_index(a->offsets, a->row_of, a->token_of_row, a->idx, N, E, k);
-    ops->permute_forward(a->xp, in, a->token_of_row, R, D);
     // the routed rows to their experts and the outputs back (a->xp -> a->ey)
-    if (m->ep_sym) sym_moe_experts_forward(m, L, a, li, expert_capacity(m));
-    else a2a_moe_experts_forward(m, L, a, li);
+    if (m->fp8) {
+        fp8_moe_experts_forward(m, L, a, in, li);
+    } else {
+        ops->permute_forward(a->xp, in, a->token_of_row, R, D);
+        if (m->ep_sym) sym_moe_experts_forward(m, L, a, li, expert_capacity(m));
+        else a2a_moe_experts_forward(m, L, a, li);
+    }
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
     if (c->n_shared > 0) {
         int Fs = c->n_shared * c->shared_hidden;
         swiglu_mlp_forward(m, a->so, a->sg, a->su, a->sa, in, L->sh_gate, L->sh_up, L->sh_down, N, Fs);
         ops->add_act(a->f, a->so, (size_t)N * D);
     }
+}
+
+void model_set_route_seed(Model *m, uint64_t route_seed) {
+    if (m->cfg.routing != ROUTING_RANDOM || (m->route_seed_set && m->route_seed == route_seed)) return;
+    int L = m->cfg.n_layers;
+    uint64_t *s = mallocCheck(L * sizeof(uint64_t));
+    for (int l = 0; l < L; l++) s[l] = layer_seed(route_seed, l);
+    m->ops->to_device(m->route_seeds, s, L * sizeof(uint64_t));
+    free(s);
+    m->route_seed = route_seed;
+    m->route_seed_set = 1;
 }
 
 void model_set_batch(Model *m, const int *tokens, const int *targets) {
@@ -764,13 +884,14 @@ double model_aux_loss(const ModelConfig *c, const double *lb, const double *z, i
 }
 
 // Block l: resid[l] -> resid[l + 1], its activations into acts[l].
-static void block_forward(Model *m, int l, uint64_t route_seed) {
+// Random routing reads the layer's seed from the slot's route_seeds, which a
+// recompute in the backward finds unchanged.
+static void block_forward(Model *m, int l) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model;
     const LayerParams *L = &m->layers[l];
     LayerActs *a = &m->acts[l];
-    a->route_seed = route_seed; // for a recompute in the backward
     const void *x = m->resid[l];
     const void *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
     attention_forward(m, L, a, in);
@@ -778,7 +899,7 @@ static void block_forward(Model *m, int l, uint64_t route_seed) {
     ops->copy_act(a->h, x, (size_t)N * D);
     ops->add_act(a->h, add, (size_t)N * D);
     in = maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N);
-    if (L->moe_index >= 0) moe_forward(m, l, L, a, in, route_seed);
+    if (L->moe_index >= 0) moe_forward(m, l, L, a, in);
     else swiglu_mlp_forward(m, a->f, a->g, a->u, a->a, in, L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden);
     add = maybe_norm(m, a->fn, a->f_rstd, a->f, L->ffn_post_norm, N);
     void *y = m->resid[l + 1];
@@ -804,8 +925,12 @@ void model_forward_chunk(Model *m, int ch, uint64_t route_seed) {
     int N = m->B * m->T, D = c->d_model;
     int first = m->stage.begin[ch], end = m->stage.end[ch];
     int head = m->stage.head && ch == m->stage.n_chunks - 1;
+    model_set_route_seed(m, route_seed);
     if (m->stage.embed && ch == 0) ops->embedding_forward(m->resid[0], m->tokens, P(m->embed), N, D);
-    for (int l = first; l < end; l++) block_forward(m, l, route_seed);
+    for (int l = first; l < end; l++) {
+        block_forward(m, l);
+        if (m->between_blocks) m->between_blocks(m->between_blocks_ctx);
+    }
     int mf, mn;
     chunk_moe_range(m, ch, &mf, &mn);
     if (mn) {
@@ -930,6 +1055,33 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
 }
 
+// fp8_moe_experts_forward's backward, in the compute dtype: the weight-grads
+// from the dequantised FP8 inputs, the data-grads from the dequantised FP8
+// weights (what the forward multiplied, both).
+static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int D = c->d_model, R = m->B * m->T * c->top_k, Fe = c->expert_hidden, El = m->E_local;
+    const int *lo = a->offsets;
+    int capacity = expert_capacity(m); // dropped rows get zero grads
+    if (capacity > 0) ops->moe_capacity_drop(m->dey, NULL, lo, El, R, D, capacity);
+    // recompute: a->eaq and (both) a->xq are shared buffers that later layers overwrote
+    if (m->recompute == 1) ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
+    int accw = !m->expert_grads_unset, li = L->moe_index;
+    void *wg = m->fp8_wdeq[0], *wu = m->fp8_wdeq[1];
+    ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
+    ops->fp8_dequantize_weights(wg, fp8_weight(m, li, 2), fp8_scales(m, li, 2), El, D, Fe);
+    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->dey, m->fp8_deq, wg, lo, El, Fe, D, accw);
+    ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)R * Fe);
+    if (m->recompute == 1 || m->recompute == 2) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
+    ops->fp8_dequantize_rows(m->fp8_deq, a->xq, a->xs, R, D);
+    ops->fp8_dequantize_weights(wg, fp8_weight(m, li, 0), fp8_scales(m, li, 0), El, Fe, D);
+    ops->fp8_dequantize_weights(wu, fp8_weight(m, li, 1), fp8_scales(m, li, 1), El, Fe, D);
+    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, m->fp8_deq, wg, lo, El, D, Fe, accw);
+    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, m->fp8_deq, wu, lo, El, D, Fe, accw);
+    ops->grouped_dgrad_pair(m->dxp, m->deg, wg, m->deu, wu, lo, El, D, Fe);
+}
+
 static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,
                          const void *dout, const void *in, float aux_scale, int accumulate) {
     const Ops *ops = m->ops;
@@ -944,7 +1096,8 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     }
     ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
     // the output grads to the experts and the input grads back (m->dey -> m->dxp)
-    if (m->ep_sym) sym_moe_experts_backward(m, L, a);
+    if (m->fp8) fp8_moe_experts_backward(m, L, a, in);
+    else if (m->ep_sym) sym_moe_experts_backward(m, L, a);
     else a2a_moe_experts_backward(m, L, a, in);
     ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
     // router: weights <- probs <- logits, plus the aux losses
@@ -1031,7 +1184,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         LayerActs *a = &m->acts[l];
         if (model_recomputes_layer(m, l)) { // its activations, again, from its input (same kernels: same bits)
             m->recomputing = 1;
-            block_forward(m, l, a->route_seed);
+            block_forward(m, l);
             m->recomputing = 0;
         }
         // feed-forward half: y = h + post(ffn(pre(h))); dres holds dL/dy
@@ -1053,6 +1206,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);
         input_norm_backward(m, m->d2, x, a->ln1_rstd, L->attn_norm, N);
         grads_final(m, L->first_entry, L->end_entry);
+        if (m->between_blocks) m->between_blocks(m->between_blocks_ctx);
     }
     if (m->stage.embed && ch == 0) {
         ops->embedding_backward(G(m->embed), m->dres, m->tokens, N, D);

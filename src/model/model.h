@@ -82,10 +82,15 @@ typedef struct {
     int rows_local;                   // rows at the local experts (-1: symmetric, only the device knows)
     void *xl, *eg, *eu, *ea, *yl;     // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
     void *sg, *su, *sa, *so;          // shared experts [N,Fs] x3, [N,D]
+    // train.precision: fp8 (model_set_fp8): the experts' routed inputs and
+    // SwiGLU outputs as the FP8 GEMMs read them and the backward dequantises
+    // them, in place of xp / xl and ea: E4M3 bytes [Rl,D], [Rl,Fe] and FP32
+    // scales per 1 x 128 tile [Rl,D/128], [Rl,Fe/128]
+    uint8_t *xq, *eaq;
+    float *xs, *eas;
     // defer_wgrad: the output grads of wo, wq, wk, wv, kept from the input-grad
     // backward for the weight-grad one [N,D], [N,qd], [N,kvd] x2
     void *w_do, *w_dq, *w_dk, *w_dv;
-    uint64_t route_seed;              // the forward's, for a recompute (train.recompute: layers)
 } LayerActs;
 
 // What one micro-batch in flight keeps (an activation slot): the model's
@@ -100,6 +105,9 @@ typedef struct {
     size_t *plan_sizes;
     int *plan_host;
     void *grad_out;                   // pipeline: the grad this micro-batch sends to the previous stage [N,D]
+    uint64_t *route_seeds;            // random routing: each layer's seed, in backend memory [n_layers]
+    uint64_t route_seed;              // the micro-batch seed they were made from
+    int route_seed_set;               // whether route_seeds holds route_seed's
 } ModelSlot;
 
 typedef struct {
@@ -132,11 +140,32 @@ typedef struct {
     // backward recomputes each from its kept input before using it.
     int recompute_norms;
     int recomputing;                  // set while backward recomputes a block
+    // train.precision: fp8 (model_set_fp8, before model_alloc_acts): the
+    // experts' grouped GEMMs run their forward in FP8 (block128: E4M3, 1 x 128
+    // activation tiles, 128 x 128 weight blocks, FP32 accumulation). The
+    // FP8 copies of the expert weights [n_moe][gate, up, down] and their
+    // scales are made from the FP32 main weights by model_fp8_refresh, and
+    // replace the BF16 copies of the expert weights (the store drops them).
+    // The backward's data- and weight-grads run in the compute dtype: the
+    // data-grads with the dequantised FP8 weights, the weight-grads with the
+    // dequantised FP8 inputs (what the forward multiplied).
+    int fp8;
+    uint8_t *fp8_w;                   // [n_moe * 3][E_local * d_model * expert_hidden]
+    float *fp8_ws;                    // [n_moe * 3][fp8_ws_per]
+    size_t fp8_ws_per;                // scales per expert tensor
+    void *fp8_deq;                    // backward scratch [R, max(d_model, expert_hidden)] act: a dequantised input
+    void *fp8_wdeq[2];                // backward scratch [E_local, expert_hidden, d_model] act x2: dequantised weights
     // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
     // backward leaves the weight grads of the attention projections and the
     // LM head to model_wgrad_chunk, keeping their output grads in the slot
     // (the MoE and MLP weight grads stay in the backward).
     int defer_wgrad;
+    // Called after each block of a chunk's forward and backward when set
+    // (pipeline.c on CPU ranks: MPI moves a large message only while the
+    // sender is inside an MPI call, so the pipeline's sends progress between
+    // blocks instead of waiting for the rank's next action).
+    void (*between_blocks)(void *ctx);
+    void *between_blocks_ctx;
     // Intra-document attention masking (docs/model.md), set before
     // model_alloc_acts: with doc_mask, a position attends only to the
     // positions of its own document, the documents of a sequence each ending
@@ -154,6 +183,11 @@ typedef struct {
     int *tokens, *targets;
     int *doc_start, *doc_start_host;  // [B*T] (ops.h), with doc_mask; else NULL
     void *grad_out;                   // the slot's grad to the previous stage (staged models)
+    // random routing: each layer's seed in backend memory [n_layers], made
+    // from the micro-batch seed route_seed (model_set_route_seed)
+    uint64_t *route_seeds;
+    uint64_t route_seed;
+    int route_seed_set;
     // The micro-batch has a document boundary (an EOS before its last
     // position in some row): attention gets doc_start; without one it runs
     // the causal kernels (the same numbers, at the causal speed).
@@ -208,6 +242,15 @@ int model_init(Model *m, const ModelConfig *cfg, const Ops *ops, char *err, size
 // Same with expert parallelism (par may be NULL).
 int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const ModelParallel *par,
                         char *err, size_t errlen);
+// train.precision: fp8 (fp8.recipe block128, fp8.gemms experts): call after
+// model_init, before model_alloc_acts. -1 with a message naming what the
+// model or the backend cannot do (one expert-parallel rank, no pipeline
+// stages, the backend's FP8 kernel sizes).
+int model_set_fp8(Model *m, char *err, size_t errlen);
+// The FP8 expert weights from the FP32 main weights. model_begin_step calls
+// it; call it after the weights change outside a step, before a forward
+// (eval after an optimizer step). A no-op without fp8.
+void model_fp8_refresh(Model *m);
 // Matrices ~ normal(0, init_std), norms 1, from a seeded generator.
 void model_init_weights(Model *m, uint64_t seed);
 void model_alloc_acts(Model *m, int B, int T);
@@ -224,6 +267,7 @@ typedef struct {
     double ep_recv_factor;
     int recompute, recompute_every, recompute_first, recompute_norms;
     int defer_wgrad, doc_mask;
+    int fp8;                          // train.precision: fp8 (its FP8 activation buffers)
     const ParamStage *stage;          // NULL: the whole model
 } ModelArenaSpec;
 typedef struct {
@@ -254,6 +298,11 @@ void model_begin_step(Model *m);
 // so it can be captured in a CUDA graph. model_forward does both and copies
 // this micro-batch's losses to the host fields below, returning the total.
 void model_set_batch(Model *m, const int *tokens, const int *targets);
+// Random routing: uploads the layers' seeds of micro-batch seed route_seed
+// into the slot in use (a no-op when they are there already, or without
+// random routing). The forward calls it; a caller capturing the forward in
+// a CUDA graph calls it first, so that the graph only reads them.
+void model_set_route_seed(Model *m, uint64_t route_seed);
 void model_forward_async(Model *m, uint64_t route_seed);
 // Host-side counts of one executed micro-batch (tokens and routed rows of
 // the step): model_forward calls it; callers of model_forward_async call it

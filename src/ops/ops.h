@@ -38,6 +38,7 @@ typedef enum {
     OP_ATTENTION,       // B, T, H, KV, hd
     OP_GROUPED_MATMUL,  // E (experts on this rank), C, OC: forward and backward, and the gate/up pair
     OP_ROUTER,          // N, E, k, routing (RoutingMode): probs, top-k, weights, counts, LB and z losses
+    OP_FP8_GROUPED,     // E, C, OC: the FP8 grouped forward and its quantisers (train.precision: fp8)
 } OpKind;
 typedef struct {
     OpKind op;
@@ -148,9 +149,11 @@ typedef struct Ops {
                                   int N, int E, Gating g, int accumulate);
     // Expert choice idx[N,k] (not differentiable). bias may be NULL (aux-free
     // balancing adds it to probs for the choice only). For ROUTING_RANDOM the
-    // choice of token n depends only on (seed, n).
+    // choice of token n depends only on (*seed, n): seed is in backend
+    // memory, so a captured graph reads each micro-batch's (read only for
+    // ROUTING_RANDOM; NULL otherwise is fine).
     void (*router_topk)(int *idx, const float *probs, const float *bias, int N, int E, int k,
-                        RoutingMode mode, uint64_t seed);
+                        RoutingMode mode, const uint64_t *seed);
     // weights[N,k] = probs[n, idx[n,s]], divided by their sum when renorm.
     void (*router_weights_forward)(float *weights, const float *probs, const int *idx,
                                    int N, int E, int k, int renorm);
@@ -167,7 +170,9 @@ typedef struct Ops {
     // Load-balancing loss (E/k) sum_i f_i P_i, f_i = counts[i] / count_tokens,
     // P_i = mean over the N tokens of p̂[:, i] (p̂ = probs, normalised per
     // token for sigmoid gating), written to out[0]; backward adds
-    // scale * dLB/dprobs into dprobs.
+    // scale * dLB/dprobs into dprobs. count_tokens <= 0: the tokens the
+    // counts cover, sum_i counts[i] / k, read where the counts are (so a
+    // graph of model.lb_global's running counts needs no host argument).
     void (*lb_loss_forward)(float *out, const float *probs, const float *counts, float count_tokens,
                             int N, int E, int k, Gating g);
     void (*lb_loss_backward)(float *dprobs, const float *probs, const float *counts,
@@ -236,6 +241,29 @@ typedef struct Ops {
     // projections), as one product with twice the K.
     void (*grouped_dgrad_pair)(void *dinp, const void *dout1, const void *w1, const void *dout2,
                                const void *w2, const int *offsets, int E, int C, int OC);
+
+    // --- FP8 (train.precision: fp8; formats and rules in ops/fp8.h) ---------
+    // block128: E4M3 values, FP32 scales per 1 x 128 tile of a row and per
+    // 128 x 128 block of an expert weight. q are bytes, s f32, both in backend
+    // memory; rows of C values have ceil(C / 128) scales.
+    // qw[E,M,K], sw[E, ceil(M/128), ceil(K/128)] from the FP32 weights w.
+    void (*fp8_quantize_weights)(uint8_t *qw, float *sw, const float *w, int E, int M, int K);
+    // w[E,M,K] (act) = the dequantised qw, sw (the data-grads' weights).
+    void (*fp8_dequantize_weights)(void *w, const uint8_t *qw, const float *sw, int E, int M, int K);
+    // q[R,C], s of rows x[token_of_row[r], :] (the permute, quantised;
+    // token_of_row NULL: x's own rows in order).
+    void (*fp8_quantize_rows)(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C);
+    // q[R,F], s of silu(gate) * up, the SwiGLU in the act dtype (as
+    // swiglu_forward writes it), quantised.
+    void (*fp8_swiglu_quantize)(uint8_t *q, float *s, const void *gate, const void *up, int R, int F);
+    // x[R,C] (act) = the dequantised q, s.
+    void (*fp8_dequantize_rows)(void *x, const uint8_t *q, const float *s, int R, int C);
+    // The FP8 grouped matmul forward: out[R,OC] (act) = deq(qa) deq(qw[e])^T
+    // over the segments offsets[e]..offsets[e+1] (read where they live), qa
+    // [R,C] from fp8_quantize_rows / fp8_swiglu_quantize, qw [E,OC,C] from
+    // fp8_quantize_weights; FP32 accumulation.
+    void (*fp8_grouped_matmul_forward)(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
+                                const int *offsets, int E, int C, int OC);
 
     // --- loss -------------------------------------------------------------
     // losses[N] = -log softmax(logits[n])[targets[n]] (0 where target < 0).

@@ -51,7 +51,7 @@ void adamw_step_grads(AdamW *o, ParamStore *s, float *const *grads, float lr, fl
         if (hi <= lo) continue;
         float wd = adamw_decays(c, e) ? c->weight_decay : 0.0f;
         size_t r = lo - o->begin[k];
-        void *act = (char *)s->wact[k] + lo * s->ops->act_bytes;
+        void *act = s->wact[k] ? (char *)s->wact[k] + lo * s->ops->act_bytes : NULL; // NULL: dropped (store.h)
         s->ops->adamw_update(s->params[k] + (lo - s->main_begin[k]), act, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,
                              lr, c->beta1, c->beta2, c->eps, wd, grad_scale, o->t);
     }

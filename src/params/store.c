@@ -33,7 +33,7 @@ void param_store_init_stage(ParamStore *s, const ModelConfig *cfg, const Ops *op
 void param_store_free(ParamStore *s) {
     const Ops *ops = s->ops;
     for (int c = 0; c < N_CLASSES; c++) {
-        if (s->wact[c] != (void *)s->params[c]) ops->free(s->wact[c]);
+        if (s->wact[c] && s->wact[c] != (void *)s->params[c]) ops->free(s->wact[c]);
         ops->free(s->params[c]);
         ops->free(s->grads[c]);
     }
@@ -54,7 +54,13 @@ float *param_store_main(const ParamStore *s, int idx) {
 
 void *param_store_weight(const ParamStore *s, int idx) {
     const ParamEntry *e = &s->table.entries[idx];
-    return (char *)s->wact[e->cls] + e->offset * s->ops->act_bytes;
+    return s->wact[e->cls] ? (char *)s->wact[e->cls] + e->offset * s->ops->act_bytes : NULL;
+}
+
+void param_store_drop_act(ParamStore *s, int cls) {
+    if (!s->wact[cls] || s->wact[cls] == (void *)s->params[cls]) return;
+    s->ops->free(s->wact[cls]);
+    s->wact[cls] = NULL;
 }
 
 float *param_store_grad(const ParamStore *s, int idx) {
@@ -66,7 +72,7 @@ static void *act_at(const ParamStore *s, int c, size_t i) { return (char *)s->wa
 
 void param_store_sync_weights(ParamStore *s) {
     for (int c = 0; c < N_CLASSES; c++)
-        s->ops->cast_to_act(act_at(s, c, s->main_begin[c]), s->params[c], s->main_end[c] - s->main_begin[c]);
+        if (s->wact[c]) s->ops->cast_to_act(act_at(s, c, s->main_begin[c]), s->params[c], s->main_end[c] - s->main_begin[c]);
 }
 
 int param_store_main_is_whole(const ParamStore *s) {
@@ -114,10 +120,11 @@ void param_store_write(ParamStore *s, int c, size_t lo, const float *src, size_t
     size_t z = hi < s->main_end[c] ? hi : s->main_end[c];
     if (z > a) {
         ops->to_device(s->params[c] + (a - s->main_begin[c]), src + (a - lo), (z - a) * sizeof(float));
-        if (s->wact[c] != (void *)s->params[c])
+        if (s->wact[c] && s->wact[c] != (void *)s->params[c])
             ops->cast_to_act(act_at(s, c, a), s->params[c] + (a - s->main_begin[c]), z - a);
     }
     if (s->wact[c] == (void *)s->params[c]) return; // FP32: the main weights are whole, all written
+    if (!s->wact[c]) return;                         // dropped (param_store_drop_act)
     // the parts without: compute weights only
     if (z <= a) {
         write_act_staged(s, c, lo, src, n);

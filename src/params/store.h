@@ -53,6 +53,11 @@ void param_store_free(ParamStore *s);
 float *param_store_main(const ParamStore *s, int idx);
 void *param_store_weight(const ParamStore *s, int idx);   // its compute weights
 float *param_store_grad(const ParamStore *s, int idx);
+// Frees the separate compute weights of class cls (a no-op when they are the
+// FP32 main weights): their users read another copy (train.precision: fp8,
+// the experts' FP8 weights). param_store_weight then returns NULL for the
+// class; syncs, writes and the optimizer skip it.
+void param_store_drop_act(ParamStore *s, int cls);
 // After the main weights changed outside the optimizer: refresh the compute
 // weights of the elements whose main weights are held.
 void param_store_sync_weights(ParamStore *s);

@@ -129,23 +129,37 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
     return l->ops ? plan_run(p, cfg, l, held, err, errlen) : 0;
 }
 
+void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l) {
+    if (!p->expert) return;
+    // 1 B per expert weight + an FP32 scale per 128x128 block of each expert tensor
+    size_t blocks = ((size_t)cfg->d_model + 127) / 128 * (((size_t)cfg->expert_hidden + 127) / 128);
+    p->fp8_weights = p->expert + (size_t)model_moe_layers(cfg) * 3 * (cfg->n_experts / l->ep) * blocks * sizeof(float);
+    if (l->act_bytes != sizeof(float)) p->compute_weights -= p->expert * l->act_bytes;
+    if (p->peak) { // the FP8 copies are made before DDP (train.c): in set-up's peak too (a bound)
+        p->setup_peak += p->fp8_weights;
+        size_t steady = memory_total(p);
+        p->peak = steady > p->setup_peak ? steady : p->setup_peak;
+    }
+}
+
 double memory_bytes_per_param(const MemoryPlan *p) {
     size_t held = p->dense + p->expert;
-    return held ? (double)(p->compute_weights + p->grads + p->main_weights + p->moments) / held : 0;
+    return held ? (double)(p->compute_weights + p->fp8_weights + p->grads + p->main_weights + p->moments) / held : 0;
 }
 
 size_t memory_total(const MemoryPlan *p) {
     return p->compute_weights + p->grads + p->main_weights + p->moments + p->comm + p->arena + p->dispatch + p->other +
-           p->small + p->pipe + p->workspace + p->context;
+           p->small + p->pipe + p->workspace + p->context + p->fp8_weights;
 }
 
 void memory_print(FILE *f, int rank, const MemoryPlan *p) {
     char main_note[64] = "";
     if (p->main_weights == 0 && p->dense + p->expert > 0) snprintf(main_note, sizeof main_note, " (the FP32 compute weights)");
-    char arena[64];
+    char arena[128];
     if (p->arena) snprintf(arena, sizeof arena, "%zu B", p->arena);
     else snprintf(arena, sizeof arena, "unknown");
     if (p->dispatch) snprintf(arena + strlen(arena), sizeof arena - strlen(arena), ", expert dispatch %zu B", p->dispatch);
+    if (p->fp8_weights) snprintf(arena + strlen(arena), sizeof arena - strlen(arena), ", FP8 expert weights %zu B", p->fp8_weights);
     fprintf(f, "rank %d: memory: %zu dense + %zu expert parameters; compute weights %zu B, grads %zu B, "
                "main weights %zu B%s, moments %zu B (1/%d of dense, 1/%d of expert), comm buffers %zu B, "
                "activations %s, router bias %zu B; %.4f B/param (weights + grads + main + moments), %.2f MiB in all\n",
@@ -186,6 +200,7 @@ void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops
                               .recompute = cfg->train.recompute, .recompute_every = cfg->train.recompute_every,
                               .recompute_first = cfg->train.recompute_first,
                               .recompute_norms = cfg->train.recompute_norms,
+                              .fp8 = cfg->train.precision == PRECISION_FP8,
                               .defer_wgrad = par->pp > 1 && par->pp_schedule == PP_ZB1, .doc_mask = cfg->data.doc_mask,
                               .stage = stage};
     l->gpu = gpu;

@@ -65,6 +65,7 @@ typedef struct {
     // CPU ranks with ep > 1 setup also draws the whole model on the CPU
     // beside the stage's
     size_t setup_peak, peak;
+    size_t fp8_weights;             // train.precision: fp8: the expert weights' E4M3 copies and their 128x128 scales
 } MemoryPlan;
 
 // The plan of this rank of layout l for model cfg (validated). -1 with a
@@ -77,6 +78,11 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
 void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops, int dp_rank, int ep_dp_rank,
                            const ParamStage *stage, int n_slots, int M, int gpu);
 // compute weights + grads + main weights + moments, per parameter held.
+// train.precision: fp8 (model_set_fp8), after memory_plan: the expert
+// weights' FP8 copies and 128x128 block scales, which replace their compute
+// weights where those are a separate copy (not the FP32 main weights).
+void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l);
+// compute weights (and FP8 weights) + grads + main weights + moments, per parameter held.
 double memory_bytes_per_param(const MemoryPlan *p);
 size_t memory_total(const MemoryPlan *p);
 // The planner's and the trainer's figures for the GPU context (MiB): the

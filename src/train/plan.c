@@ -651,7 +651,8 @@ static void print_table(FILE *f, const PlanInput *in, const Results *rs, int top
     if (!fit) fprintf(f, "(none fits)\n");
     for (int i = 0; i < rs->n && i < top; i++)
         if (rs->r[i].fits && (rs->r[i].lay.pp > 1 || rs->r[i].lay.fp8)) {
-            fprintf(f, "(pp > 1 and mxfp8 are modelled; the trainer runs pp on CPU ranks only and mxfp8 not yet)\n");
+            fprintf(f, "(pp > 1 and mxfp8 are modelled: the trainer runs pp on CPU ranks only, and FP8 as block128 "
+                       "with ep 1 and pp 1 only, README \"FP8\")\n");
             break;
         }
 }
@@ -690,8 +691,8 @@ static int usage_plan(FILE *f) {
                "  LAYOUT: as the table prints it, e.g. dp8/ep8/pp4/v1/1f1b/sharded/layers/norms/mb1/bf16\n"
                "  (missing parts: dp1 ep1 pp1 v1 1f1b, not sharded, none, norms kept, mb1, bf16). --where keeps\n"
                "  the layouts\n"
-               "  with the parts given (e.g. ep8/pp4/unsharded). mxfp8 is modelled\n"
-               "  (FP8 expert GEMM rate), not trainable yet.\n");
+               "  with the parts given (e.g. ep8/pp4/unsharded). mxfp8 is modelled (the FP8 expert GEMM\n"
+               "  rate, activations at BF16); the trainer's FP8 (block128) runs with ep 1 and pp 1 only.\n");
     return f == stdout ? 0 : 2;
 }
 

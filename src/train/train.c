@@ -134,6 +134,7 @@ static int evaluate(Trainer *tr, DataLoader *eval, const Mesh *mesh, int batches
     double acc[2] = {0, 0}; // CE sum, valid targets
     int64_t n_inst = data_instances_per_epoch(eval);
     int rounds = (batches + mesh->dp - 1) / mesh->dp;
+    model_fp8_refresh(m); // the weights of the last optimizer step
     for (int i = 0; i < rounds; i++) {
         int b = i * mesh->dp + mesh->dp_rank;
         int64_t g = ((int64_t)(b < batches ? b : 0) * mb) % n_inst;
@@ -321,6 +322,12 @@ static int setup_model(Trainer *tr) {
     m->defer_wgrad = tr->pipe.on && tr->pipe.sched.kind == PP_ZB1; // W runs the deferred weight grads
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);
+    if (t->precision == PRECISION_FP8) {
+        if (model_set_fp8(m, err, sizeof err)) return fatal("%s", err);
+        SAY("precision: fp8 (block128: E4M3, FP32 scales per 1x128 activation tile and 128x128 weight block) in the "
+            "experts' grouped GEMMs' forward; their backward, the dense GEMMs, attention and the router in the compute dtype (BF16 on GPUs); "
+            "MFU stays against the dense BF16 peak\n");
+    }
     // DDP and the optimizer before the activations: the distributed
     // optimizer frees the whole FP32 main weights for its shard first, so
     // they never sit beside the arena (train/memory.h, the setup peak), and
@@ -532,14 +539,17 @@ static int train_setup(Trainer *tr) {
     // CUDA graph of one micro-batch's forward + backward: its inputs are the
     // uploaded batch and fixed buffers, so one graph serves every micro-batch
     // (a different CE scale, from a batch with other masked targets, runs
-    // uncaptured). Random routing and lb_global change kernel arguments per
-    // micro-batch, and DDP hooks need the host: those run uncaptured.
+    // uncaptured). Random routing reads its seeds from device memory, which
+    // model_set_route_seed fills before each replay, and lb_global's token
+    // count comes from its running counts on the device; with several ranks
+    // lb_global reduces its counts in the forward, and DDP hooks need the
+    // host: those run uncaptured.
     // With several ranks the step captures when nothing in forward and
     // backward talks to the host: no expert dispatch, or the symmetric one
     // (the all-to-all's split sizes pass through the host).
     tr->use_graph = cfg->device.cuda_graph && tr->ops->capture_begin &&
                     (train_world_size == 1 || tr->m.par.ep_size == 1 || tr->m.ep_sym) &&
-                    tr->m.cfg.routing != ROUTING_RANDOM && !tr->m.cfg.lb_global;
+                    (train_world_size == 1 || !tr->m.cfg.lb_global);
     if (tr->ops->capture_begin) SAY("cuda graph: %s\n", tr->use_graph ? "on" : "off");
     return -1;
 }
@@ -554,6 +564,7 @@ static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
     const Ops *ops = tr->ops;
     char err[512];
     int g = m->batch_docs;
+    model_set_route_seed(m, route_seed); // before a capture or replay, which only read it
     if (tr->use_graph && tr->graph[g] && ce_scale == tr->graph_scale[g]) {
         ops->graph_launch(tr->graph[g]);
     } else if (tr->use_graph && tr->graph_tries[g] == 1) {

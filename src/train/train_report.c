@@ -62,6 +62,8 @@ json_object *run_info_json(const Trainer *tr) {
         json_object_object_add(c, "grouped_wgrad", json_object_new_string(cuda_kernels_name(s->grouped_wgrad)));
         json_object_object_add(c, "gemm_tma", json_object_new_boolean(s->gemm_tma));
         json_object_object_add(c, "attention_ds_mib", json_object_new_int(s->attention_ds_mib));
+        json_object_object_add(c, "attention_fwd", json_object_new_string(cuda_kernels_name(s->attention_fwd)));
+        json_object_object_add(c, "attention_bwd", json_object_new_string(cuda_kernels_name(s->attention_bwd)));
         json_object_object_add(o, "device_cuda", c);
         json_object_object_add(o, "cuda_graph", json_object_new_boolean(tr->use_graph));
     }
@@ -130,6 +132,7 @@ static void print_memory(Trainer *tr) {
         fflush(stdout);
         return;
     }
+    if (tr->m.fp8) memory_plan_fp8(&p, &tr->m.cfg, &l);
     memory_print(stdout, comm_rank(tr->world), &p);
     memory_print_plan(stdout, comm_rank(tr->world), &p);
     // the plan's activations are the arena's own measure (model_arena_plan);
@@ -225,8 +228,10 @@ void print_header(Trainer *tr) {
         const CudaSettings *s = &cfg->device.cuda;
         SAY("device: %s (sm_%d%d, %d SMs, %.1f GiB), driver %s, CUDA runtime %d.%d\n", d.name, d.cc_major,
             d.cc_minor, d.sms, d.memory_gib, d.driver, d.runtime / 1000, d.runtime % 1000 / 10);
-        SAY("device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d\n", cuda_kernels_name(s->grouped_gemm),
-            cuda_kernels_name(s->grouped_wgrad), s->gemm_tma ? "true" : "false", s->attention_ds_mib);
+        SAY("device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d, attention_fwd %s, "
+            "attention_bwd %s\n",
+            cuda_kernels_name(s->grouped_gemm), cuda_kernels_name(s->grouped_wgrad), s->gemm_tma ? "true" : "false",
+            s->attention_ds_mib, cuda_kernels_name(s->attention_fwd), cuda_kernels_name(s->attention_bwd));
     }
 #endif
     print_memory(tr);
@@ -291,6 +296,13 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
         json_object *idle = json_object_new_array();
         for (int p = 0; p < pl->pp; p++) json_object_array_add(idle, json_object_new_double(pl->idle[p]));
         json_object_object_add(o, "pp_idle_in_span", idle);
+        json_object *wait = json_object_new_array(), *other = json_object_new_array();
+        for (int p = 0; p < pl->pp; p++) {
+            json_object_array_add(wait, json_object_new_double(pl->wait[p]));
+            json_object_array_add(other, json_object_new_double(pl->other[p]));
+        }
+        json_object_object_add(o, "pp_wait_in_span", wait);
+        json_object_object_add(o, "pp_other_in_span", other);
     }
     json_object *layers = json_object_new_array();
     *worst_max = *dropped_total = *rows_total = 0;

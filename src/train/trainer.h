@@ -41,11 +41,18 @@ typedef struct {
     CommReq **grad_req;
     int n_grad_buf;
     size_t msg_bytes;          // one micro-batch's residual stream
+    // CPU ranks: the next action's input, received ahead into a staging
+    // buffer while this action computes (pipeline.c, post_next_recv)
+    void *pre_buf;
+    CommReq *pre_req;
+    int pre_slot;              // the schedule slot it belongs to (-1: none posted)
     // the last step, from a common start (a barrier of the pipeline group)
     double busy_s, span_s;     // this rank: compute time; its first action's start to its last's end
     double bubble;             // 1 - sum of busy / (pp x the step's makespan), over the pipeline group
     double bubble_sim;         // the table replayed with the step's mean action times, hand-offs free
     double idle[PP_MAX_RANKS]; // each rank's idle share between its first and last action
+    double wait[PP_MAX_RANKS]; // of that span, the share in blocking receives (waiting for a peer)
+    double other[PP_MAX_RANKS]; // and the share in neither compute nor receives (slot switches, batch upload, send setup, grad copy)
 } Pipeline;
 
 // Everything one training process holds, from set-up to teardown.

@@ -5,7 +5,8 @@
 // run against the CPU backend (ops_cpu, FP32) on the same inputs. It prints
 // the table as markdown and writes it to argv[1] when given (rewritten after
 // each section, and by an exit handler if a CUDA error stops the run, marked
-// INCOMPLETE). Not a test_* program, so scripts/gpu-check.sh's test loop
+// INCOMPLETE); argv[2], when given, names the sections to run ("attention",
+// "gemm,memory"; default all). Not a test_* program, so scripts/gpu-check.sh's test loop
 // leaves it out; `gpu-check.sh kernels` runs it. Ends with "N passed, N
 // failed" and exits 1 when a check failed.
 //
@@ -22,9 +23,10 @@
 //    CUDA graph (the loop's GPU time alone), and (b) one dense cuBLASLt
 //    product of the same size (all R rows against expert 0's weights).
 //    TFLOP/s at 2 R C OC for all of them.
-// 2. Causal attention forward and backward, B=1 T=4096 H=KV=16 hd=128.
-//    FLOPs: forward 4 B H T^2 hd / 2 (two matmuls, halved for causality),
-//    backward 2.5 x forward.
+// 2. Causal attention forward and backward, B=1 T=4096 H=KV=16 hd=128;
+//    the forward and the backward under both device.cuda.attention_fwd /
+//    attention_bwd choices (TMA + wgmma, mma.sync), the default first. FLOPs: forward 4 B H T^2 hd / 2 (two
+//    matmuls, halved for causality), backward 2.5 x forward.
 // 3. Memory-bound kernels: GB/s with every buffer counted once (each input
 //    read once, each output written once; accumulated outputs read and
 //    written; the bytes are stated per row), against a measured
@@ -599,13 +601,14 @@ static void device_info(void) {
              "- device: %s (sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB)\n"
              "- driver %s (CUDA driver API %d.%d), CUDA runtime %d.%d\n"
              "- commit: %s (MOECORE_COMMIT); binary built from %s\n"
-             "- date: %s; device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d; "
+             "- date: %s; device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d, "
+             "attention_fwd %s, attention_bwd %s; "
              "OMP_NUM_THREADS=%s\n",
              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
              l2_bytes / 1048576.0, nvrm, drv / 1000, drv % 1000 / 10, rtv / 1000, rtv % 1000 / 10,
              commit && *commit ? commit : "unset", MOECORE_BUILD_COMMIT[0] ? MOECORE_BUILD_COMMIT : "unknown", date,
              cuda_kernels_name(cs->grouped_gemm), cuda_kernels_name(cs->grouped_wgrad), cs->gemm_tma ? "true" : "false", cs->attention_ds_mib,
-             e4 ? e4 : "unset");
+             cuda_kernels_name(cs->attention_fwd), cuda_kernels_name(cs->attention_bwd), e4 ? e4 : "unset");
     printf("%s", header);
 }
 
@@ -852,46 +855,65 @@ static void section_attention(void) {
     snprintf(shape, sizeof shape, "B=%d T=%d H=KV=%d hd=%d", B, T, H, hd);
     double fwd_flop = 4.0 * B * H * (double)T * T * hd / 2;
 
-    Row *r = row_begin(SEC_ATTN, "attention forward", shape, "");
-    r->flops = fwd_flop;
-    Timed tf = {.run = attn_fwd, .ctx = &a, .nsets = a.nsets};
-    add_poison(&tf, a.out_t, nq, 0);
-    add_poison(&tf, a.lse_t, ns, 1);
-    run_once(&tf, 0);
-    {
-        float *got = down_bf16(a.out_t, nq), *gh = gather_heads(got, T, H, hd, heads, NH);
-        check_vals("out (4 heads)", gh, ro, nh, TOL_ATT);
-        free(got);
-        check_written("out (all heads)", a.out_t, nq, 0);
-        check_written("lse (all heads)", a.lse_t, ns, 1);
-    }
-    time_it(&tf);
-
-    r = row_begin(SEC_ATTN, "attention backward", shape, "");
-    r->flops = 2.5 * fwd_flop;
-    Timed tb = {.run = attn_bwd, .ctx = &a, .nsets = a.nsets};
-    add_poison(&tb, a.dq, nq, 0);
-    add_poison(&tb, a.dk, nk, 0);
-    add_poison(&tb, a.dv, nk, 0);
-    add_scratch(&tb, a.scr, nscr);
-    run_once(&tb, 0);
-    {
-        const char *what[3] = {"dq", "dk", "dv"};
-        void *d[3] = {a.dq, a.dk, a.dv};
-        float *ref[3] = {rdq, rdk, rdv};
-        size_t n[3] = {nq, nk, nk};
-        int nhead[3] = {H, KV, KV};
-        char name[32];
-        for (int i = 0; i < 3; i++) {
-            float *got = down_bf16(d[i], n[i]), *gh = gather_heads(got, T, nhead[i], hd, heads, NH);
-            snprintf(name, sizeof name, "%s (4 heads)", what[i]);
-            check_vals(name, gh, ref[i], nh, TOL_ATT);
+    // the forward under both device.cuda.attention_fwd choices, the default first
+    CudaSettings fs = *cuda_settings(), saved_fs = fs;
+    Row *r = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        int kern = pass == 0 ? saved_fs.attention_fwd : !saved_fs.attention_fwd;
+        fs.attention_fwd = kern;
+        cuda_configure(&fs);
+        r = row_begin(SEC_ATTN, kern == CUDA_KERNELS_WGMMA ? "attention forward (TMA + wgmma)" : "attention forward (mma.sync)",
+                      shape, "");
+        r->flops = fwd_flop;
+        Timed tf = {.run = attn_fwd, .ctx = &a, .nsets = a.nsets};
+        add_poison(&tf, a.out_t, nq, 0);
+        add_poison(&tf, a.lse_t, ns, 1);
+        run_once(&tf, 0);
+        {
+            float *got = down_bf16(a.out_t, nq), *gh = gather_heads(got, T, H, hd, heads, NH);
+            check_vals("out (4 heads)", gh, ro, nh, TOL_ATT);
             free(got);
-            snprintf(name, sizeof name, "%s (all heads)", what[i]);
-            check_written(name, d[i], n[i], 0);
+            check_written("out (all heads)", a.out_t, nq, 0);
+            check_written("lse (all heads)", a.lse_t, ns, 1);
         }
+        time_it(&tf);
     }
-    time_it(&tb);
+    cuda_configure(&saved_fs);
+
+    // the backward likewise under both device.cuda.attention_bwd choices
+    CudaSettings bs = saved_fs;
+    for (int pass = 0; pass < 2; pass++) {
+        int kern = pass == 0 ? saved_fs.attention_bwd : !saved_fs.attention_bwd;
+        bs.attention_bwd = kern;
+        cuda_configure(&bs);
+        r = row_begin(SEC_ATTN, kern == CUDA_KERNELS_WGMMA ? "attention backward (TMA + wgmma)" : "attention backward (mma.sync)",
+                      shape, "");
+        r->flops = 2.5 * fwd_flop;
+        Timed tb = {.run = attn_bwd, .ctx = &a, .nsets = a.nsets};
+        add_poison(&tb, a.dq, nq, 0);
+        add_poison(&tb, a.dk, nk, 0);
+        add_poison(&tb, a.dv, nk, 0);
+        add_scratch(&tb, a.scr, nscr);
+        run_once(&tb, 0);
+        {
+            const char *what[3] = {"dq", "dk", "dv"};
+            void *d[3] = {a.dq, a.dk, a.dv};
+            float *ref[3] = {rdq, rdk, rdv};
+            size_t n[3] = {nq, nk, nk};
+            int nhead[3] = {H, KV, KV};
+            char name[32];
+            for (int i = 0; i < 3; i++) {
+                float *got = down_bf16(d[i], n[i]), *gh = gather_heads(got, T, nhead[i], hd, heads, NH);
+                snprintf(name, sizeof name, "%s (4 heads)", what[i]);
+                check_vals(name, gh, ref[i], nh, TOL_ATT);
+                free(got);
+                snprintf(name, sizeof name, "%s (all heads)", what[i]);
+                check_written(name, d[i], n[i], 0);
+            }
+        }
+        time_it(&tb);
+    }
+    cuda_configure(&saved_fs);
     release();
     save_table(0);
 }
@@ -1462,9 +1484,11 @@ int main(int argc, char **argv) {
     flush_acc = cuda_alloc(sizeof(double));
     CK(cudaMemsetAsync(flush_buf, 0x3c, flush_n * sizeof(float), st));
 
-    section_gemm();
-    section_attention();
-    section_memory();
+    // argv[2] (optional): the sections to run, e.g. "attention" or "gemm,memory"
+    const char *only = argc > 2 ? argv[2] : "gemm,attention,memory";
+    if (strstr(only, "gemm")) section_gemm();
+    if (strstr(only, "attention")) section_attention();
+    if (strstr(only, "memory")) section_memory();
 
     printf("\n");
     write_table(stdout, 1);

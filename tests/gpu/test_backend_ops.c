@@ -224,7 +224,7 @@ static void cpu_probs(float *p, int N, int E, Gating g, float scale) {
     free(l);
 }
 static void random_idx(int *idx, int N, int E, int k, uint64_t seed) {
-    ops_cpu.router_topk(idx, NULL, NULL, N, E, k, ROUTING_RANDOM, seed);
+    ops_cpu.router_topk(idx, NULL, NULL, N, E, k, ROUTING_RANDOM, &seed);
 }
 // expert choices: 0 random distinct experts, 1 learned top-k, 2 skewed (only
 // experts 0..2, slots may repeat an expert; most segments empty)
@@ -680,8 +680,11 @@ static void add_router_probs(int N, int E, Gating g, int acc) {
     dims2(tio(c, "dlogits", F32, ne, acc, G_UNIFORM, 1, &B_F32), N, E);
 }
 
-static void run_topk(const Case *c, const Ops *o, void *const *b) {
-    o->router_topk(b[2], b[0], b[1], c->N, c->E, c->k, c->mode, c->seed);
+static void run_topk(const Case *c, const Ops *o, void *const *b) { // the seed in the backend's memory
+    uint64_t *seed = o->alloc(sizeof(uint64_t));
+    o->to_device(seed, &c->seed, sizeof(uint64_t));
+    o->router_topk(b[2], b[0], b[1], c->N, c->E, c->k, c->mode, seed);
+    o->free(seed);
 }
 // ties: probabilities and bias quantised to a few levels, so that
 // most choices are decided by the lower-index rule
@@ -1255,9 +1258,14 @@ static void uneven_counts(int *counts, int E, int R, const int *zero, int nzero)
 // The CPU saves the probabilities [B,H,T,T], CUDA the log-sum-exp [B,H,T]
 // (saved is SIZED and not compared; extra_lse checks CUDA's). At head dim
 // 128 without GQA, the backward's dQ goes through dS^T by default
-// (device.cuda.attention_ds_mib > 0) or by its own kernel (0): the same
-// arithmetic in the same order, so 0 differing elements is expected; the
-// comparison allows rounding-level differences within 1e-2 per position.
+// (device.cuda.attention_ds_mib > 0) or by its own kernel (0). Where T is
+// a multiple of 128 and there are no documents the forward runs on the TMA
+// + wgmma kernel by default (device.cuda.attention_fwd; each hd 128 case
+// also runs under mma_sync), and the dS^T backward has a TMA + wgmma choice
+// (device.cuda.attention_bwd: wgmma; default mma_sync). The mma.sync
+// choices do the same arithmetic in the same order (0 differing elements
+// expected), the wgmma kernels sum in another order; the comparison between
+// choices allows rounding-level differences within 1e-2 per position.
 // Cases with documents (docs=..., intra-document masking) add doc_start
 // [B,T], an I32 input of the pattern named (make_doc_starts); their TFLOP/s
 // count the causal FLOPs, so that fewer masked tiles show as a higher rate.
@@ -1358,6 +1366,12 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
         dims4(tout(c, "out", ACT, nq, &B_ATTN), B, T, H, hd)->row = (size_t)H * hd;
         tout(c, "saved", F32, 0, &B_LSE)->flags |= SIZED | NOCMP;
         if (!(flags & NOCPU)) c->extra = extra_lse;
+        if (hd == 128) { // the TMA + wgmma forward where it takes the shape (the default), and mma.sync
+            c->choice[0].label = "fwd wgmma";
+            CudaSettings s = cuda_settings_default();
+            s.attention_fwd = CUDA_KERNELS_MMA_SYNC;
+            add_choice(c, "fwd mma_sync", s);
+        }
         if (docs) attention_docs_input(c, docs);
         return c;
     }
@@ -1369,9 +1383,12 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
     dims4(tout(c, "dk", ACT, nk, &B_ATTN), B, T, KV, hd)->row = (size_t)KV * hd;
     dims4(tout(c, "dv", ACT, nk, &B_ATTN), B, T, KV, hd)->row = (size_t)KV * hd;
     tensor(c, "scratch", F32, WORK, 0)->flags |= SIZED;
-    if (hd == 128 && H == KV) { // dQ through dS^T (the default), and by its own kernel
+    if (hd == 128 && H == KV) { // dQ through dS^T (the default), on wgmma where it takes the shape, by its own kernel
         c->choice[0].label = "dQ via dS^T";
         CudaSettings s = cuda_settings_default();
+        s.attention_bwd = CUDA_KERNELS_WGMMA;
+        add_choice(c, "dQ via dS^T, wgmma", s);
+        s.attention_bwd = CUDA_KERNELS_MMA_SYNC;
         s.attention_ds_mib = 0;
         add_choice(c, "dQ kernel", s);
     }
@@ -1384,9 +1401,11 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
 static void add_attention(int B, int T, int H, int KV, int hd, int flags, int small_cap, int docs) {
     attention_case(0, B, T, H, KV, hd, flags, docs);
     Case *c = attention_case(1, B, T, H, KV, hd, flags, docs);
-    if (small_cap) {
+    if (small_cap) { // every dS^T choice under the cap the scratch is sized with (choice 0's)
         c->choice[0].s.attention_ds_mib = 1;
         c->choice[0].label = "dQ via dS^T, attention_ds_mib=1";
+        c->choice[1].s.attention_ds_mib = 1;
+        c->choice[1].label = "dQ via dS^T, wgmma, attention_ds_mib=1";
     }
 }
 
@@ -1571,6 +1590,13 @@ static void make_cases(void) {
     add_attention(1, 333, 2, 2, 128, RERUN, 0, DOCS_NONE);
     add_attention(3, 200, 4, 4, 128, RERUN, 1, DOCS_NONE); // dS^T of 2 batch rows of T=200, H=4 fit: slices of 2, 1
     add_attention(1, 129, 2, 2, 128, 0, 0, DOCS_NONE);
+    // shapes the TMA + wgmma forward takes (T a multiple of 128): one tile,
+    // GQA groups of 3 and of 4, several batch rows; T = 512 GQA above too
+    add_attention(1, 128, 2, 1, 128, RERUN, 0, DOCS_NONE);
+    add_attention(2, 384, 6, 2, 128, RERUN, 0, DOCS_NONE);
+    add_attention(3, 256, 4, 4, 128, RERUN, 0, DOCS_NONE);
+    add_attention(3, 256, 4, 4, 128, RERUN, 1, DOCS_NONE); // the wgmma backward's dS^T in slices of 2, 1
+    add_attention(1, 1024, 8, 2, 128, RERUN, 0, DOCS_NONE);
     // OLMoE's attention (special check attention_heads validates two heads)
     add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_NONE);
     add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0, DOCS_NONE);
@@ -1917,7 +1943,11 @@ static size_t rows_differ(const void *a, const void *c, size_t elem, int B, int 
     return bad;
 }
 static void docs_check(int B, int T, int H, int KV, int hd, int kind, int ds_mib) {
+    // doc_start NULL on the mma.sync kernels: the DOC kernels' causal twins,
+    // whose bits they must give with every doc_start 0 (the TMA + wgmma
+    // kernels, which documents fall back from, sum in another order)
     CudaSettings cs = cuda_settings_default();
+    cs.attention_fwd = cs.attention_bwd = CUDA_KERNELS_MMA_SYNC;
     if (ds_mib >= 0) cs.attention_ds_mib = ds_mib;
     cuda_configure(&cs); // before sizing the scratch
     char sh[128], nm[256];

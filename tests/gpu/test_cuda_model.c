@@ -9,7 +9,10 @@
 //  5. 1-3 with model.capacity_factor 1.0 and 0.5 on the tiny config: the
 //     rows each layer drops equal the CPU's (random routing), a captured
 //     step counts its drops on every replay, and recompute stays
-//     bit-identical.
+//     bit-identical;
+//  6. train.precision: fp8 (a config the FP8 kernels take): 1-3 and
+//     recompute with FP8 on both backends (FP8_GRAD_TOL below; the curves
+//     against the BF16 path's own drift, fp8_tests).
 //
 // Tolerances: the GPU runs BF16 weights and activations (8 bits of
 // mantissa: ~4e-3 relative per rounding) through 4 layers, against FP32 on
@@ -40,6 +43,15 @@
 #define LOSS_TOL 1e-2
 #define GRAD_TOL 5e-2
 #define CURVE_TOL 1e-2
+// train.precision: fp8 on both backends (6.). The CPU quantises FP32
+// activations, the GPU BF16 ones: a value within a BF16 rounding (2^-9
+// relative) of an E4M3 rounding boundary lands on the other E4M3 code, one
+// E4M3 step (2^-4..2^-3 relative) away, for ~1 value in 16-32. That adds
+// ~1-2% relative to each expert GEMM's output on top of the BF16 path's
+// differences, and gradients compound it through 4 layers: bound the
+// gradients at 2x GRAD_TOL. The loss and the curves, averages over many
+// tokens, keep their bounds.
+#define FP8_GRAD_TOL 1e-1
 
 typedef struct {
     const char *name;
@@ -55,6 +67,13 @@ static const TestConfig configs[] = {
                      {"norm", "pre"}, {"qk_norm", "full"}, {"gating", "softmax"}, {"renorm_topk", "false"},
                      {NULL, NULL}}},
 };
+
+// for train.precision: fp8: d_model and expert_hidden multiples of 256 (the CUDA FP8 GEMM's tiles)
+static const TestConfig fp8_config = {
+    "fp8 block128", {{"vocab_size", "257"}, {"d_model", "256"}, {"n_layers", "4"}, {"n_heads", "4"},
+                     {"n_experts", "8"}, {"top_k", "2"}, {"expert_hidden", "256"}, {"seq_len", "128"},
+                     {"norm", "pre"}, {"qk_norm", "full"}, {NULL, NULL}}};
+static int fp8; // build() makes train.precision: fp8 models
 
 // the tiny config with intra-document masking (doc_eos below)
 static const TestConfig doc_config = {
@@ -79,12 +98,14 @@ static void build(Model *m, const TestConfig *tc, const Ops *ops, int B, int T) 
     if (model_init(m, &c, ops, err, sizeof err)) { printf("%s\n", err); exit(1); }
     model_init_weights(m, 7);
     if (doc_eos >= 0) { m->doc_mask = 1; m->doc_eos = doc_eos; }
+    if (fp8 && model_set_fp8(m, err, sizeof err)) { printf("FAIL %s: %s\n", tc->name, err); exit(1); }
     model_alloc_acts(m, B, T);
 }
 
 // the test's name: the config's, and the capacity factor when there is one
 static const char *tag(const TestConfig *tc) {
     static char buf[96];
+    if (fp8) { snprintf(buf, sizeof buf, "%s, fp8", tc->name); return buf; }
     if (!strcmp(capacity, "0")) return tc->name;
     snprintf(buf, sizeof buf, "%s + capacity_factor %s", tc->name, capacity);
     return buf;
@@ -185,7 +206,7 @@ static void compare_step(const TestConfig *tc) {
         }
         double err = r > 0 ? sqrt(d / r) : sqrt(d);
         if (err > worst) { worst = err; worst_name = e->name; }
-        if ((!finite || err > GRAD_TOL) && strcmp(routing, "learned")) {
+        if ((!finite || err > (fp8 ? FP8_GRAD_TOL : GRAD_TOL)) && strcmp(routing, "learned")) {
             printf("      grad %-40s rel err %.3e%s\n", e->name, err, finite ? "" : " NONFINITE");
             bad++;
         }
@@ -196,7 +217,7 @@ static void compare_step(const TestConfig *tc) {
                tag(tc), cpu.store.table.n, worst, worst_name);
     } else {
         printf("%s %s, %s routing: %d gradients, worst rel err %.3e (%s), tol %.0e\n", bad ? "FAIL" : "ok  ",
-               tag(tc), routing, cpu.store.table.n, worst, worst_name, GRAD_TOL);
+               tag(tc), routing, cpu.store.table.n, worst, worst_name, fp8 ? FP8_GRAD_TOL : GRAD_TOL);
         if (bad) gt_fail++; else gt_pass++;
     }
     free(tok); free(tgt);
@@ -204,7 +225,9 @@ static void compare_step(const TestConfig *tc) {
     model_free(&gpu);
 }
 
-static void compare_curves(const TestConfig *tc) {
+// 50 AdamW steps on both backends; counted against tol (< 0: reported only).
+// Returns the worst relative loss difference.
+static double compare_curves_tol(const TestConfig *tc, double tol) {
     int B = 2, T = 128, steps = 50;
     Model cpu, gpu;
     build(&cpu, tc, &ops_cpu, B, T);
@@ -237,15 +260,18 @@ static void compare_curves(const TestConfig *tc) {
         if (s == 0) { first[0] = l[0]; first[1] = l[1]; }
         last[0] = l[0]; last[1] = l[1];
     }
-    int ok = worst <= CURVE_TOL && last[0] < first[0];
-    printf("%s %s, %s routing: 50-step losses cpu %.4f -> %.4f, gpu %.4f -> %.4f; worst rel diff %.3e at step %d (tol %.0e)\n",
-           ok ? "ok  " : "FAIL", tag(tc), routing, first[0], last[0], first[1], last[1], worst, worst_step, CURVE_TOL);
-    if (ok) gt_pass++; else gt_fail++;
+    int ok = worst <= tol && last[0] < first[0];
+    printf("%s %s, %s routing: 50-step losses cpu %.4f -> %.4f, gpu %.4f -> %.4f; worst rel diff %.3e at step %d (tol %.2e)\n",
+           tol < 0 ? "info" : ok ? "ok  " : "FAIL", tag(tc), routing, first[0], last[0], first[1], last[1], worst,
+           worst_step, tol);
+    if (tol >= 0) { if (ok) gt_pass++; else gt_fail++; }
     free(tok); free(tgt);
     adamw_free(&oa); adamw_free(&og);
     model_free(&cpu);
     model_free(&gpu);
+    return worst;
 }
+static void compare_curves(const TestConfig *tc) { compare_curves_tol(tc, CURVE_TOL); }
 
 static void graph_capture(const TestConfig *tc) {
     int B = 2, T = 128;
@@ -292,11 +318,90 @@ static void graph_capture(const TestConfig *tc) {
                    tag(tc), a, b);
             if (ok) gt_pass++; else gt_fail++;
         }
+        if (gpu.cfg.routing == ROUTING_RANDOM) {
+            // the graph reads the route seeds from device memory: after an
+            // uncaptured step with seed 2 a replay gives seed 2's CE, and
+            // after model_set_route_seed(1) seed 1's again
+            double ref2, got2, got1;
+            model_zero_grads(&gpu);
+            model_begin_step(&gpu);
+            model_forward_async(&gpu, 2);
+            model_backward(&gpu, 1.0f / gpu.n_valid, 1.0f);
+            cuda_to_host(&ref2, gpu.ce_acc, sizeof(double));
+            cuda_graph_launch(exec);
+            cuda_to_host(&got2, gpu.ce_acc, sizeof(double));
+            model_set_route_seed(&gpu, 1);
+            cuda_graph_launch(exec);
+            cuda_to_host(&got1, gpu.ce_acc, sizeof(double));
+            ok = got2 == ref2 && got1 == ref && ref2 != ref;
+            printf("%s %s: random routing replayed with the seed in device memory: seed 2 CE %.6f vs uncaptured %.6f, "
+                   "seed 1 again %.6f vs %.6f\n", ok ? "ok  " : "FAIL", tag(tc), got2, ref2, got1, ref);
+            if (ok) gt_pass++; else gt_fail++;
+        }
         // time the captured step
         void *t0 = cuda_event_record();
         for (int r = 0; r < 10; r++) cuda_graph_launch(exec);
         void *t1 = cuda_event_record();
         printf("      captured step: %.3f ms per forward+backward of %d tokens\n", cuda_event_elapsed_ms(t0, t1) / 10, N);
+        cuda_graph_free(exec);
+    }
+    free(tok); free(tgt);
+    model_free(&gpu);
+}
+
+// model.lb_global under a CUDA graph: two replays of one captured
+// micro-batch on two batches give the step's LB sums of the two uncaptured
+// micro-batches bit for bit (the second sees the running counts of both;
+// the LB kernels take the token count from them on the device, not from a
+// host argument).
+static void lb_global_graph(const TestConfig *tc) {
+    int B = 2, T = 128, N = B * T;
+    Model gpu;
+    char err[256];
+    ModelConfig c;
+    model_config_defaults(&c);
+    for (int i = 0; tc->keys[i][0]; i++) model_config_set(&c, tc->keys[i][0], tc->keys[i][1], err, sizeof err);
+    model_config_set(&c, "routing", routing, err, sizeof err);
+    model_config_set(&c, "lb_global", "true", err, sizeof err);
+    if (model_init(&gpu, &c, &ops_cuda, err, sizeof err)) { printf("FAIL %s\n", err); gt_fail++; return; }
+    model_init_weights(&gpu, 7);
+    model_alloc_acts(&gpu, B, T);
+    int *tok = malloc(2 * N * sizeof(int)), *tgt = malloc(2 * N * sizeof(int)); // two micro-batches
+    make_batch(tok, tgt, N, T, gpu.cfg.vocab_size, 9);
+    make_batch(tok + N, tgt + N, N, T, gpu.cfg.vocab_size, 10);
+    int L = gpu.n_moe;
+    float ref[L + 1], got[L + 1], one[L + 1];
+    model_zero_grads(&gpu);
+    model_begin_step(&gpu);
+    for (int mb = 0; mb < 2; mb++) {
+        model_set_batch(&gpu, tok + mb * N, tgt + mb * N);
+        model_forward_async(&gpu, 1);
+        model_backward(&gpu, 1.0f / gpu.n_valid, 1.0f);
+        model_count_micro_batch(&gpu);
+        if (mb == 0) cuda_to_host(one, gpu.lb_step, L * sizeof(float));
+    }
+    cuda_to_host(ref, gpu.lb_step, L * sizeof(float));
+    model_zero_grads(&gpu);
+    model_begin_step(&gpu);
+    model_set_batch(&gpu, tok, tgt);
+    cuda_capture_begin();
+    model_forward_async(&gpu, 1);
+    model_backward(&gpu, 1.0f / gpu.n_valid, 1.0f);
+    void *exec = cuda_capture_end(err, sizeof err);
+    if (!exec) {
+        printf("FAIL %s: lb_global: the step cannot be captured: %s\n", tag(tc), err);
+        gt_fail++;
+    } else {
+        for (int mb = 0; mb < 2; mb++) {
+            model_set_batch(&gpu, tok + mb * N, tgt + mb * N);
+            cuda_graph_launch(exec);
+            model_count_micro_batch(&gpu);
+        }
+        cuda_to_host(got, gpu.lb_step, L * sizeof(float));
+        int ok = !memcmp(got, ref, L * sizeof(float)) && ref[0] != 2 * one[0];
+        printf("%s %s: lb_global captured: 2 replays' LB sum %.6f (layer 0) vs 2 uncaptured micro-batches %.6f "
+               "(one micro-batch %.6f)\n", ok ? "ok  " : "FAIL", tag(tc), got[0], ref[0], one[0]);
+        if (ok) gt_pass++; else gt_fail++;
         cuda_graph_free(exec);
     }
     free(tok); free(tgt);
@@ -356,7 +461,14 @@ static void recompute_step(const TestConfig *tc) {
     model_free(&m[0]); model_free(&m[1]); model_free(&m[2]);
 }
 
-int main(void) {
+static void fp8_tests(void);
+
+// argument "fp8": part 6 alone
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "fp8")) {
+        fp8_tests();
+        return gt_finish();
+    }
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         routing = "random";
         compare_step(&configs[i]);
@@ -365,6 +477,8 @@ int main(void) {
         compare_step(&configs[i]);
         graph_capture(&configs[i]);
         routing = "random";
+        graph_capture(&configs[i]);
+        lb_global_graph(&configs[i]);
         recompute_step(&configs[i]);
     }
     doc_eos = 256;
@@ -384,5 +498,27 @@ int main(void) {
         compare_step(&configs[0]); // the loss; the drops only reported (flipped choices move the tail)
         graph_capture(&configs[0]);
     }
+    capacity = "0";
+    fp8_tests();
     return gt_finish();
+}
+
+// 6. train.precision: fp8: CPU-fp8 (the reference: quantise, dequantise,
+// FP32 matmul) against CUDA-fp8, on a config the FP8 kernels take. The
+// curves: on this config (d_model 256) the BF16 GPU run itself drifts from
+// the CPU's FP32 past CURVE_TOL late in the 50 steps (4.2e-2 at step 47 on
+// the H200, 2026-12-01), so the FP8 curves are bound by what BF16 reaches
+// on the same config (run first), or CURVE_TOL where that is larger: FP8
+// may not add divergence of its own beyond the BF16 path's.
+static void fp8_tests(void) {
+    routing = "random";
+    double bf16_worst = compare_curves_tol(&fp8_config, -1);
+    fp8 = 1;
+    compare_step(&fp8_config);
+    compare_curves_tol(&fp8_config, bf16_worst > CURVE_TOL ? bf16_worst : CURVE_TOL);
+    graph_capture(&fp8_config);
+    recompute_step(&fp8_config);
+    routing = "learned";
+    compare_step(&fp8_config);
+    fp8 = 0;
 }

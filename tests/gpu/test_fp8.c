@@ -7,7 +7,8 @@
 // - the FP8 grouped GEMM forward against fp8_grouped_matmul_ref on the
 //   same quantised operands (relative L2 error, every output row of every
 //   segment written: the output is poisoned first), on uneven segments with
-//   empty experts and on the OLMoE-1B-7B expert shapes.
+//   empty experts and on the OLMoE-1B-7B expert shapes;
+// - the fused quantisers of train.precision: fp8 (test_fused).
 // Ends with "N passed, N failed".
 #include <math.h>
 #include <stdint.h>
@@ -130,6 +131,22 @@ static void test_quantize_128x128(void) {
     float *gs = gt_host_bytes(ds, ns * 4);
     gt_check_bits("128x128 from FP32 [3, 384, 640]: values", gq, q, n, 1);
     gt_check_bits("128x128 from FP32 [3, 384, 640]: scales", gs, s, ns, 4);
+    // and back (the data-grads' weights): float(q) * s rounded to BF16, NaN for NaN
+    float *deq = gt_malloc(n * 4);
+    fp8_dequantize_128x128(deq, q, s, E, M, K);
+    void *dd = cuda_alloc(n * 2);
+    gt_poison(dd, n * 2);
+    check_rc(cuda_fp8_dequantize_128x128(dd, dq, ds, E, M, K), "dequantize_128x128");
+    uint16_t *gd = gt_host_bytes(dd, n * 2);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t ref = f2bf(deq[i]);
+        int both_nan = isnan(deq[i]) && isnan(bf2f(gd[i]));
+        differ += !both_nan && gd[i] != ref;
+    }
+    gt_ok(differ == 0, "dequantise 128x128 -> BF16 [3, 384, 640]: %zu of %zu differ", differ, n);
+    free(deq); free(gd);
+    cuda_free(dd);
     free(w); free(q); free(s); free(gq); free(gs);
     cuda_free(dw); cuda_free(dq); cuda_free(ds);
 }
@@ -220,8 +237,79 @@ static void test_gemm(const char *name, const int *off, int E, int C, int OC) {
     cuda_free(doff); cuda_free(dout);
 }
 
+// The device's q [n] and scales [ns] against q, s, bit for bit.
+static void check_quantised(const char *what, const uint8_t *dq, const float *ds, const uint8_t *q, const float *s,
+                            size_t n, size_t ns) {
+    uint8_t *gq = gt_host_bytes(dq, n);
+    float *gs = gt_host_bytes(ds, ns * 4);
+    char line[160];
+    snprintf(line, sizeof line, "%s: values", what);
+    gt_check_bits(line, gq, q, n, 1);
+    snprintf(line, sizeof line, "%s: scales", what);
+    gt_check_bits(line, gs, s, ns, 4);
+    free(gq); free(gs);
+}
+
+// The fused quantisers of train.precision: fp8 (ops.h's FP8 entries):
+// gather + 1x128 against the CPU reference on the gathered rows; SwiGLU +
+// 1x128 against cuda_swiglu_forward followed by the 1x128 quantiser (the
+// same bits by construction); dequantisation against the reference rounded
+// to BF16. All bit for bit; outputs poisoned first.
+static void test_fused(void) {
+    int N = 700, R = 1500, C = 1024, nt = C / 128;
+    size_t n = (size_t)R * C;
+    float *x = gt_malloc((size_t)N * C * 4), *xp = gt_malloc(n * 4);
+    fill_tiles(x, N, C, 128, 1);
+    int *rows = gt_malloc(R * sizeof(int));
+    for (int r = 0; r < R; r++) rows[r] = gt_irand(N);
+    for (int r = 0; r < R; r++) memcpy(xp + (size_t)r * C, x + (size_t)rows[r] * C, C * 4);
+    uint8_t *q = gt_malloc(n);
+    float *s = gt_malloc((size_t)R * nt * 4);
+    fp8_quantize_1x128(q, s, xp, R, C);
+    void *dx = gt_dev_bf16(x, (size_t)N * C);
+    int *drows = gt_dev_bytes(rows, R * sizeof(int));
+    uint8_t *dq = cuda_alloc(n);
+    float *ds = cuda_alloc((size_t)R * nt * 4);
+    gt_poison(dq, n);
+    gt_poison(ds, (size_t)R * nt * 4);
+    cuda_fp8_quantize_rows(dq, ds, dx, drows, R, C);
+    check_quantised("gather + 1x128 [1500 of 700 rows, 1024]", dq, ds, q, s, n, (size_t)R * nt);
+
+    // SwiGLU + 1x128 = swiglu_forward then the quantiser (gate, up: ordinary values)
+    float *g = gt_malloc(n * 4), *u = gt_malloc(n * 4);
+    gt_fill(g, n, GT_NORMAL, 0, 2, 1, 21);
+    gt_fill(u, n, GT_NORMAL, 0, 1, 1, 22);
+    void *dg = gt_dev_bf16(g, n), *du = gt_dev_bf16(u, n), *da = cuda_alloc(n * 2);
+    cuda_swiglu_forward(da, dg, du, n);
+    check_rc(cuda_fp8_quantize_1x128(dq, ds, da, R, C), "quantize_1x128");
+    uint8_t *uq = gt_host_bytes(dq, n);
+    float *us = gt_host_bytes(ds, (size_t)R * nt * 4);
+    gt_poison(dq, n);
+    gt_poison(ds, (size_t)R * nt * 4);
+    cuda_fp8_swiglu_quantize(dq, ds, dg, du, R, C);
+    check_quantised("SwiGLU + 1x128 [1500, 1024] = swiglu_forward + quantise", dq, ds, uq, us, n, (size_t)R * nt);
+    // dequantise (ordinary values: the SwiGLU's q, s): float(q) * s rounded to BF16
+    uint16_t *ref = gt_malloc(n * 2);
+    float *deq = gt_malloc(n * 4);
+    fp8_dequantize_1x128(deq, uq, us, R, C);
+    for (size_t i = 0; i < n; i++) ref[i] = f2bf(deq[i]);
+    uint8_t *dq2 = gt_dev_bytes(uq, n);
+    float *ds2 = gt_dev_bytes(us, (size_t)R * nt * 4);
+    void *dd = cuda_alloc(n * 2);
+    gt_poison(dd, n * 2);
+    cuda_fp8_dequantize_rows(dd, dq2, ds2, R, C);
+    uint16_t *gd = gt_host_bytes(dd, n * 2);
+    gt_check_bits("dequantise 1x128 -> BF16 [1500, 1024]", gd, ref, n, 2);
+
+    free(x); free(xp); free(rows); free(q); free(s); free(ref); free(deq); free(gd);
+    free(g); free(u); free(uq); free(us);
+    cuda_free(dx); cuda_free(drows); cuda_free(dq); cuda_free(ds); cuda_free(dq2); cuda_free(ds2); cuda_free(dd);
+    cuda_free(dg); cuda_free(du); cuda_free(da);
+}
+
 int main(void) {
     test_encode_all();
+    test_fused();
     test_quantize_1x128(1);
     test_quantize_1x128(0);
     test_quantize_128x128();

@@ -362,9 +362,18 @@ static inline void cpu_router_bias_update(float *bias, const float *counts, int 
     }
 }
 
+// count_tokens <= 0: the tokens the counts cover (ops.h), summed in FP64
+static float cpu_lb_count_tokens(const float *counts, float count_tokens, int E, int k) {
+    if (count_tokens > 0) return count_tokens;
+    double s = 0;
+    for (int e = 0; e < E; e++) s += counts[e];
+    return (float)(s / k);
+}
+
 // LB = (E/k) sum_i f_i P_i ;  f_i = counts_i / count_tokens ;  P_i = mean_t p̂_ti
 static real cpu_lb_loss_forward(const real *probs, const float *counts, float count_tokens, int N,
                                 int E, int k, Gating g) {
+    count_tokens = cpu_lb_count_tokens(counts, count_tokens, E, k);
     double P[E];
     for (int e = 0; e < E; e++) P[e] = 0;
     for (int n = 0; n < N; n++) {
@@ -380,6 +389,7 @@ static real cpu_lb_loss_forward(const real *probs, const float *counts, float co
 
 static void cpu_lb_loss_backward(real *dprobs, const real *probs, const float *counts,
                                  float count_tokens, int N, int E, int k, Gating g, real scale) {
+    count_tokens = cpu_lb_count_tokens(counts, count_tokens, E, k);
     // dLB/dp̂_ti = (E/k) f_i / N
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {

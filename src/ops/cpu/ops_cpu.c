@@ -11,6 +11,7 @@
 typedef float real;
 #include "ops/cpu/cpu_kernels.h"
 #include "ops/ep_sym.h"
+#include "ops/fp8.h"
 
 #define F(p) ((float *)(p))
 #define CF(p) ((const float *)(p))
@@ -57,6 +58,10 @@ static void c_matmul_forward(void *out, const void *inp, const void *w, int N, i
 static void c_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                               int N, int C, int OC, int accumulate) {
     cpu_matmul_backward(F(dinp), dw, CF(dout), CF(inp), CF(w), N, C, OC, accumulate);
+}
+static void c_router_topk(int *idx, const float *probs, const float *bias, int N, int E, int k, RoutingMode mode,
+                          const uint64_t *seed) {
+    cpu_router_topk(idx, probs, bias, N, E, k, mode, mode == ROUTING_RANDOM ? *seed : 0);
 }
 static void c_router_logits_forward(float *logits, const void *inp, const void *w, int N, int C, int E) {
     cpu_matmul_forward(logits, CF(inp), CF(w), N, C, E);
@@ -152,6 +157,35 @@ static void c_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, 
                                   const int *offsets, int E, int C, int OC) {
     cpu_grouped_dgrad_pair(F(dinp), CF(dout1), CF(w1), CF(dout2), CF(w2), offsets, E, C, OC);
 }
+// FP8: the reference quantisers of ops/fp8.h on the FP32 act values; the
+// permute and the SwiGLU run first into a scratch (the CPU is the readable
+// reference, not fused).
+static void c_fp8_quantize_weights(uint8_t *qw, float *sw, const float *w, int E, int M, int K) {
+    fp8_quantize_128x128(qw, sw, w, E, M, K);
+}
+static void c_fp8_dequantize_weights(void *w, const uint8_t *qw, const float *sw, int E, int M, int K) {
+    fp8_dequantize_128x128(F(w), qw, sw, E, M, K);
+}
+static void c_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C) {
+    if (!token_of_row) { fp8_quantize_1x128(q, s, CF(x), R, C); return; }
+    float *xp = mallocCheck((size_t)R * C * sizeof(float) + 1);
+    cpu_permute_forward(xp, CF(x), token_of_row, R, C);
+    fp8_quantize_1x128(q, s, xp, R, C);
+    free(xp);
+}
+static void c_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const void *up, int R, int F) {
+    float *a = mallocCheck((size_t)R * F * sizeof(float) + 1);
+    cpu_swiglu_forward(a, CF(gate), CF(up), (size_t)R * F);
+    fp8_quantize_1x128(q, s, a, R, F);
+    free(a);
+}
+static void c_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
+    fp8_dequantize_1x128(F(x), q, s, R, C);
+}
+static void c_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
+                                  const int *offsets, int E, int C, int OC) {
+    fp8_grouped_matmul_ref(F(out), qa, sa, qw, sw, offsets, E, C, OC);
+}
 static void c_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V) {
     cpu_crossentropy_forward(losses, CF(logits), targets, N, V);
 }
@@ -205,7 +239,7 @@ const Ops ops_cpu = {
     .swiglu_backward_rows = c_swiglu_backward_rows,
     .router_probs_forward = cpu_router_probs_forward,
     .router_probs_backward = cpu_router_probs_backward,
-    .router_topk = cpu_router_topk,
+    .router_topk = c_router_topk,
     .router_weights_forward = cpu_router_weights_forward,
     .router_weights_backward = cpu_router_weights_backward,
     .router_count = cpu_router_count,
@@ -228,6 +262,12 @@ const Ops ops_cpu = {
     .grouped_matmul_forward = c_grouped_matmul_forward,
     .grouped_matmul_backward = c_grouped_matmul_backward,
     .grouped_dgrad_pair = c_grouped_dgrad_pair,
+    .fp8_quantize_weights = c_fp8_quantize_weights,
+    .fp8_dequantize_weights = c_fp8_dequantize_weights,
+    .fp8_quantize_rows = c_fp8_quantize_rows,
+    .fp8_swiglu_quantize = c_fp8_swiglu_quantize,
+    .fp8_dequantize_rows = c_fp8_dequantize_rows,
+    .fp8_grouped_matmul_forward = c_fp8_grouped_matmul_forward,
     .crossentropy_forward = c_crossentropy_forward,
     .crossentropy_backward = c_crossentropy_backward,
     .loss_sum = c_loss_sum,

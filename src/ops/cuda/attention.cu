@@ -50,6 +50,12 @@
 //
 // Head dim 128 also has a second set of kernels ("variant 2", below the
 // first), with bigger warp tiles; the launchers choose by shape.
+//
+// At head dim 128 with T a multiple of 128 and no documents, the forward
+// runs on attention_wgmma.cu's TMA + wgmma kernel (device.cuda.attention_fwd:
+// wgmma, the default), and the dS^T backward can (attention_bwd: wgmma),
+// with the same saved lse2 and scratch; the kernels here run every other
+// case, and all of them under mma_sync.
 #include <math.h>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -96,15 +102,6 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ int div_up(int a, int b) { return (a + b - 1) / b; }
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
 
 // ---- documents ------------------------------------------------------------
 // ds is the doc_start of one sequence (ops.h): ds[t] is the first key query
@@ -1569,10 +1566,15 @@ static void backward_hd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const fl
     int dsr = ds_batch_rows(B, T, H, KV, HD);
     if (dsr > 0) { // dK, dV and dS^T, then dQ = scale dS K, per slice of batch rows
         bf16 *dsT = (bf16 *)(D + d_floats(B, T, H));
+        bool wg = cuda_settings()->attention_bwd == CUDA_KERNELS_WGMMA &&
+                  cuda_attention_backward_wgmma_takes(doc_start, B, T, H, KV, HD);
         for (int b0 = 0; b0 < B; b0 += dsr) {
             int nb = B - b0 < dsr ? B - b0 : dsr;
             size_t oq = (size_t)b0 * T * H * HD, ok = (size_t)b0 * T * KV * HD, ol = (size_t)b0 * H * T;
             const int *dst = doc ? doc_start + (size_t)b0 * T : NULL;
+            if (wg && cuda_attention_backward_wgmma(dq + oq, dk + ok, dv + ok, dsT, dout + oq, lse2 + ol, D + ol,
+                                                    q + oq, k + ok, v + ok, nb, T, H, v2::ds_head_elems(T)) == 0)
+                continue;
             backward_dkv_v2(dk + ok, dv + ok, dsT, dout + oq, lse2 + ol, q + oq, k + ok, v + ok, D + ol, dst, nb, T,
                             H, KV);
             backward_dq_ds(dq + oq, dsT, k + ok, dst, nb, T, H, KV);
@@ -1608,6 +1610,9 @@ extern "C" void cuda_attention_forward(void *out, float *saved, const void *q, c
                                        const int *doc_start, int B, int T, int H, int KV, int hd) {
     check_shape("attention forward", B, T, H, KV, hd);
     if (B == 0 || T == 0) return;
+    if (cuda_settings()->attention_fwd == CUDA_KERNELS_WGMMA &&
+        cuda_attention_forward_wgmma(out, saved, q, k, v, doc_start, B, T, H, KV, hd) == 0)
+        return;
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     switch (hd) {

@@ -64,6 +64,18 @@ extern "C" int cuda_num_sms(void);
 
 static inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
 
+// 2^x on the special-function unit (the attention kernels' softmax)
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// two floats as a BF16 pair in one register (lo in the low half)
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
 // Adds a thread's two accumulator pairs into an FP32 matrix owned by its
 // block alone (the weight-grads' epilogue): lo = (x0, x1) at row_lo[c],
 // row_lo[c + 1] and hi = (y0, y1) at the same columns of row_hi, where the

@@ -28,9 +28,19 @@ typedef struct {
     // instead of 7); batch rows go through it in slices beyond it; 0: dQ
     // by its own kernel. Read when the attention scratch is sized.
     int attention_ds_mib;
+    // Attention forward at head dim 128 without documents, T a multiple of
+    // 128: the warp-specialised TMA + wgmma kernel (attention_wgmma.cu) or
+    // the mma.sync kernels (attention.cu), which run every other case.
+    int attention_fwd;     // CudaGemmKernels
+    // Attention backward where dQ goes through dS^T (head dim 128 without
+    // GQA, attention_ds_mib > 0), T a multiple of 128, no documents: the
+    // TMA + wgmma dK/dV and dQ kernels (attention_wgmma.cu) or mma.sync.
+    // mma_sync by default: the wgmma kernels are faster but their test run
+    // is not complete (README, "On a GPU").
+    int attention_bwd;     // CudaGemmKernels
 } CudaSettings;
 
 static inline CudaSettings cuda_settings_default(void) {
-    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024};
+    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024, CUDA_KERNELS_WGMMA, CUDA_KERNELS_MMA_SYNC};
     return s;
 }

@@ -81,15 +81,11 @@ __device__ __forceinline__ void load8(float (&v)[8], const float *x) {
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// 1 x 128 tiles: 16 threads per tile, 8 values each; the grid covers R * C / 8 threads.
-template <typename T>
-__global__ void quantize_1x128_kernel(uint8_t *q, float *scale, const T *x, int R, int C) {
-    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, e0 = t * 8;
-    bool live = e0 < (size_t)R * C; // whole tiles are live or not (C % 128 == 0)
-    float v[8];
+// The 1 x 128 tile holding v (8 values per thread, 16 threads per tile):
+// its amax by shuffles, then the values and (lane 0 of the 16) the scale.
+__device__ __forceinline__ void quantize_tile8(uint8_t *q, float *scale, const float (&v)[8], bool live, size_t e0) {
     float amax = 0.0f;
     if (live) {
-        load8(v, x + e0);
 #pragma unroll
         for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[j]));
     }
@@ -100,6 +96,72 @@ __global__ void quantize_1x128_kernel(uint8_t *q, float *scale, const T *x, int 
     uint2 out = make_uint2(pack4(v[0], v[1], v[2], v[3], s), pack4(v[4], v[5], v[6], v[7], s));
     *(uint2 *)(q + e0) = out;
     if ((threadIdx.x & 15) == 0) scale[e0 / 128] = s;
+}
+
+// 1 x 128 tiles: 16 threads per tile, 8 values each; the grid covers R * C / 8
+// threads. Row r of the output reads row rows[r] of x (rows NULL: row r):
+// the permute's gather, fused.
+template <typename T>
+__global__ void quantize_1x128_kernel(uint8_t *q, float *scale, const T *x, const int *rows, int R, int C) {
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, e0 = t * 8;
+    bool live = e0 < (size_t)R * C; // whole tiles are live or not (C % 128 == 0)
+    float v[8];
+    if (live) {
+        size_t r = e0 / C, c = e0 % C;
+        load8(v, x + (size_t)(rows ? rows[r] : (int)r) * C + c);
+    }
+    quantize_tile8(q, scale, v, live, e0);
+}
+
+// SwiGLU then 1 x 128: o = silu(g) * u as swiglu_forward computes it
+// (elementwise.cu), rounded to BF16 as it would store it, then quantised:
+// the same bits as swiglu_forward followed by quantize_1x128.
+__global__ void swiglu_quantize_kernel(uint8_t *q, float *scale, const bf16 *gate, const bf16 *up, size_t n) {
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, e0 = t * 8;
+    bool live = e0 < n;
+    float v[8];
+    if (live) {
+        float g[8], u[8];
+        load8(g, gate + e0);
+        load8(u, up + e0);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = __bfloat162float(__float2bfloat16_rn(g[j] / (1.f + expf(-g[j])) * u[j]));
+    }
+    quantize_tile8(q, scale, v, live, e0);
+}
+
+// 8 E4M3 bytes times s, rounded to BF16, stored as 16 bytes at x
+__device__ __forceinline__ void dequantize8(bf16 *x, const uint8_t *q, float s) {
+    uint2 raw = *(const uint2 *)q;
+    const uint8_t *b = (const uint8_t *)&raw;
+    uint4 out;
+    uint32_t *o = (uint32_t *)&out;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        __nv_fp8_e4m3 lo, hi;
+        lo.__x = b[2 * j];
+        hi.__x = b[2 * j + 1];
+        __nv_bfloat162 h = __floats2bfloat162_rn((float)lo * s, (float)hi * s);
+        o[j] = *(uint32_t *)&h;
+    }
+    *(uint4 *)x = out;
+}
+
+// x = float(q) * scale, rounded to BF16; 8 values per thread.
+__global__ void dequantize_1x128_kernel(bf16 *x, const uint8_t *q, const float *scale, size_t n) {
+    size_t e0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (e0 >= n) return;
+    dequantize8(x + e0, q + e0, scale[e0 / 128]);
+}
+
+// w [E, M, K] = float(q) * the scale of its 128 x 128 block; 8 values per thread.
+__global__ void dequantize_128x128_kernel(bf16 *w, const uint8_t *q, const float *scale, int M, int K, size_t n) {
+    size_t e0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (e0 >= n) return;
+    size_t row = e0 / K; // over all experts: [E * M]
+    int k = (int)(e0 % K), kb = K / 128;
+    size_t e = row / M, i = row % M;
+    dequantize8(w + e0, q + e0, scale[(e * (M / 128) + i / 128) * kb + k / 128]);
 }
 
 // 128 x 128 blocks of w [E, M, K]: one block of 256 threads each; thread
@@ -399,19 +461,51 @@ extern "C" int cuda_fp8_encode_bits(uint8_t *q, uint32_t first, size_t n) {
     return 0;
 }
 
-template <typename T> static int quantize_1x128(uint8_t *q, float *scale, const T *x, int R, int C) {
+template <typename T>
+static int quantize_1x128(uint8_t *q, float *scale, const T *x, const int *rows, int R, int C) {
     if (R < 0 || C <= 0 || C % 128) return -1;
     size_t threads = (size_t)R * C / 8;
     if (!threads) return 0;
-    quantize_1x128_kernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>(q, scale, x, R, C);
+    quantize_1x128_kernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>(q, scale, x, rows, R, C);
     cudaLaunchCheck();
     return 0;
 }
 extern "C" int cuda_fp8_quantize_1x128(uint8_t *q, float *scale, const void *x, int R, int C) {
-    return quantize_1x128(q, scale, (const bf16 *)x, R, C);
+    return quantize_1x128(q, scale, (const bf16 *)x, NULL, R, C);
 }
 extern "C" int cuda_fp8_quantize_1x128_f32(uint8_t *q, float *scale, const float *x, int R, int C) {
-    return quantize_1x128(q, scale, x, R, C);
+    return quantize_1x128(q, scale, x, NULL, R, C);
+}
+extern "C" int cuda_fp8_gather_quantize(uint8_t *q, float *scale, const void *x, const int *rows, int R, int C) {
+    return quantize_1x128(q, scale, (const bf16 *)x, rows, R, C);
+}
+extern "C" int cuda_fp8_swiglu_quantize_1x128(uint8_t *q, float *scale, const void *gate, const void *up, int R, int F) {
+    if (R < 0 || F <= 0 || F % 128) return -1;
+    size_t n = (size_t)R * F, threads = n / 8;
+    if (!threads) return 0;
+    if (((uintptr_t)gate | (uintptr_t)up) & 15) return -1;
+    swiglu_quantize_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>(q, scale, (const bf16 *)gate,
+                                                                                       (const bf16 *)up, n);
+    cudaLaunchCheck();
+    return 0;
+}
+extern "C" int cuda_fp8_dequantize_1x128(void *x, const uint8_t *q, const float *scale, int R, int C) {
+    if (R < 0 || C <= 0 || C % 128) return -1;
+    size_t n = (size_t)R * C, threads = n / 8;
+    if (!threads) return 0;
+    if (((uintptr_t)x & 15) || ((uintptr_t)q & 7)) return -1;
+    dequantize_1x128_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>((bf16 *)x, q, scale, n);
+    cudaLaunchCheck();
+    return 0;
+}
+
+extern "C" int cuda_fp8_dequantize_128x128(void *w, const uint8_t *q, const float *scale, int E, int M, int K) {
+    if (E <= 0 || M <= 0 || K <= 0 || M % 128 || K % 128) return -1;
+    if (((uintptr_t)w & 15) || ((uintptr_t)q & 7)) return -1;
+    size_t n = (size_t)E * M * K, threads = n / 8;
+    dequantize_128x128_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>((bf16 *)w, q, scale, M, K, n);
+    cudaLaunchCheck();
+    return 0;
 }
 
 extern "C" int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K) {
@@ -459,4 +553,50 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     kernels[variant]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
     cudaLaunchCheck();
     return 0;
+}
+
+// ---- the op table's FP8 entries (ops.h): the functions above, which must take the sizes ----
+
+// The sizes the FP8 ops of a model need (model_set_fp8 asks before it runs).
+extern "C" int cuda_fp8_supports(int E, int C, int OC, char *why, size_t whylen) {
+    if (!cuda_wgmma_device_ok() || !cuda_tma_available()) {
+        snprintf(why, whylen, "the FP8 grouped GEMM needs a Hopper GPU (sm_90a wgmma and TMA)");
+        return 0;
+    }
+    if (C % F8_BK || OC % F8_BN) {
+        snprintf(why, whylen, "the FP8 grouped GEMM needs the input width a multiple of %d and the output width a "
+                 "multiple of %d (got %d -> %d)", F8_BK, F8_BN, C, OC);
+        return 0;
+    }
+    if (F8_TILE_BYTES + 1024 + 16 * F8_STAGES + 2 * (E + 1) * (int)sizeof(int) > 227 * 1024) {
+        snprintf(why, whylen, "the FP8 grouped GEMM takes at most %d experts per GPU (shared memory), got %d",
+                 (227 * 1024 - F8_TILE_BYTES - 1024 - 16 * F8_STAGES) / 8 - 1, E);
+        return 0;
+    }
+    return 1;
+}
+
+static void fp8_ok(int rc, const char *what, int a, int b) {
+    if (rc == 0) return;
+    fprintf(stderr, "moecore: %s: the CUDA FP8 kernel does not take these sizes (%d, %d) or buffers\n", what, a, b);
+    exit(3);
+}
+extern "C" void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, const float *w, int E, int M, int K) {
+    fp8_ok(cuda_fp8_quantize_128x128(qw, sw, w, E, M, K), "fp8_quantize_weights", M, K);
+}
+extern "C" void cuda_fp8_dequantize_weights(void *w, const uint8_t *qw, const float *sw, int E, int M, int K) {
+    fp8_ok(cuda_fp8_dequantize_128x128(w, qw, sw, E, M, K), "fp8_dequantize_weights", M, K);
+}
+extern "C" void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C) {
+    fp8_ok(cuda_fp8_gather_quantize(q, s, x, token_of_row, R, C), "fp8_quantize_rows", R, C);
+}
+extern "C" void cuda_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const void *up, int R, int F) {
+    fp8_ok(cuda_fp8_swiglu_quantize_1x128(q, s, gate, up, R, F), "fp8_swiglu_quantize", R, F);
+}
+extern "C" void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
+    fp8_ok(cuda_fp8_dequantize_1x128(x, q, s, R, C), "fp8_dequantize_rows", R, C);
+}
+extern "C" void cuda_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw,
+                                            const float *sw, const int *offsets, int E, int C, int OC) {
+    fp8_ok(cuda_fp8_grouped_forward(out, qa, sa, qw, sw, offsets, E, C, OC), "fp8_grouped_matmul_forward", C, OC);
 }

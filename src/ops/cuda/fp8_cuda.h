@@ -22,6 +22,17 @@ int cuda_fp8_quantize_1x128_f32(uint8_t *q, float *scale, const float *x, int R,
 // block128 weights from the FP32 master weights: w [E, M, K] -> q [E, M, K],
 // scale [E, M/128, K/128]. M % 128 == 0, K % 128 == 0.
 int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K);
+// The same with row r of q read from row rows[r] of x (BF16): the permute's
+// gather and the quantiser in one pass.
+int cuda_fp8_gather_quantize(uint8_t *q, float *scale, const void *x, const int *rows, int R, int C);
+// silu(gate) * up [R, F] (BF16, as cuda_swiglu_forward rounds it), quantised
+// 1 x 128: the bits of cuda_swiglu_forward + cuda_fp8_quantize_1x128. F % 128 == 0.
+int cuda_fp8_swiglu_quantize_1x128(uint8_t *q, float *scale, const void *gate, const void *up, int R, int F);
+// x [R, C] (BF16) = float(q) * scale, rounded to nearest. C % 128 == 0.
+int cuda_fp8_dequantize_1x128(void *x, const uint8_t *q, const float *scale, int R, int C);
+// w [E, M, K] (BF16) = float(q) * its 128 x 128 block's scale, rounded to
+// nearest. M % 128 == 0, K % 128 == 0.
+int cuda_fp8_dequantize_128x128(void *w, const uint8_t *q, const float *scale, int E, int M, int K);
 // MXFP8: x [R, C] (BF16) -> q [R, C], E8M0 scale bytes [R, C/32]. C % 32 == 0.
 int cuda_fp8_quantize_mx(uint8_t *q, uint8_t *scale, const void *x, int R, int C);
 // The FP8 grouped GEMM forward: out[R, OC] (BF16) = dequant(qa) dequant(qw_e)^T

@@ -62,7 +62,7 @@ void cuda_router_probs_forward(float *probs, const float *logits, int N, int E, 
 void cuda_router_probs_backward(float *dlogits, const float *dprobs, const float *probs, int N, int E,
                                 Gating g, int accumulate);
 void cuda_router_topk(int *idx, const float *probs, const float *bias, int N, int E, int k,
-                      RoutingMode mode, uint64_t seed);
+                      RoutingMode mode, const uint64_t *seed);
 void cuda_router_weights_forward(float *weights, const float *probs, const int *idx, int N, int E, int k, int renorm);
 void cuda_router_weights_backward(float *dprobs, const float *dweights, const float *probs, const int *idx,
                                   int N, int E, int k, int renorm, int accumulate);
@@ -108,9 +108,29 @@ extern "C" {
 // The limits behind Ops.supports (ops_cuda_table.c): 1 when the kernels
 // take the sizes, else 0 with the limit in why. No device is touched.
 int cuda_attention_supports(int B, int T, int H, int KV, int hd, char *why, size_t whylen); // attention.cu
+// The forward on the TMA + wgmma kernel (attention_wgmma.cu): 0 when it ran,
+// -1 (nothing launched) for the cases it does not take.
+int cuda_attention_forward_wgmma(void *out, float *lse2, const void *q, const void *k, const void *v,
+                                 const int *doc_start, int B, int T, int H, int KV, int hd);
+// The backward's dK/dV (+ dS^T into dsT, ds_head elements per head) and dQ
+// kernels on TMA + wgmma, given D (attention_wgmma.cu): whether they take
+// the shape, and the launch (0, or -1 with nothing launched).
+int cuda_attention_backward_wgmma_takes(const int *doc_start, int B, int T, int H, int KV, int hd);
+int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void *dsT, const void *dout, const float *lse2,
+                                  const float *D, const void *q, const void *k, const void *v, int B, int T, int H,
+                                  size_t ds_head);
 int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen);                 // gemm.cu
 int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen);             // router.cu
 int cuda_supports(const OpDesc *d, char *why, size_t whylen);                              // ops_cuda_table.c
+// fp8.cu: the FP8 entries of the op table (ops.h) and the sizes they take
+int cuda_fp8_supports(int E, int C, int OC, char *why, size_t whylen);
+void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, const float *w, int E, int M, int K);
+void cuda_fp8_dequantize_weights(void *w, const uint8_t *qw, const float *sw, int E, int M, int K);
+void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C);
+void cuda_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const void *up, int R, int F);
+void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C);
+void cuda_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
+                                 const int *offsets, int E, int C, int OC);
 #ifdef __cplusplus
 }
 #endif

@@ -91,7 +91,7 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (dlogits, dprobs, probs, N, E, g, accumulate))                                                         \
     X(router_topk, C_DISPATCH,                                                                               \
       (int *idx, const float *probs, const float *bias, int N, int E, int k, RoutingMode mode,               \
-       uint64_t seed),                                                                                       \
+       const uint64_t *seed),                                                                                \
       (idx, probs, bias, N, E, k, mode, seed))                                                               \
     X(router_weights_forward, C_DISPATCH,                                                                    \
       (float *weights, const float *probs, const int *idx, int N, int E, int k, int renorm),                 \
@@ -156,6 +156,21 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2, const int *offsets,  \
        int E, int C, int OC),                                                                                \
       (dinp, dout1, w1, dout2, w2, offsets, E, C, OC))                                                       \
+    X(fp8_quantize_weights, C_OPTIM, (uint8_t *qw, float *sw, const float *w, int E, int M, int K),          \
+      (qw, sw, w, E, M, K))                                                                                  \
+    X(fp8_dequantize_weights, C_OTHER, (void *w, const uint8_t *qw, const float *sw, int E, int M, int K),   \
+      (w, qw, sw, E, M, K))                                                                                  \
+    X(fp8_quantize_rows, C_DISPATCH,                                                                         \
+      (uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C),                          \
+      (q, s, x, token_of_row, R, C))                                                                         \
+    X(fp8_swiglu_quantize, C_OTHER, (uint8_t *q, float *s, const void *gate, const void *up, int R, int F),  \
+      (q, s, gate, up, R, F))                                                                                \
+    X(fp8_dequantize_rows, C_OTHER, (void *x, const uint8_t *q, const float *s, int R, int C),               \
+      (x, q, s, R, C))                                                                                       \
+    X(fp8_grouped_matmul_forward, C_EXPERT,                                                                         \
+      (void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw, const int *offsets, \
+       int E, int C, int OC),                                                                                \
+      (out, qa, sa, qw, sw, offsets, E, C, OC))                                                              \
     X(crossentropy_forward, C_OTHER, (float *losses, const void *logits, const int *targets, int N, int V),  \
       (losses, logits, targets, N, V))                                                                       \
     X(crossentropy_backward, C_OTHER,                                                                        \

@@ -8,6 +8,7 @@ int cuda_supports(const OpDesc *d, char *why, size_t whylen) {
     case OP_ATTENTION: return cuda_attention_supports(d->B, d->T, d->H, d->KV, d->hd, why, whylen);
     case OP_GROUPED_MATMUL: return cuda_grouped_supports(d->E, d->C, d->OC, why, whylen);
     case OP_ROUTER: return cuda_router_supports(d->E, d->k, d->routing, why, whylen);
+    case OP_FP8_GROUPED: return cuda_fp8_supports(d->E, d->C, d->OC, why, whylen);
     }
     return 1;
 }
@@ -72,6 +73,12 @@ const Ops ops_cuda = {
     .grouped_matmul_forward = cuda_grouped_matmul_forward,
     .grouped_matmul_backward = cuda_grouped_matmul_backward,
     .grouped_dgrad_pair = cuda_grouped_dgrad_pair,
+    .fp8_quantize_weights = cuda_fp8_quantize_weights,
+    .fp8_dequantize_weights = cuda_fp8_dequantize_weights,
+    .fp8_quantize_rows = cuda_fp8_quantize_rows,
+    .fp8_swiglu_quantize = cuda_fp8_swiglu_quantize,
+    .fp8_dequantize_rows = cuda_fp8_dequantize_rows,
+    .fp8_grouped_matmul_forward = cuda_fp8_grouped_matmul_forward,
     .crossentropy_forward = cuda_crossentropy_forward,
     .crossentropy_backward = cuda_crossentropy_backward,
     .loss_sum = cuda_loss_sum,

@@ -107,9 +107,10 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t *s) {
 // Random routing: cpu_router_topk's partial Fisher-Yates with the same
 // generator keyed by (seed, n). The permutation is kept sparse: pos/val hold
 // the entries that differ from the identity (at most 2k of them).
-static __global__ void router_topk_random_kernel(int *idx, int N, int E, int k, uint64_t seed) {
+static __global__ void router_topk_random_kernel(int *idx, int N, int E, int k, const uint64_t *seedp) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
+    uint64_t seed = *seedp;
     int pos[2 * TOPK_RANDOM_MAX_K], val[2 * TOPK_RANDOM_MAX_K], m = 0;
     uint64_t st = seed ^ (0x632be59bd9b4e019ULL * (uint64_t)(n + 1));
     for (int s = 0; s < k; s++) {
@@ -163,7 +164,7 @@ extern "C" int cuda_router_supports(int E, int k, int routing, char *why, size_t
 }
 
 extern "C" void cuda_router_topk(int *idx, const float *probs, const float *bias, int N, int E, int k,
-                                 RoutingMode mode, uint64_t seed) {
+                                 RoutingMode mode, const uint64_t *seed) {
     if (N <= 0 || k <= 0) return;
     if (mode == ROUTING_UNIFORM) {
         router_topk_uniform_kernel<<<ceil_div((long)N * k, 256), 256, 0, cuda_stream()>>>(idx, N, E, k);
@@ -301,8 +302,19 @@ static __global__ void lb_partial_kernel(float *part, const float *probs, int N,
     }
 }
 
+// count_tokens <= 0: the tokens the counts cover, sum counts / k (ops.h),
+// the same in every lane of the calling warp. The counts are integers, so
+// their FP64 sum is exact in any order (the CPU's serial one included).
+static __device__ float lb_count_tokens(const float *counts, float count_tokens, int E, int k) {
+    if (count_tokens > 0) return count_tokens;
+    double s = 0;
+    for (int e = threadIdx.x % WARP; e < E; e += WARP) s += counts[e];
+    return (float)(warp_sum(s) / k);
+}
+
 static __global__ void lb_finish_kernel(float *out, const float *part, int G, const float *counts, float count_tokens,
                                         int N, int E, int k) {
+    count_tokens = lb_count_tokens(counts, count_tokens, E, k);
     double loss = 0;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         double P = 0;
@@ -336,6 +348,7 @@ static __global__ void lb_backward_kernel(float *dprobs, const float *probs, con
                                           int N, int E, int k, int sigmoid, float scale) {
     int n = blockIdx.x * ROW_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (n >= N) return;
+    count_tokens = lb_count_tokens(counts, count_tokens, E, k);
     const float *p = probs + (size_t)n * E;
     float *dp = dprobs + (size_t)n * E;
     float c = scale * (float)E / (float)k / (float)N / count_tokens;
