@@ -10,6 +10,7 @@
 #include "dist/pp_schedule.h"
 #include "config/config.h"
 #include "model/model.h"
+#include "train/plan.h"
 #include "train/train.h"
 
 #ifndef MOECORE_VERSION
@@ -32,6 +33,9 @@ static void usage(FILE *f) {
             "                                    validate a model config (a run config's model\n"
             "                                    section, then overrides), print its parameter table\n"
             "                                    and counts\n"
+            "  plan CONFIG.yaml --gpus N [--gpu NAME] [--explain LAYOUT] [...]\n"
+            "                                    rank the layouts of CONFIG on N GPUs by predicted\n"
+            "                                    tokens/s per GPU, with their memory (see --help)\n"
             "  schedule --pp N --micro M --kind gpipe|1f1b|interleaved|zb1 [--virtual V]\n"
             "                                    print a pipeline schedule and its simulated bubble\n"
             "  --version                        version and compiled backends\n"
@@ -167,6 +171,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(argv[1], "schedule")) return cmd_schedule(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "export-hf")) return cmd_export_hf(argc - 2, argv + 2);

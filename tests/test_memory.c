@@ -39,7 +39,8 @@ static const double expert_params = NL * 3.0 * NE * F * C;                // w_g
 
 static MemoryPlan plan(int dp, int dp_rank, int ep, int ep_dp_rank, int sharded, size_t act_bytes) {
     ModelConfig c = test_config();
-    MemoryLayout l = {dp, dp_rank, ep, dp / ep, ep_dp_rank, sharded, act_bytes, 0, 0, NULL};
+    MemoryLayout l = {.dp = dp, .dp_rank = dp_rank, .ep = ep, .ep_dp = dp / ep, .ep_dp_rank = ep_dp_rank,
+                      .sharded = sharded, .act_bytes = act_bytes};
     MemoryPlan p;
     char err[512];
     ck_assert_msg(memory_plan(&p, &c, &l, err, sizeof err) == 0, "%s", err);
@@ -120,7 +121,7 @@ START_TEST(test_against_the_store_and_errors) {
     ck_assert_double_eq(m.store.table.class_numel[CLASS_DENSE], dense_params);
     ck_assert_double_eq(m.store.table.class_numel[CLASS_EXPERT], expert_params);
     model_free(&m);
-    MemoryLayout l = {6, 0, 3, 2, 0, 1, 2, 0, 0, NULL}; // ep 3 does not divide 16 experts
+    MemoryLayout l = {.dp = 6, .ep = 3, .ep_dp = 2, .sharded = 1, .act_bytes = 2}; // ep 3 does not divide 16 experts
     MemoryPlan p;
     ck_assert_int_eq(memory_plan(&p, &c, &l, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "ep 3") && strstr(err, "n_experts"), "message: %s", err);
@@ -135,6 +136,55 @@ START_TEST(test_against_the_store_and_errors) {
 }
 END_TEST
 
+// The planner's activations (model_arena_plan: no model, no device) are
+// the arena model_alloc_slots allocates, for every recompute mode, slots,
+// pipeline chunks (with the zero-bubble deferred grads), intra-document
+// masking, the input norms' recompute and 2-byte activations.
+START_TEST(test_arena_plan_is_the_allocation) {
+    ModelConfig c = test_config();
+    c.n_layers = 6;
+    c.dense_layers = 1;
+    c.dense_hidden = 80;
+    char err[512];
+    ck_assert_msg(model_config_validate(&c, err, sizeof err) == 0, "%s", err);
+    Ops bf16 = ops_cpu;
+    bf16.act_bytes = 2;
+    const Ops *backends[] = {&ops_cpu, &bf16};
+    ParamStage chunks = {.n_chunks = 2, .begin = {1, 4}, .end = {3, 6}, .embed = 0, .head = 1};
+    const ParamStage *stages[] = {NULL, &chunks};
+    int n = 0;
+    for (int b = 0; b < 2; b++)
+        for (int si = 0; si < 2; si++)
+            for (int rc = 0; rc < 4; rc++)
+                for (int slots = 1; slots <= 3; slots += 2) {
+                    ModelParallel par = {.ep_size = 1, .ep_comm = comm_world(), .stage = stages[si]};
+                    Model m;
+                    ck_assert_msg(model_init_parallel(&m, &c, backends[b], &par, err, sizeof err) == 0, "%s", err);
+                    m.recompute = rc;
+                    m.recompute_every = rc == 3 ? 2 : 0;
+                    m.recompute_first = rc == 3 && slots == 3 ? 4 : 0;
+                    m.defer_wgrad = si == 1 && rc != 3;
+                    m.doc_mask = slots == 3;
+                    m.recompute_norms = rc % 2 == b;
+                    model_alloc_slots(&m, 2, 16, slots);
+                    ModelArenaSpec sp = {.B = 2, .T = 16, .n_slots = slots, .ep = 1, .recompute = rc,
+                                         .recompute_every = m.recompute_every, .recompute_first = m.recompute_first,
+                                         .defer_wgrad = m.defer_wgrad, .doc_mask = m.doc_mask, .stage = stages[si],
+                                         .recompute_norms = m.recompute_norms};
+                    ModelArenaSize sz;
+                    ck_assert_msg(model_arena_plan(&c, backends[b], &sp, &sz, err, sizeof err) == 0, "%s", err);
+                    ck_assert_msg(sz.arena_bytes == m.arena_bytes && sz.slot_bytes == m.slot_bytes,
+                                  "act %zu stage %d recompute %d slots %d: plan %zu (slot %zu), allocated %zu (slot %zu)",
+                                  backends[b]->act_bytes, si, rc, slots, sz.arena_bytes, sz.slot_bytes, m.arena_bytes,
+                                  m.slot_bytes);
+                    ck_assert_uint_eq(sz.sym_bytes, 0);
+                    model_free(&m);
+                    n++;
+                }
+    ck_assert_int_eq(n, 32);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("memory");
     TCase *tc = tcase_create("accounting");
@@ -142,6 +192,7 @@ int main(void) {
     tcase_add_test(tc, test_bf16_sharded_with_ep);
     tcase_add_test(tc, test_not_sharded_and_fp32);
     tcase_add_test(tc, test_against_the_store_and_errors);
+    tcase_add_test(tc, test_arena_plan_is_the_allocation);
     suite_add_tcase(s, tc);
     return check_run(s);
 }

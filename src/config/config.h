@@ -42,6 +42,7 @@ typedef struct {
     int recompute;          // 0 none; 1 experts: re-gather expert inputs, redo SwiGLU in backward; 2 gather only;
                             // 3 layers: whole blocks redone in backward (model.h)
     int recompute_every, recompute_first; // layers: every N-th block (0: 1); only blocks below this one (0: all)
+    int recompute_norms;    // selective: the input norms' outputs are recomputed in the backward (model.h)
     int precision;          // Precision: bf16 (the compute dtype everywhere) | fp8 (the FP8 GEMMs of the fp8 section)
     int64_t steps;          // optimizer steps (0: derive from tokens)
     int64_t tokens;         // train tokens (used when steps is 0)

@@ -28,6 +28,7 @@ struct SymMem {
     void **peers;      // [P] host array of the peers' bases
     MPI_Win win;       // KIND_MPI
     MPI_Comm mpi;      // KIND_MPI: the group's communicator
+    size_t bytes;      // KIND_MPI: the window, counted as CPU backend memory
     void *nccl;        // KIND_NCCL: symmem_nccl.cu's state
 };
 
@@ -105,7 +106,9 @@ SymMem *symmem_create(Comm *c, const Ops *ops, size_t bytes, char *err, size_t e
         return NULL;
     }
     s->local = base;
+    s->bytes = bytes;
     memset(base, 0, bytes);
+    ops_cpu_count_bytes(bytes, 0); // host memory, counted with the CPU backend's (ops.h)
     for (int q = 0; q < s->P; q++) {
         MPI_Aint size = 0;
         int disp = 0;
@@ -141,6 +144,7 @@ void symmem_free(SymMem *s) {
     case KIND_MPI:
         MPI_Win_unlock_all(s->win);
         MPI_Win_free(&s->win);
+        ops_cpu_count_bytes(s->bytes, 1);
         break;
     case KIND_NCCL:
 #ifdef MOECORE_CUDA

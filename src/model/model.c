@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/ep_sym.h"
@@ -250,6 +251,8 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     uint8_t *eaq_shared = rc_ea && fp8 ? take_bytes(cv, Rl * Fe) : NULL, *xq_shared = rc_xp && fp8 ? take_bytes(cv, R * D) : NULL;
     float *eas_shared = rc_ea && fp8 ? ftake(cv, Rl * fp8_blocks((int)Fe)) : NULL;
     float *xs_shared = rc_xp && fp8 ? ftake(cv, R * fp8_blocks((int)D)) : NULL;
+    int rc_ln = m->recompute_norms && pre; // ln1 and ln2 of every block in one buffer
+    void *ln_shared = rc_ln ? take(cv, N * D) : NULL;
     // recompute layers: the recomputed blocks share one set of buffers per
     // kind of block (MoE, dense); only their inputs (resid) stay
     LayerActs shared[2];
@@ -260,7 +263,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         if (rl && have_shared[moe]) { *a = shared[moe]; continue; }
         memset(a, 0, sizeof(*a));
         if (param_stage_chunk_of(&m->stage, l) < 0) continue; // another stage's
-        if (pre) { a->ln1 = take(cv, N * D); a->ln1_rstd = ftake(cv, N); }
+        if (pre) { a->ln1 = rc_ln ? ln_shared : take(cv, N * D); a->ln1_rstd = ftake(cv, N); }
         a->q = take(cv, N * qd); a->k = take(cv, N * kvd); a->v = take(cv, N * kvd);
         if (c->qk_norm != QKNORM_NONE) {
             a->qn = take(cv, N * qd); a->kn = take(cv, N * kvd);
@@ -273,7 +276,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         a->o = take(cv, N * D);
         if (post) { a->on = take(cv, N * D); a->o_rstd = ftake(cv, N); }
         a->h = take(cv, N * D);
-        if (pre) { a->ln2 = take(cv, N * D); a->ln2_rstd = ftake(cv, N); }
+        if (pre) { a->ln2 = rc_ln ? ln_shared : take(cv, N * D); a->ln2_rstd = ftake(cv, N); }
         a->f = take(cv, N * D);
         if (post) { a->fn = take(cv, N * D); a->f_rstd = ftake(cv, N); }
         if (!moe) { a->g = take(cv, N * F); a->u = take(cv, N * F); a->a = take(cv, N * F); goto carved; }
@@ -455,6 +458,63 @@ static void free_slots(Model *m) {
     m->acts = NULL; m->resid = NULL; m->plan_sizes = NULL; m->plan_host = NULL; m->doc_start_host = NULL;
 }
 
+// The sizes of what model_alloc_slots allocates, from a measuring carve:
+// the arena (n_slots slots and the shared part: slot_bytes, arena_bytes)
+// and the symmetric memory (sym_bytes). model_arena_plan runs the same.
+static void measure_arena(Model *m) {
+    Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes}, sv = cv;
+    carve_slot(m, &cv, &sv);
+    m->slot_bytes = cv.used;
+    size_t sym_slot = sv.used;
+    carve_shared(m, &cv, &sv);
+    m->arena_bytes = cv.used + (size_t)(m->n_slots - 1) * m->slot_bytes;
+    m->sym_bytes = m->ep_sym ? sv.used + (size_t)(m->n_slots - 1) * sym_slot : 0;
+}
+
+int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpec *s, ModelArenaSize *out,
+                     char *err, size_t errlen) {
+    Model *m = calloc(1, sizeof *m);
+    if (!m) return errorf(err, errlen, "out of host memory");
+    m->cfg = *cfg;
+    if (model_config_validate(&m->cfg, err, errlen)) { free(m); return -1; }
+    // the backend's sizes without its device: the symmetric receive
+    // buffers are the bound (or ep_recv_factor's), not what a device spares
+    Ops o = *ops;
+    o.device_memory_free = NULL;
+    m->ops = &o;
+    int ep = s->ep > 0 ? s->ep : 1;
+    if (cfg->n_experts % ep) { free(m); return errorf(err, errlen, "ep %d does not divide model.n_experts %d", ep, cfg->n_experts); }
+    m->par = (ModelParallel){.ep_size = ep, .ep_recv_factor = s->ep_recv_factor};
+    m->stage = s->stage ? *s->stage : param_stage_all(&m->cfg);
+    m->staged = s->stage != NULL;
+    m->E_local = cfg->n_experts / ep;
+    m->ep_sym = s->ep_sym && cfg->n_experts > 0;
+    for (int ch = 0; ch < m->stage.n_chunks; ch++)
+        for (int l = m->stage.begin[ch]; l < m->stage.end[ch]; l++) m->n_moe += model_is_moe_layer(cfg, l);
+    m->recompute = s->recompute;
+    m->recompute_every = s->recompute_every;
+    m->recompute_first = s->recompute_first;
+    m->recompute_norms = s->recompute_norms;
+    m->fp8 = s->fp8;
+    m->defer_wgrad = s->defer_wgrad;
+    m->doc_mask = s->doc_mask;
+    m->B = s->B;
+    m->T = s->T;
+    m->n_slots = s->n_slots > 0 ? s->n_slots : 1;
+    m->acts = calloc(cfg->n_layers, sizeof(LayerActs));
+    m->resid = calloc(cfg->n_layers + 1, sizeof(void *));
+    if (m->ep_sym) sym_size_rows(m);
+    measure_arena(m);
+    out->arena_bytes = m->arena_bytes;
+    out->slot_bytes = m->slot_bytes;
+    out->sym_bytes = m->sym_bytes;
+    out->rows_local = m->max_rows_local;
+    free(m->acts);
+    free(m->resid);
+    free(m);
+    return 0;
+}
+
 void model_alloc_acts(Model *m, int B, int T) { model_alloc_slots(m, B, T, 1); }
 
 void model_alloc_slots(Model *m, int B, int T, int n_slots) {
@@ -487,18 +547,12 @@ void model_alloc_slots(Model *m, int B, int T, int n_slots) {
     // shared count window and expert buffers
     slot_load(m, &m->slots[0]);
     if (m->ep_sym) sym_size_rows(m);
-    Carver cv = {.measure = 1, .act_bytes = m->ops->act_bytes}, sv = cv;
-    carve_slot(m, &cv, &sv);
-    m->slot_bytes = cv.used;
-    size_t sym_slot = sv.used;
-    carve_shared(m, &cv, &sv);
-    m->arena_bytes = cv.used + (size_t)(n_slots - 1) * m->slot_bytes;
+    measure_arena(m);
     m->arena = m->ops->alloc(m->arena_bytes);
     Carver real_cv = {.base = m->arena, .act_bytes = m->ops->act_bytes}, real_sv = real_cv;
     if (m->ep_sym) {
         symmem_free(m->sym);
         char err[256] = "";
-        m->sym_bytes = sv.used + (size_t)(n_slots - 1) * sym_slot;
         m->sym = symmem_create(m->par.ep_comm, m->ops, m->sym_bytes, err, sizeof err);
         if (!m->sym) {
             fprintf(stderr, "moecore: symmetric expert parallelism: %s\n", err);
@@ -1135,6 +1189,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         }
         // feed-forward half: y = h + post(ffn(pre(h))); dres holds dL/dy
         const void *df = maybe_norm_backward(m, m->d1, m->dres, a->f, a->f_rstd, L->ffn_post_norm, N);
+        if (m->recompute_norms) maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N); // the same bits again
         const void *in = L->ffn_norm >= 0 ? a->ln2 : a->h;
         void *din = L->ffn_norm >= 0 ? m->d2 : m->dres; // without an input norm, add straight into dres
         int acc = L->ffn_norm < 0;
@@ -1145,6 +1200,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         // attention half: h = x + post(attn(pre(x))); dres holds dL/dh
         const void *x = m->resid[l];
         const void *dout = maybe_norm_backward(m, m->d1, m->dres, a->o, a->o_rstd, L->attn_post_norm, N);
+        if (m->recompute_norms) maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
         in = L->attn_norm >= 0 ? a->ln1 : x;
         din = L->attn_norm >= 0 ? m->d2 : m->dres;
         attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);

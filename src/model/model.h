@@ -135,6 +135,10 @@ typedef struct {
     // block l unless it is the last, when l % recompute_every == 0 (0: 1)
     // and, with recompute_first > 0, l < recompute_first.
     int recompute, recompute_every, recompute_first;
+    // Selective recompute, set before model_alloc_acts: recompute_norms: the
+    // input norms' outputs (ln1, ln2) of every block share one buffer; the
+    // backward recomputes each from its kept input before using it.
+    int recompute_norms;
     int recomputing;                  // set while backward recomputes a block
     // train.precision: fp8 (model_set_fp8, before model_alloc_acts): the
     // experts' grouped GEMMs run their forward in FP8 (block128: E4M3, 1 x 128
@@ -253,6 +257,26 @@ void model_alloc_acts(Model *m, int B, int T);
 // The same with n_slots activation slots (micro-batches in flight); slot 0
 // is in use after it.
 void model_alloc_slots(Model *m, int B, int T, int n_slots);
+// What model_alloc_slots would allocate for a rank, without a Model or a
+// device (the planner and the memory accounting, train/memory.h): the same
+// measuring carve. ep_sym: the symmetric dispatch (its receive buffers at
+// the bound ep x rows, or ep_recv_factor's).
+typedef struct {
+    int B, T, n_slots;
+    int ep, ep_sym;
+    double ep_recv_factor;
+    int recompute, recompute_every, recompute_first, recompute_norms;
+    int defer_wgrad, doc_mask;
+    int fp8;                          // train.precision: fp8 (its FP8 activation buffers)
+    const ParamStage *stage;          // NULL: the whole model
+} ModelArenaSpec;
+typedef struct {
+    size_t arena_bytes, slot_bytes;   // the arena, of which each activation slot
+    size_t sym_bytes;                 // symmetric memory (0 without ep_sym)
+    int rows_local;                   // rows an expert rank's buffers hold per layer
+} ModelArenaSize;
+int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpec *s, ModelArenaSize *out,
+                     char *err, size_t errlen);
 // Makes slot k the one model_set_batch, the forward and the backward use.
 void model_use_slot(Model *m, int k);
 void model_free(Model *m);

@@ -296,6 +296,12 @@ typedef struct Ops {
 } Ops;
 
 extern const Ops ops_cpu;
+// The CPU backend's allocation counters: bytes of ops_cpu.alloc live now and
+// at most so far (the memory accounting's measure, train/memory.h);
+// ops_cpu_count_bytes adds memory the backend did not allocate itself
+// (symmetric memory's shared MPI window, dist/symmem.c).
+void ops_cpu_alloc_stats(size_t *live, size_t *peak);
+void ops_cpu_count_bytes(size_t bytes, int freed);
 
 // RoPE tables [T, hd/2], computed in double on the host.
 void rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta);

@@ -4,9 +4,83 @@
 #include <string.h>
 
 #include "dist/ddp.h"
+#include "dist/pp_schedule.h"
 #include "params/params.h"
 #include "params/layout.h"
 #include "util/check.h"
+
+// MoE layers of the layers held (a stage's, or all).
+static int moe_layers_held(const ModelConfig *cfg, const ParamStage *st) {
+    if (!st) return model_moe_layers(cfg);
+    int n = 0;
+    for (int ch = 0; ch < st->n_chunks; ch++)
+        for (int l = st->begin[ch]; l < st->end[ch]; l++) n += model_is_moe_layer(cfg, l);
+    return n;
+}
+
+// The small buffers of model_init_parallel (model.c) for nm = MoE layers + 1,
+// and the router bias of the store (params/store.c), as they allocate them.
+static size_t model_small_bytes(const ModelConfig *cfg, size_t nm) {
+    size_t E = cfg->n_experts, counts = nm * E * sizeof(float) + 4;
+    return counts * (cfg->lb_global ? 2 : 1) + 5 * nm * sizeof(float) + 2 * sizeof(double);
+}
+static size_t router_bias_bytes(const ModelConfig *cfg, size_t nm) { return nm * cfg->n_experts * sizeof(float) + 4; }
+
+// Everything else a run allocates (MemoryLayout.ops): the arena and the
+// symmetric memory from the same measuring carve model_alloc_slots runs,
+// the model's and DDP's small buffers, the pipeline's send buffers, on a
+// GPU the kernel workspaces and the stated context allowance; and the peak
+// of setup (train.c setup_model: store, [ep > 1: the whole model drawn on
+// the CPU], DDP with the main-weight shard copied out of the whole FP32
+// weights, the moments, then the arena).
+static int plan_run(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, size_t held, char *err,
+                    size_t errlen) {
+    if (l->arena_bytes || l->dispatch_bytes) FAIL("memory plan: arena_bytes and dispatch_bytes come from ops");
+    ModelArenaSpec a = l->act;
+    a.stage = l->stage;
+    a.ep = l->ep;
+    ModelArenaSize sz;
+    if (model_arena_plan(cfg, l->ops, &a, &sz, err, errlen)) return -1;
+    p->arena = sz.arena_bytes;
+    p->dispatch = sz.sym_bytes;
+    p->slot_bytes = sz.slot_bytes;
+    p->n_slots = a.n_slots > 0 ? a.n_slots : 1;
+    size_t nm = (size_t)moe_layers_held(cfg, l->stage) + 1;
+    int separate = l->act_bytes != sizeof(float);
+    // the 4 bytes each backend allocation of a class buffer adds (store.c,
+    // adamw.c, ddp.c), 2 classes
+    size_t pads = 2 * 4 * (2 + separate) + 2 * 4 * 2 + (l->sharded ? 2 * 4 : 0);
+    p->other = router_bias_bytes(cfg, nm);
+    p->small = model_small_bytes(cfg, nm) + sizeof(double) + pads;
+    size_t N = (size_t)a.B * a.T, R = N * cfg->top_k;
+    if (l->pp > 1) p->pipe = (size_t)p->n_slots * N * cfg->d_model * l->act_bytes;
+    if (l->gpu) {
+        // cuBLASLt's 64 MiB (ops_cuda.cu), the radix sort's arrays and
+        // temporary (dispatch.cu: about 8 ints per row), the router's BF16
+        // logits (gemm.cu): an estimate from the code, stated as such
+        p->workspace = ((size_t)64 << 20) + 32 * R + 2 * N * cfg->n_experts;
+        p->context = l->context_bytes + (size_t)l->n_comms * l->nccl_bytes;
+    }
+    // setup's peaks
+    size_t store_whole = held * (separate ? l->act_bytes : 0) + 2 * held * sizeof(float) + p->other + p->small;
+    size_t setup = store_whole;
+    if (!l->gpu && l->ep > 1) { // the whole model on the CPU beside the stage
+        ParamTable t;
+        if (param_table_for_config(cfg, &t, err, errlen)) return -1;
+        size_t all = t.class_numel[CLASS_DENSE] + t.class_numel[CLASS_EXPERT];
+        param_table_free(&t);
+        size_t nm_all = (size_t)model_moe_layers(cfg) + 1;
+        setup += 2 * all * sizeof(float) + router_bias_bytes(cfg, nm_all) + model_small_bytes(cfg, nm_all) + 2 * 2 * 4;
+    }
+    if (l->sharded && separate) { // the shard copied out of the whole main weights
+        size_t at_shard = store_whole + p->comm + p->main_weights; // before the arena (train.c)
+        if (at_shard > setup) setup = at_shard;
+    }
+    p->setup_peak = setup + p->workspace + p->context;
+    size_t steady = memory_total(p);
+    p->peak = steady > p->setup_peak ? steady : p->setup_peak;
+    return 0;
+}
 
 int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
@@ -52,7 +126,7 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
     p->arena = l->arena_bytes;
     p->dispatch = l->dispatch_bytes;
     p->other = (size_t)model_moe_layers(cfg) * cfg->n_experts * sizeof(float);
-    return 0;
+    return l->ops ? plan_run(p, cfg, l, held, err, errlen) : 0;
 }
 
 void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l) {
@@ -61,6 +135,11 @@ void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *
     size_t blocks = ((size_t)cfg->d_model + 127) / 128 * (((size_t)cfg->expert_hidden + 127) / 128);
     p->fp8_weights = p->expert + (size_t)model_moe_layers(cfg) * 3 * (cfg->n_experts / l->ep) * blocks * sizeof(float);
     if (l->act_bytes != sizeof(float)) p->compute_weights -= p->expert * l->act_bytes;
+    if (p->peak) { // the FP8 copies are made before DDP (train.c): in set-up's peak too (a bound)
+        p->setup_peak += p->fp8_weights;
+        size_t steady = memory_total(p);
+        p->peak = steady > p->setup_peak ? steady : p->setup_peak;
+    }
 }
 
 double memory_bytes_per_param(const MemoryPlan *p) {
@@ -70,7 +149,7 @@ double memory_bytes_per_param(const MemoryPlan *p) {
 
 size_t memory_total(const MemoryPlan *p) {
     return p->compute_weights + p->grads + p->main_weights + p->moments + p->comm + p->arena + p->dispatch + p->other +
-           p->fp8_weights;
+           p->small + p->pipe + p->workspace + p->context + p->fp8_weights;
 }
 
 void memory_print(FILE *f, int rank, const MemoryPlan *p) {
@@ -86,4 +165,47 @@ void memory_print(FILE *f, int rank, const MemoryPlan *p) {
                "activations %s, router bias %zu B; %.4f B/param (weights + grads + main + moments), %.2f MiB in all\n",
             rank, p->dense, p->expert, p->compute_weights, p->grads, p->main_weights, main_note, p->moments, p->dense_div,
             p->expert_div, p->comm, arena, p->other, memory_bytes_per_param(p), memory_total(p) / 1048576.0);
+}
+
+void memory_print_plan(FILE *f, int rank, const MemoryPlan *p) {
+    const double M = 1048576.0;
+    fprintf(f, "rank %d: memory plan (MiB): BF16/compute weights %.1f, FP32 grads %.1f, FP32 main weights %.1f, "
+               "moments %.1f, comm buffers %.1f, activations %.1f (%d slot%s of %.1f), expert dispatch %.1f, "
+               "router state %.1f, pipeline buffers %.1f, kernel workspaces %.1f, context allowance %.1f; "
+               "steady %.1f, setup peak %.1f, peak %.1f\n",
+            rank, p->compute_weights / M, p->grads / M, p->main_weights / M, p->moments / M, p->comm / M, p->arena / M,
+            p->n_slots, p->n_slots == 1 ? "" : "s", p->slot_bytes / M, p->dispatch / M, (p->other + p->small) / M,
+            p->pipe / M, p->workspace / M, p->context / M, memory_total(p) / M, p->setup_peak / M, p->peak / M);
+}
+
+void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops, int dp_rank, int ep_dp_rank,
+                           const ParamStage *stage, int n_slots, int M, int gpu) {
+    const ParallelSection *par = &cfg->parallel;
+    int ep = par->ep > 0 ? par->ep : 1, dp = par->dp > 0 ? par->dp : 1;
+    memset(l, 0, sizeof *l);
+    l->dp = dp;
+    l->dp_rank = dp_rank;
+    l->ep = ep;
+    l->ep_dp = dp / ep > 0 ? dp / ep : 1;
+    l->ep_dp_rank = ep_dp_rank;
+    l->sharded = cfg->optim_sharded;
+    l->act_bytes = ops->act_bytes;
+    l->stage = stage;
+    l->ops = ops;
+    // the symmetric dispatch: what model_init_parallel picks where symmetric
+    // memory is available (auto with ep > 1, or asked for)
+    int sym = cfg->model.n_experts > 0 && (par->ep_backend == EP_SYMMETRIC || (par->ep_backend == EP_AUTO && ep > 1));
+    l->act = (ModelArenaSpec){.B = cfg->train.micro_batch, .T = cfg->model.seq_len, .n_slots = n_slots, .ep = ep,
+                              .ep_sym = sym, .ep_recv_factor = par->ep_recv_factor,
+                              .recompute = cfg->train.recompute, .recompute_every = cfg->train.recompute_every,
+                              .recompute_first = cfg->train.recompute_first,
+                              .recompute_norms = cfg->train.recompute_norms,
+                              .fp8 = cfg->train.precision == PRECISION_FP8,
+                              .defer_wgrad = par->pp > 1 && par->pp_schedule == PP_ZB1, .doc_mask = cfg->data.doc_mask,
+                              .stage = stage};
+    l->gpu = gpu;
+    l->context_bytes = gpu ? (size_t)(MEMORY_CONTEXT_MIB * 1048576.0) : 0;
+    l->nccl_bytes = (size_t)(MEMORY_NCCL_MIB_DEFAULT * 1048576.0);
+    l->pp = par->pp > 1 ? par->pp : 1;
+    l->micro = M;
 }

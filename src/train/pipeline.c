@@ -26,6 +26,50 @@
 #include "util/check.h"
 #include "util/clock.h"
 
+int pipeline_rank_layout(const RunConfig *cfg, int M, int rank, int *split, ParamStage *st, PPSchedule *sched,
+                         int *n_slots, char *err, size_t errlen) {
+    const ParallelSection *par = &cfg->parallel;
+    int L = cfg->model.n_layers, v = par->pp_virtual > 0 ? par->pp_virtual : 1, pp = par->pp, S = pp * v;
+    if (S > PP_MAX_RANKS * PARAM_MAX_CHUNKS || v > PARAM_MAX_CHUNKS)
+        return errorf(err, errlen, "parallel.pp x parallel.pp_virtual: at most %d chunks per rank", PARAM_MAX_CHUNKS);
+    if (par->n_pp_layers) {
+        if (pp_split_check(par->pp_layer_counts, par->n_pp_layers, L, S, err, errlen)) return -1;
+        memcpy(split, par->pp_layer_counts, S * sizeof(int));
+    } else {
+        ModelConfig mc = cfg->model;
+        PPCost *layers = mallocCheck(L * sizeof(PPCost)), first, last;
+        int rc = pp_layer_costs(&mc, layers, &first, &last, err, errlen);
+        if (!rc) rc = pp_split_auto(layers, L, first, last, S, split, err, errlen);
+        free(layers);
+        if (rc) return -1;
+    }
+    // chunk c of rank p is virtual stage c * pp + p (pp_schedule.h)
+    memset(st, 0, sizeof *st);
+    st->n_chunks = v;
+    for (int c = 0; c < v; c++) {
+        int s = c * pp + rank, begin = 0;
+        for (int i = 0; i < s; i++) begin += split[i];
+        st->begin[c] = begin;
+        st->end[c] = begin + split[s];
+    }
+    st->embed = rank == 0;
+    st->head = rank == pp - 1;
+    if (pp_schedule_build(sched, (PPScheduleKind)par->pp_schedule, pp, M, v, err, errlen)) return -1;
+    PPSimResult sim;
+    if (pp_schedule_validate(sched, pp_costs_unit(), &sim, err, errlen)) { pp_schedule_free(sched); return -1; }
+    // slots: the most micro-batches this rank holds at once (taken at the
+    // first forward, given back at the last B or W)
+    int *open = calloc(M, sizeof(int)), held = 0;
+    *n_slots = 1;
+    for (int t = 0; t < sched->n_slots; t++) {
+        const PPAction *a = pp_schedule_at(sched, rank, t);
+        if (a->kind == PP_F && open[a->mb]++ == 0 && ++held > *n_slots) *n_slots = held;
+        if ((a->kind == PP_B || a->kind == PP_W) && --open[a->mb] == 0) held--;
+    }
+    free(open);
+    return 0;
+}
+
 int pipeline_plan(Trainer *tr, int print_schedule, char *err, size_t errlen) {
     Pipeline *pl = &tr->pipe;
     const RunConfig *cfg = &tr->cfg;
@@ -33,49 +77,13 @@ int pipeline_plan(Trainer *tr, int print_schedule, char *err, size_t errlen) {
     memset(pl, 0, sizeof *pl);
     pl->on = par->pp > 1;
     if (!pl->on) return 0;
-    int L = cfg->model.n_layers, v = par->pp_virtual, S = par->pp * v;
     pl->pp = par->pp;
     pl->rank = tr->mesh.pp_rank;
-    pl->virt = v;
-    pl->n_stages = S;
-    if (S > PP_MAX_RANKS * PARAM_MAX_CHUNKS || v > PARAM_MAX_CHUNKS)
-        return errorf(err, errlen, "parallel.pp x parallel.pp_virtual: at most %d chunks per rank", PARAM_MAX_CHUNKS);
-    if (par->n_pp_layers) {
-        if (pp_split_check(par->pp_layer_counts, par->n_pp_layers, L, S, err, errlen)) return -1;
-        memcpy(pl->split, par->pp_layer_counts, S * sizeof(int));
-    } else {
-        ModelConfig mc = cfg->model;
-        PPCost *layers = mallocCheck(L * sizeof(PPCost)), first, last;
-        int rc = pp_layer_costs(&mc, layers, &first, &last, err, errlen);
-        if (!rc) rc = pp_split_auto(layers, L, first, last, S, pl->split, err, errlen);
-        free(layers);
-        if (rc) return -1;
-    }
-    // chunk c of rank p is virtual stage c * pp + p (pp_schedule.h)
-    ParamStage *st = &pl->stage;
-    st->n_chunks = v;
-    for (int c = 0; c < v; c++) {
-        int s = c * pl->pp + pl->rank, begin = 0;
-        for (int i = 0; i < s; i++) begin += pl->split[i];
-        st->begin[c] = begin;
-        st->end[c] = begin + pl->split[s];
-    }
-    st->embed = pl->rank == 0;
-    st->head = pl->rank == pl->pp - 1;
-    if (pp_schedule_build(&pl->sched, (PPScheduleKind)par->pp_schedule, pl->pp, tr->M, v, err, errlen)) return -1;
-    PPSimResult sim;
-    if (pp_schedule_validate(&pl->sched, pp_costs_unit(), &sim, err, errlen)) return -1;
-    pl->theory = pp_schedule_theory_bubble(pl->sched.kind, pl->pp, tr->M, v, pp_costs_unit());
-    // slots: the most micro-batches this rank holds at once (taken at the
-    // first forward, given back at the last B or W)
-    int *open = calloc(tr->M, sizeof(int)), held = 0;
-    pl->n_slots = 1;
-    for (int t = 0; t < pl->sched.n_slots; t++) {
-        const PPAction *a = pp_schedule_at(&pl->sched, pl->rank, t);
-        if (a->kind == PP_F && open[a->mb]++ == 0 && ++held > pl->n_slots) pl->n_slots = held;
-        if ((a->kind == PP_B || a->kind == PP_W) && --open[a->mb] == 0) held--;
-    }
-    free(open);
+    pl->virt = par->pp_virtual;
+    pl->n_stages = par->pp * par->pp_virtual;
+    if (pipeline_rank_layout(cfg, tr->M, pl->rank, pl->split, &pl->stage, &pl->sched, &pl->n_slots, err, errlen))
+        return -1;
+    pl->theory = pp_schedule_theory_bubble(pl->sched.kind, pl->pp, tr->M, pl->virt, pp_costs_unit());
     if (print_schedule && train_rank0) {
         printf("pipeline schedule (--print-schedule), generated once and run every step:\n");
         pp_schedule_print(stdout, &pl->sched);

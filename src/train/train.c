@@ -270,6 +270,9 @@ static int pick_backend(Trainer *tr) {
         if (train_rank0) fprintf(stderr, "moecore: error: %s\n", err);
         return 2;
     }
+    // what the CUDA context takes before our first allocation (the memory
+    // plan's stated allowance is checked against it: train/memory.h)
+    tr->start_dev_mib = tr->ops->device_memory_used() / 1048576.0;
     return -1;
 #else
     if (train_rank0) fprintf(stderr, "moecore: error: device.type: cuda is not compiled into this build (nvcc was not found when it was built)\n");
@@ -315,6 +318,7 @@ static int setup_model(Trainer *tr) {
     m->recompute = cfg->train.recompute;
     m->recompute_every = cfg->train.recompute_every;
     m->recompute_first = cfg->train.recompute_first;
+    m->recompute_norms = cfg->train.recompute_norms;
     m->defer_wgrad = tr->pipe.on && tr->pipe.sched.kind == PP_ZB1; // W runs the deferred weight grads
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);
@@ -324,13 +328,17 @@ static int setup_model(Trainer *tr) {
             "experts' grouped GEMMs' forward; their backward, the dense GEMMs, attention and the router in the compute dtype (BF16 on GPUs); "
             "MFU stays against the dense BF16 peak\n");
     }
-    model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
-    if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
-    pipeline_alloc(tr);
+    // DDP and the optimizer before the activations: the distributed
+    // optimizer frees the whole FP32 main weights for its shard first, so
+    // they never sit beside the arena (train/memory.h, the setup peak), and
+    // the arena's receive buffers are sized from the memory really left
     ddp_init(&tr->ddp, &m->store, tr->mesh.dp_comm, tr->mesh.ep_dp_comm, tr->world, cfg->optim_sharded,
              (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / 4));
     if (cfg->optim_sharded) adamw_init_range(&tr->adamw, &cfg->optim, &m->store, tr->ddp.shard_begin, tr->ddp.shard_end);
     else adamw_init(&tr->adamw, &cfg->optim, &m->store);
+    model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
+    if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
+    pipeline_alloc(tr);
     tr->layout.world = tr->world;
     for (int c = 0; c < N_CLASSES; c++) {
         tr->layout.own_begin[c] = tr->ddp.shard_begin[c];
@@ -833,6 +841,7 @@ static int train_loop(Trainer *tr) {
         SAY("%s: step %lld of %lld, %lld tokens, %s\n", st->step < t->steps ? "stopped (--stop-after)" : "done",
             (long long)st->step, (long long)t->steps, (long long)st->tokens_seen, d);
     }
+    if (rc == 0) print_memory_measured(tr);
 #ifdef MOECORE_CUDA
     if (timed && rc == 0 && train_rank0)
         ops_timed_report(stdout, timed_steps, timed_steps ? 1000 * timed_s / timed_steps : 0);

@@ -104,13 +104,28 @@ static void mfu_denominator(Trainer *tr) {
 
 // This rank's memory line (train/memory.h), from the config and the layout;
 // what was allocated must agree with it, or the line says where it does not.
-static void print_memory(const Trainer *tr) {
+static void print_memory(Trainer *tr) {
     const Mesh *mesh = &tr->mesh;
     const ParamStore *ps = &tr->m.store;
     char err[400];
-    MemoryLayout l = {mesh->dp, comm_rank(mesh->dp_comm), mesh->ep, mesh->ep_dp, comm_rank(mesh->ep_dp_comm),
-                      tr->cfg.optim_sharded, tr->ops->act_bytes, tr->m.arena_bytes, tr->m.sym_bytes,
-                      tr->pipe.on ? &tr->pipe.stage : NULL};
+    MemoryLayout l;
+    memory_layout_for_run(&l, &tr->cfg, tr->ops, comm_rank(mesh->dp_comm), comm_rank(mesh->ep_dp_comm),
+                          tr->pipe.on ? &tr->pipe.stage : NULL, tr->pipe.on ? tr->pipe.n_slots : 1, tr->M,
+                          tr->cfg.device.type == 1);
+    l.pp_rank = tr->pipe.on ? tr->pipe.rank : 0;
+    // the dispatch the model runs (symmetric memory may be unavailable), and
+    // the receive rows it chose (a device may have cut them to its memory)
+    const Model *m = &tr->m;
+    l.act.ep_sym = m->ep_sym;
+    size_t routed = (size_t)tr->MB * tr->T * m->cfg.top_k;
+    if (m->ep_sym && (size_t)m->max_rows_local != (size_t)mesh->ep * routed)
+        l.act.ep_recv_factor = ((double)m->max_rows_local - 0.5) / (double)routed;
+    // NCCL's buffers: the groups of more than one rank of a launched GPU job
+    if (l.gpu && tr->launch.kind != LAUNCH_SINGLE) {
+        Comm *g[] = {tr->world, mesh->dp_comm, mesh->ep_comm, mesh->ep_dp_comm, mesh->pp_comm};
+        l.n_comms = 0;
+        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) l.n_comms += g[i] && comm_size(g[i]) > 1;
+    }
     MemoryPlan p;
     if (memory_plan(&p, &tr->m.cfg, &l, err, sizeof err)) {
         printf("rank %d: memory: no accounting: %s\n", comm_rank(tr->world), err);
@@ -119,6 +134,19 @@ static void print_memory(const Trainer *tr) {
     }
     if (tr->m.fp8) memory_plan_fp8(&p, &tr->m.cfg, &l);
     memory_print(stdout, comm_rank(tr->world), &p);
+    memory_print_plan(stdout, comm_rank(tr->world), &p);
+    // the plan's activations are the arena's own measure (model_arena_plan);
+    // on a GPU the symmetric buffers may have been cut to its free memory
+    if (p.arena != tr->m.arena_bytes || (p.dispatch != tr->m.sym_bytes && !l.gpu))
+        printf("rank %d: memory: warning: the plan's activations (%zu B, dispatch %zu B) differ from the arena "
+               "allocated (%zu B, dispatch %zu B)\n", comm_rank(tr->world), p.arena, p.dispatch, tr->m.arena_bytes,
+               tr->m.sym_bytes);
+    if (l.gpu)
+        printf("rank %d: memory: the GPU had %.1f MiB in use before the first allocation (the CUDA context; "
+               "the plan allows %.0f MiB for the context, cuBLASLt and loaded kernels)\n", comm_rank(tr->world),
+               tr->start_dev_mib, MEMORY_CONTEXT_MIB);
+    tr->mem_plan_mib[0] = memory_total(&p) / 1048576.0;
+    tr->mem_plan_mib[1] = p.peak / 1048576.0;
     size_t held[N_CLASSES] = {p.dense, p.expert}, opt[N_CLASSES] = {p.dense_opt, p.expert_opt};
     size_t main[N_CLASSES] = {p.dense_main, p.expert_main};
     for (int c = 0; c < N_CLASSES; c++) {
@@ -129,6 +157,25 @@ static void print_memory(const Trainer *tr) {
                    c == CLASS_DENSE ? "dense" : "expert", held[c], opt[c], main[c], ps->table.class_numel[c],
                    tr->adamw.end[c] - tr->adamw.begin[c], main_held);
     }
+    fflush(stdout);
+}
+
+void print_memory_measured(const Trainer *tr) {
+    double measured;
+    const char *what;
+    if (tr->ops == &ops_cpu) {
+        size_t live, peak;
+        ops_cpu_alloc_stats(&live, &peak);
+        measured = peak / 1048576.0;
+        what = "CPU backend allocations, peak";
+    } else if (tr->ops->device_memory_used) {
+        measured = tr->peak_dev_mib;
+        what = "GPU memory in use (cudaMemGetInfo), peak of the logged steps";
+    } else {
+        return;
+    }
+    printf("rank %d: memory measured: %.2f MiB (%s); plan %.2f MiB peak (%+.2f%%)\n", comm_rank(tr->world), measured,
+           what, tr->mem_plan_mib[1], tr->mem_plan_mib[1] > 0 ? 100.0 * (tr->mem_plan_mib[1] / measured - 1) : 0.0);
     fflush(stdout);
 }
 
@@ -229,6 +276,16 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
         double used = ops->device_memory_used() / 1048576.0;
         if (used > tr->peak_dev_mib) tr->peak_dev_mib = used;
         json_object_object_add(o, "device_mem_mib", json_object_new_double(tr->peak_dev_mib));
+    }
+    // the memory plan's steady state and peak beside what was measured:
+    // the CPU backend's allocation counters, or the GPU's memory in use
+    json_object_object_add(o, "mem_plan_mib", json_object_new_double(tr->mem_plan_mib[0]));
+    json_object_object_add(o, "mem_plan_peak_mib", json_object_new_double(tr->mem_plan_mib[1]));
+    if (ops == &ops_cpu) {
+        size_t live, peak;
+        ops_cpu_alloc_stats(&live, &peak);
+        json_object_object_add(o, "alloc_live_mib", json_object_new_double(live / 1048576.0));
+        json_object_object_add(o, "alloc_peak_mib", json_object_new_double(peak / 1048576.0));
     }
     json_object_object_add(o, "step_time_s", json_object_new_double(r->dt));
     if (tr->pipe.on) { // the measured bubble beside the schedule's theory (pipeline.c)

@@ -95,6 +95,8 @@ typedef struct {
     void *graph[2];
     float graph_scale[2];
     double peak_dev_mib;
+    double start_dev_mib;      // GPU memory in use before the first allocation (the CUDA context)
+    double mem_plan_mib[2];    // this rank's memory plan (train/memory.h): steady, peak
     int run_info_written;      // the first metrics record of this process carries the run's description
     int nonfinite_run;         // consecutive steps with a non-finite loss or grad norm, up to now
     int64_t saved_step;        // the newest step committed by or resumed from in this process (-1 none)
@@ -114,6 +116,12 @@ typedef struct {
 // micro-batches (tr->tokens), ce_scale as model_backward's; pipeline_eval
 // runs one micro-batch's forward through the stages (the CE on the last).
 int pipeline_plan(Trainer *tr, int print_schedule, char *err, size_t errlen);
+// The part of it that needs no trainer (the planner's too): the split of
+// run config cfg's layers into pp x pp_virtual stages (split), pipeline rank
+// rank's chunks (st), the schedule of M micro-batches (built: free it) and
+// the activation slots the rank holds at most (n_slots).
+int pipeline_rank_layout(const RunConfig *cfg, int M, int rank, int *split, ParamStage *st, PPSchedule *sched,
+                         int *n_slots, char *err, size_t errlen);
 void pipeline_alloc(Trainer *tr);
 void pipeline_step(Trainer *tr, int64_t step, float ce_scale);
 void pipeline_eval(Trainer *tr, const int *tokens, const int *targets, uint64_t route_seed);
@@ -127,6 +135,8 @@ void fmt_duration(char *buf, size_t n, double s);
 json_object *run_info_json(const Trainer *tr);
 // Sets tr->peak and tr->fpt, prints the header (rank 0; every rank its memory line).
 void print_header(Trainer *tr);
+// Every rank's measured memory beside its plan, at the end of a run.
+void print_memory_measured(const Trainer *tr);
 // The step's metrics.jsonl record; fills the per-layer loads, the worst
 // max/mean load, dropped and routed rows, and whether gerrymandering is flagged.
 json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, double *dropped_total,

@@ -16,8 +16,33 @@ typedef float real;
 #define F(p) ((float *)(p))
 #define CF(p) ((const float *)(p))
 
-static void *c_alloc(size_t bytes) { return mallocCheck(bytes); }
-static void c_free(void *p) { free(p); }
+// Backend allocations carry their size in a 16-byte header, for the
+// counters of ops_cpu_alloc_stats (the memory accounting's measure).
+static size_t live_bytes, peak_bytes;
+void ops_cpu_count_bytes(size_t bytes, int freed) {
+    size_t now = freed ? __atomic_sub_fetch(&live_bytes, bytes, __ATOMIC_RELAXED)
+                       : __atomic_add_fetch(&live_bytes, bytes, __ATOMIC_RELAXED);
+    size_t peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&peak_bytes, &peak, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+void ops_cpu_alloc_stats(size_t *live, size_t *peak) {
+    *live = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
+    *peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
+}
+static void *c_alloc(size_t bytes) {
+    size_t *h = mallocCheck(bytes + 16);
+    h[0] = bytes;
+    ops_cpu_count_bytes(bytes, 0);
+    return (char *)h + 16;
+}
+static void c_free(void *p) {
+    if (!p) return;
+    size_t *h = (size_t *)((char *)p - 16);
+    ops_cpu_count_bytes(h[0], 1);
+    free(h);
+}
+static void *c_alloc_host(size_t bytes) { return mallocCheck(bytes); }
+static void c_free_host(void *p) { free(p); }
 static void c_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memcpy(dst, src, bytes); }
 static void c_cast(void *dst, const float *src, size_t n) { if (dst != src) memcpy(dst, src, n * sizeof(float)); }
 
@@ -191,8 +216,8 @@ const Ops ops_cpu = {
     .free = c_free,
     .to_device = c_copy,
     .to_host = c_copy,
-    .alloc_host = c_alloc,
-    .free_host = c_free,
+    .alloc_host = c_alloc_host,
+    .free_host = c_free_host,
     .cast_to_act = c_cast,
     .embedding_forward = c_embedding_forward,
     .embedding_backward = c_embedding_backward,
