@@ -55,26 +55,40 @@ deps:
 pydeps: deps
 	@bash scripts/install-py-deps.sh || echo "make: scripts/install-py-deps.sh failed; tests/test_bpe.sh will skip its transformers part"
 
-build/%.o: %.c $(shell find src -name '*.h')
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+# Header dependencies from the compilers (-MMD -MP into build/deps/TARGET.d,
+# away from the test programs' names): a header change rebuilds what
+# includes it. A target whose .d is missing (a build from before this rule)
+# is rebuilt once; the .d is moved into place and the target touched after
+# each compile, so the .d is never the newer of the two.
+DEPF = $(patsubst build/%,build/deps/%,$@).d
+DEP = -MMD -MP -MF $(DEPF).T
+DEP_DIR = mkdir -p $(dir $@) $(dir $(DEPF))
+DEP_DONE = mv -f $(DEPF).T $(DEPF) && touch $@
+build/%.o: %.c build/deps/%.o.d
+	@$(DEP_DIR)
+	$(CC) $(CFLAGS) $(DEP) -c $< -o $@
+	@$(DEP_DONE)
 
 build/src/util/version.o: build/commit.h
 build/src/util/version.o: CFLAGS += -Ibuild
 
-build/%.o: %.cu $(shell find src -name '*.h' -o -name '*.cuh')
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+build/%.o: %.cu build/deps/%.o.d
+	@$(DEP_DIR)
+	$(NVCC) $(NVCCFLAGS) $(DEP) -c $< -o $@
+	@$(DEP_DONE)
 
 build/libmoecore.a: $(LIB_OBJ) $(CUDA_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-build/moecore: src/main.c build/libmoecore.a
-	$(CC) $(CFLAGS) $< build/libmoecore.a $(LDLIBS) -o $@
+build/moecore: src/main.c build/libmoecore.a build/deps/moecore.d
+	@$(DEP_DIR)
+	$(CC) $(CFLAGS) $(DEP) $< build/libmoecore.a $(LDLIBS) -o $@
+	@$(DEP_DONE)
 
-build/tests/%: tests/%.c build/libmoecore.a $(shell find src -name '*.h')
-	@mkdir -p build/tests
-	$(CC) $(CFLAGS) -Itests $< build/libmoecore.a $(TEST_LDLIBS) $(LDLIBS) -o $@
+build/tests/%: tests/%.c build/libmoecore.a build/deps/tests/%.d
+	@$(DEP_DIR)
+	$(CC) $(CFLAGS) $(DEP) -Itests $< build/libmoecore.a $(TEST_LDLIBS) $(LDLIBS) -o $@
+	@$(DEP_DONE)
 
 test: deps pydeps
 	@$(MAKE) --no-print-directory build/moecore $(TEST_BIN) $(TOOL_BIN)
@@ -84,15 +98,17 @@ test: deps pydeps
 # `make gpu-bundle` builds them and copies the shared libraries they need
 # into build/lib, so that build/ can be carried to a GPU machine without
 # this machine's packages; there, `bash tests/gpu/run.sh` runs them.
-build/tests/gpu/%: tests/gpu/%.c build/libmoecore.a $(shell find src tests/gpu -name '*.h')
-	@mkdir -p build/tests/gpu
-	$(CC) $(CFLAGS) -Itests $< build/libmoecore.a $(LDLIBS) -o $@
+build/tests/gpu/%: tests/gpu/%.c build/libmoecore.a build/deps/tests/gpu/%.d
+	@$(DEP_DIR)
+	$(CC) $(CFLAGS) $(DEP) -Itests $< build/libmoecore.a $(LDLIBS) -o $@
+	@$(DEP_DONE)
 
 # The kernel tables (`gpu-check.sh kernels`; bench_fp8): they print the commit they were built from.
-build/tests/gpu/bench_%: tests/gpu/bench_%.c build/libmoecore.a $(shell find src tests/gpu -name '*.h')
-	@mkdir -p build/tests/gpu
-	$(CC) $(CFLAGS) -Itests -DMOECORE_BUILD_COMMIT=\"$(shell git describe --always --dirty 2>/dev/null)\" $< \
+build/tests/gpu/bench_%: tests/gpu/bench_%.c build/libmoecore.a build/deps/tests/gpu/bench_%.d
+	@$(DEP_DIR)
+	$(CC) $(CFLAGS) $(DEP) -Itests -DMOECORE_BUILD_COMMIT=\"$(shell git describe --always --dirty 2>/dev/null)\" $< \
 		build/libmoecore.a $(LDLIBS) -o $@
+	@$(DEP_DONE)
 
 # build/lib/COMMIT names the commit the bundle was built from (a lent
 # machine's copy of .git need not be current).
@@ -121,3 +137,10 @@ run: deps
 
 clean:
 	rm -rf build
+
+# the compilers' dependency files (above), named as targets (not left to a
+# pattern: a missing intermediate would not make its target out of date)
+DEPFILES := $(patsubst build/%,build/deps/%.d,$(LIB_OBJ) $(CUDA_OBJ) build/moecore $(TEST_BIN) $(TOOL_BIN) \
+                                                $(GPU_TEST_BIN) $(GPU_BENCH_BIN))
+$(DEPFILES):
+include $(wildcard $(DEPFILES))
