@@ -78,6 +78,7 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
     m->z_step = ops->alloc(nm * sizeof(float));
     m->ce_acc = ops->alloc(2 * sizeof(double));
     m->lb = mallocCheck(nm * sizeof(float));
+    m->route_seeds_host = mallocCheck(((size_t)m->cfg.n_layers + 1) * sizeof(uint64_t));
     m->z = mallocCheck(nm * sizeof(float));
     return 0;
 }
@@ -584,7 +585,7 @@ void model_free(Model *m) {
     symmem_free(m->sym);
     if (m->slots) slot_store(m, &m->slots[m->slot]);
     free_slots(m);
-    free(m->layers); free(m->lb); free(m->z);
+    free(m->layers); free(m->lb); free(m->z); free(m->route_seeds_host);
     free(m->step_dropped); free(m->step_rows);
     float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts, m->dropped_step};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
@@ -842,10 +843,9 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
 void model_set_route_seed(Model *m, uint64_t route_seed) {
     if (m->cfg.routing != ROUTING_RANDOM || (m->route_seed_set && m->route_seed == route_seed)) return;
     int L = m->cfg.n_layers;
-    uint64_t *s = mallocCheck(L * sizeof(uint64_t));
+    uint64_t *s = m->route_seeds_host;
     for (int l = 0; l < L; l++) s[l] = layer_seed(route_seed, l);
     m->ops->to_device(m->route_seeds, s, L * sizeof(uint64_t));
-    free(s);
     m->route_seed = route_seed;
     m->route_seed_set = 1;
 }

@@ -188,6 +188,7 @@ typedef struct {
     uint64_t *route_seeds;
     uint64_t route_seed;
     int route_seed_set;
+    uint64_t *route_seeds_host;       // their host staging [n_layers], allocated once (model_init)
     // The micro-batch has a document boundary (an EOS before its last
     // position in some row): attention gets doc_start; without one it runs
     // the causal kernels (the same numbers, at the causal speed).
