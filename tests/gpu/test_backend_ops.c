@@ -2035,6 +2035,57 @@ static void special_docs(void) {
         docs_check(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], shapes[i][5], shapes[i][6]);
 }
 
+// ---- crossentropy_paths: the shared-memory cross-entropy kernels (the row
+// copied in by one bulk copy: src/ops/cuda/loss.cu) against the streaming
+// ones (MOECORE_CE_STREAM=1), bit for bit: losses, dlogits out of place and
+// in place (as the model calls it), masked rows included; and the widest
+// row the shared-memory path takes next to the first one it leaves to the
+// streaming kernels.
+
+static void ce_paths_case(int N, int V) {
+    size_t nv = (size_t)N * V;
+    int *t = gt_malloc(N * 4);
+    make_targets(t, N, V);
+    void *tgt = dev_copy(t, N * 4), *logits = dev_act(nv, G_UNIFORM, 0, 4);
+    void *h[2][3];
+    for (int path = 0; path < 2; path++) { // 0: shared memory (the default), 1: streaming
+        if (path) setenv("MOECORE_CE_STREAM", "1", 1);
+        else unsetenv("MOECORE_CE_STREAM");
+        void *loss = dev_poison(N * 4), *dl = dev_poison(nv * 2), *inpl = dkeep(gpu->alloc(nv * 2));
+        gpu->copy_act(inpl, logits, nv);
+        gpu->crossentropy_forward(loss, logits, tgt, N, V);
+        gpu->crossentropy_backward(dl, logits, tgt, 0.37f, N, V);
+        gpu->crossentropy_backward(inpl, inpl, tgt, 0.37f, N, V);
+        cuda_synchronize();
+        h[path][0] = gt_host_bytes(loss, N * 4);
+        h[path][1] = gt_host_bytes(dl, nv * 2);
+        h[path][2] = gt_host_bytes(inpl, nv * 2);
+    }
+    unsetenv("MOECORE_CE_STREAM");
+    const char *nm[3] = {"losses", "dlogits", "dlogits in place"};
+    size_t bytes[3] = {(size_t)N * 4, nv * 2, nv * 2};
+    for (int i = 0; i < 3; i++) {
+        int same = !memcmp(h[0][i], h[1][i], bytes[i]);
+        gt_ok(same, "%-48s N=%d V=%d: %s %s", "crossentropy shared memory = streaming", N, V, nm[i],
+              same ? "bit-identical" : "DIFFER");
+        free(h[0][i]);
+        free(h[1][i]);
+    }
+    free(t);
+    dev_release();
+}
+static void special_ce_paths(void) {
+    int limit = 0, dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    int vmax = (limit - 1024) / 2 / 8 * 8; // the widest row loss.cu copies into shared memory
+    ce_paths_case(300, 50304);
+    ce_paths_case(9, 8);
+    ce_paths_case(17, 4104);
+    ce_paths_case(5, vmax);
+    ce_paths_case(5, vmax + 8);
+}
+
 // ---- coverage: every compute op of Ops has a case
 
 static const char *const compute_ops[] = {
@@ -2063,6 +2114,7 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"attention_causality", special_causality},
     {"attention_heads", special_heads},
     {"attention_docs", special_docs},
+    {"crossentropy_paths", special_ce_paths},
     {"coverage", special_coverage},
 };
 
