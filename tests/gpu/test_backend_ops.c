@@ -2086,6 +2086,65 @@ static void special_ce_paths(void) {
     ce_paths_case(5, vmax + 8);
 }
 
+// ---- grouped_wgrad_tail: the weight-grad's K is the expert's rows, so a
+// tile's last, partial K step loads rows past the segment; past the last
+// expert those rows are whatever the allocation holds after the routed rows
+// (in the model's arena: the next activation, FP32 statistics among them).
+// Here they are NaN in both operands, and dw must equal, bit for bit, the
+// dw of the same rows in buffers that end with them (where the copy engine
+// reads zeros past the end), dw = and dw += alike.
+
+static void wgrad_tail_case(int E, int C, int OC, const int *counts) {
+    int *off = gt_malloc((E + 1) * sizeof(int));
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+    int R = off[E], extra = 192;
+    size_t na = (size_t)R * OC, nb = (size_t)R * C, nw = (size_t)E * OC * C;
+    float *ha = gt_malloc(na * 4), *hb = gt_malloc(nb * 4);
+    gt_fill(ha, na, G_NORMAL, 0, 1, 1, fill_seed++);
+    gt_fill(hb, nb, G_NORMAL, 0, 1, 1, fill_seed++);
+    void *doff = dev_copy(off, (E + 1) * sizeof(int));
+    void *a_exact = dkeep(gt_dev_bf16(ha, na)), *b_exact = dkeep(gt_dev_bf16(hb, nb));
+    void *a_tail = dkeep(gpu->alloc((na + (size_t)extra * OC) * 2)), *b_tail = dkeep(gpu->alloc((nb + (size_t)extra * C) * 2));
+    gt_poison(a_tail, (na + (size_t)extra * OC) * 2);
+    gt_poison(b_tail, (nb + (size_t)extra * C) * 2);
+    gt_upload_bf16(a_tail, ha, na);
+    gt_upload_bf16(b_tail, hb, nb);
+    for (int acc = 0; acc < 2; acc++) {
+        float *dw_exact = dkeep(gpu->alloc(nw * 4)), *dw_tail = dkeep(gpu->alloc(nw * 4));
+        gpu->zero(dw_exact, nw * 4);
+        gpu->zero(dw_tail, nw * 4);
+        int r1 = cuda_grouped_wgrad_wgmma(dw_exact, a_exact, b_exact, doff, E, C, OC, acc);
+        int r2 = cuda_grouped_wgrad_wgmma(dw_tail, a_tail, b_tail, doff, E, C, OC, acc);
+        cuda_synchronize();
+        float *h1 = gt_host_f32(dw_exact, nw), *h2 = gt_host_f32(dw_tail, nw);
+        size_t bad = 0, nonfinite = 0;
+        for (size_t i = 0; i < nw; i++) {
+            bad += memcmp(&h1[i], &h2[i], 4) != 0;
+            nonfinite += !isfinite(h2[i]);
+        }
+        gt_ok(r1 == 0 && r2 == 0 && !bad && !nonfinite,
+              "%-48s E=%d C=%d OC=%d R=%d dw %s: %zu of %zu differ, %zu not finite (ran: %d %d)",
+              "grouped weight-grad, NaN rows after the last segment", E, C, OC, R, acc ? "+=" : "=", bad, nw,
+              nonfinite, r1, r2);
+        free(h1);
+        free(h2);
+    }
+    free(ha);
+    free(hb);
+    free(off);
+    dev_release();
+}
+static void special_wgrad_tail(void) {
+    static const int c4[] = {100, 0, 77, 61};    // the last expert's 61 rows: a partial K step of 64
+    static const int c3[] = {130, 64, 1};        // one row in the last expert
+    static const int c2[] = {0, 200};            // everything in the last
+    wgrad_tail_case(4, 512, 256, c4); // N = C = 512 >= 256: the warp-specialised TMA kernel
+    wgrad_tail_case(3, 256, 128, c3);
+    wgrad_tail_case(2, 320, 136, c2); // column and row tiles with tails
+    wgrad_tail_case(4, 128, 96, c4);  // N = 128: the cp.async kernel
+}
+
 // ---- coverage: every compute op of Ops has a case
 
 static const char *const compute_ops[] = {
@@ -2115,6 +2174,7 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"attention_heads", special_heads},
     {"attention_docs", special_docs},
     {"crossentropy_paths", special_ce_paths},
+    {"grouped_wgrad_tail", special_wgrad_tail},
     {"coverage", special_coverage},
 };
 
