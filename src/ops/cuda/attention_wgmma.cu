@@ -578,48 +578,34 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     }
 }
 
-// Work item k of persistent block p of G over n items (-1: none left): the
-// items are (head, batch row, query block of 128) in launch order with the
-// heaviest (last) query blocks first, dealt to the blocks in a snake (round
-// r forward when even, backward when odd), so that every block gets a
-// similar sum of causal work.
-__device__ __forceinline__ int dq_item(int k, int p, int G, int n) {
-    int j = k * G + (k & 1 ? G - 1 - p : p);
-    return j < n ? j : -1;
-}
-// grid: at most one block per multiprocessor, each looping over its items
-// (dq_item), the ring running on across them so that the next item's loads
-// overlap this one's last products and its dQ stores. Key tile kt of 64:
-// warpgroup w's dS^T tile (queries 64 w.. of the query block) and the K tile.
+// grid (H, B, T / 128), heaviest (last) query blocks first. Key tile kt of
+// 64: warpgroup w's dS^T tile (queries 64 w.. of the block) and the K tile.
 __global__ void __launch_bounds__(FA_THREADS, 1)
     attention_bwd_dq_wgmma_kernel(bf16 *dq, const bf16 *dsT, const __grid_constant__ FbMaps maps, int T, int H,
-                                  int B, size_t ds_head, float scale) {
+                                  size_t ds_head, float scale) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t base = (raw + 1023) & ~1023u;
     uint32_t full = base + DQ_BARS, empty = full + 8 * DQ_STAGES;
-    int nqb = T / FA_BM, nq = T / FB_QT, n = H * B * nqb, G = gridDim.x, p = blockIdx.x;
+    int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z, q0 = qb * FA_BM;
+    int nq = T / FB_QT, nkt = 2 * qb + 2; // key tiles 0 .. 2 qb + 1; warpgroup 0 skips the last
     int wg = threadIdx.x >> 7;
+    const bf16 *ds_h = dsT + ((size_t)b * H + h) * ds_head;
     fb_init_ring(full, empty, DQ_STAGES, 1, 0);
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x != 0) return;
-        int g = 0; // stages filled so far
-        for (int k = 0, j; (j = dq_item(k, p, G, n)) >= 0; k++) {
-            int h = j % H, b = j / H % B, qb = nqb - 1 - j / (H * B), nkt = 2 * qb + 2;
-            int row = b * T, c = h * FA_HD;
-            const bf16 *ds_h = dsT + ((size_t)b * H + h) * ds_head;
-            for (int kt = 0; kt < nkt; kt++, g++) {
-                int s = g % DQ_STAGES;
-                uint32_t ph = (g / DQ_STAGES) & 1, st = base + s * DQ_STAGE;
-                mbar_wait(empty + 8 * s, ph ^ 1);
-                mbar_expect_tx(full + 8 * s, DQ_STAGE);
-                bulk_load(st, ds_h + ds_tile_off(kt, 2 * qb, nq), 8192, full + 8 * s);
-                bulk_load(st + 8192, ds_h + ds_tile_off(kt, 2 * qb + 1, nq), 8192, full + 8 * s);
-                tma_load_2d(st + 16384, &maps.k, c, row + kt * 64, full + 8 * s);
-                tma_load_2d(st + 16384 + 8192, &maps.k, c + 64, row + kt * 64, full + 8 * s);
-            }
+        int row = b * T, c = h * FA_HD;
+        for (int kt = 0; kt < nkt; kt++) {
+            int s = kt % DQ_STAGES;
+            uint32_t ph = (kt / DQ_STAGES) & 1, st = base + s * DQ_STAGE;
+            mbar_wait(empty + 8 * s, ph ^ 1);
+            mbar_expect_tx(full + 8 * s, DQ_STAGE);
+            bulk_load(st, ds_h + ds_tile_off(kt, 2 * qb, nq), 8192, full + 8 * s);
+            bulk_load(st + 8192, ds_h + ds_tile_off(kt, 2 * qb + 1, nq), 8192, full + 8 * s);
+            tma_load_2d(st + 16384, &maps.k, c, row + kt * 64, full + 8 * s);
+            tma_load_2d(st + 16384 + 8192, &maps.k, c + 64, row + kt * 64, full + 8 * s);
         }
         return;
     }
@@ -627,43 +613,39 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     bool leader = lane == 0;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    int mine = nkt - 1 + cw; // warpgroup 0's queries end before the last key tile
+    for (int kt = 0; kt < nkt; kt++) {
+        int s = kt % DQ_STAGES;
+        uint32_t ph = (kt / DQ_STAGES) & 1, st = base + s * DQ_STAGE;
+        mbar_wait(full + 8 * s, ph);
+        if (kt < mine) {
+            uint64_t a = smem_desc_mn_lbo(st + cw * 8192, 8192), bk = smem_desc_mn_lbo(st + 16384, 8192);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wgmma_n128<1, 1>(acc, a + (uint64_t)(2048 >> 4) * kk, bk + (uint64_t)(2048 >> 4) * kk, 1);
+            wgmma_commit();
+            wgmma_wait<1>(); // the previous tile's products are done
+        } else {
+            wgmma_wait<0>();
+        }
+        __syncwarp();
+        if (leader) {
+            if (kt > 0) mbar_arrive(empty + 8 * ((kt - 1) % DQ_STAGES));
+            if (kt == nkt - 1) mbar_arrive(empty + 8 * s); // (nothing waits for the last)
+        }
+    }
+    wgmma_wait<0>();
     int lrow = warp * 16 + (lane >> 2), lcol = 2 * (lane & 3);
     size_t ld = (size_t)H * FA_HD;
-    float acc[64];
-    int g = 0; // stages consumed so far
-    for (int k = 0, j; (j = dq_item(k, p, G, n)) >= 0; k++) {
-        int h = j % H, b = j / H % B, qb = nqb - 1 - j / (H * B), nkt = 2 * qb + 2;
-        int mine = nkt - 1 + cw; // warpgroup 0's queries end before the last key tile
+    bf16 *og = dq + ((size_t)b * T + q0 + cw * 64 + lrow) * ld + (size_t)h * FA_HD + lcol;
 #pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] = 0.f;
-        for (int kt = 0; kt < nkt; kt++, g++) {
-            int s = g % DQ_STAGES;
-            uint32_t ph = (g / DQ_STAGES) & 1, st = base + s * DQ_STAGE;
-            mbar_wait(full + 8 * s, ph);
-            if (kt < mine) {
-                uint64_t a = smem_desc_mn_lbo(st + cw * 8192, 8192), bk = smem_desc_mn_lbo(st + 16384, 8192);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    wgmma_n128<1, 1>(acc, a + (uint64_t)(2048 >> 4) * kk, bk + (uint64_t)(2048 >> 4) * kk, 1);
-                wgmma_commit();
-                wgmma_wait<1>(); // the previous tile's products are done
-            } else {
-                wgmma_wait<0>();
-            }
-            __syncwarp();
-            if (leader && kt > 0) mbar_arrive(empty + 8 * ((g - 1) % DQ_STAGES));
-        }
-        wgmma_wait<0>();
-        __syncwarp();
-        if (leader) mbar_arrive(empty + 8 * ((g - 1) % DQ_STAGES)); // the item's last stage
-        bf16 *og = dq + ((size_t)b * T + qb * FA_BM + cw * 64 + lrow) * ld + (size_t)h * FA_HD + lcol;
-#pragma unroll
-        for (int jj = 0; jj < 16; jj++) {
-            *(__nv_bfloat162 *)(og + 8 * jj) = __floats2bfloat162_rn(acc[4 * jj] * scale, acc[4 * jj + 1] * scale);
-            *(__nv_bfloat162 *)(og + 8 * ld + 8 * jj) =
-                __floats2bfloat162_rn(acc[4 * jj + 2] * scale, acc[4 * jj + 3] * scale);
-        }
+    for (int j = 0; j < 16; j++) {
+        *(__nv_bfloat162 *)(og + 8 * j) = __floats2bfloat162_rn(acc[4 * j] * scale, acc[4 * j + 1] * scale);
+        *(__nv_bfloat162 *)(og + 8 * ld + 8 * j) = __floats2bfloat162_rn(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale);
     }
 }
 
@@ -700,9 +682,8 @@ extern "C" int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void 
     attention_bwd_dkv_wgmma_kernel<<<grid, FA_THREADS, FB_SMEM, cuda_stream()>>>(
         (bf16 *)dk, (bf16 *)dv, (bf16 *)dsT, maps, lse2, D, T, H, ds_head, sl2, scale);
     cudaLaunchCheck();
-    int items = H * B * (T / FA_BM), sms = cuda_num_sms();
-    attention_bwd_dq_wgmma_kernel<<<items < sms ? items : sms, FA_THREADS, DQ_SMEM, cuda_stream()>>>(
-        (bf16 *)dq, (const bf16 *)dsT, maps, T, H, B, ds_head, scale);
+    attention_bwd_dq_wgmma_kernel<<<grid, FA_THREADS, DQ_SMEM, cuda_stream()>>>((bf16 *)dq, (const bf16 *)dsT, maps,
+                                                                                T, H, ds_head, scale);
     cudaLaunchCheck();
     return 0;
 }
