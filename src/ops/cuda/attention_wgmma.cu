@@ -6,7 +6,7 @@
 // fall back to those kernels elsewhere, and run these only under
 // device.cuda.attention_fwd / attention_bwd: wgmma.
 // H200, B=1 T=4096 H=16 (2026-12-01): forward 558 TFLOP/s (mma.sync 317),
-// backward 355 (236).
+// backward 475 (235; 353 before its dK/dV kernel queued the next products).
 //
 // ---- forward
 //
