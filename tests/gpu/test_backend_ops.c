@@ -1383,12 +1383,11 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
     dims4(tout(c, "dk", ACT, nk, &B_ATTN), B, T, KV, hd)->row = (size_t)KV * hd;
     dims4(tout(c, "dv", ACT, nk, &B_ATTN), B, T, KV, hd)->row = (size_t)KV * hd;
     tensor(c, "scratch", F32, WORK, 0)->flags |= SIZED;
-    if (hd == 128 && H == KV) { // dQ through dS^T (the default), on wgmma where it takes the shape, by its own kernel
-        c->choice[0].label = "dQ via dS^T";
+    if (hd == 128 && H == KV) { // dQ through dS^T (the default: on wgmma where it takes the shape), on mma.sync, by its own kernel
+        c->choice[0].label = "dQ via dS^T, wgmma";
         CudaSettings s = cuda_settings_default();
-        s.attention_bwd = CUDA_KERNELS_WGMMA;
-        add_choice(c, "dQ via dS^T, wgmma", s);
         s.attention_bwd = CUDA_KERNELS_MMA_SYNC;
+        add_choice(c, "dQ via dS^T, mma_sync", s);
         s.attention_ds_mib = 0;
         add_choice(c, "dQ kernel", s);
     }
@@ -1403,9 +1402,9 @@ static void add_attention(int B, int T, int H, int KV, int hd, int flags, int sm
     Case *c = attention_case(1, B, T, H, KV, hd, flags, docs);
     if (small_cap) { // every dS^T choice under the cap the scratch is sized with (choice 0's)
         c->choice[0].s.attention_ds_mib = 1;
-        c->choice[0].label = "dQ via dS^T, attention_ds_mib=1";
+        c->choice[0].label = "dQ via dS^T, wgmma, attention_ds_mib=1";
         c->choice[1].s.attention_ds_mib = 1;
-        c->choice[1].label = "dQ via dS^T, wgmma, attention_ds_mib=1";
+        c->choice[1].label = "dQ via dS^T, mma_sync, attention_ds_mib=1";
     }
 }
 
@@ -1599,10 +1598,15 @@ static void make_cases(void) {
     add_attention(3, 256, 4, 4, 128, RERUN, 0, DOCS_NONE);
     add_attention(3, 256, 4, 4, 128, RERUN, 1, DOCS_NONE); // the wgmma backward's dS^T in slices of 2, 1
     add_attention(1, 1024, 8, 2, 128, RERUN, 0, DOCS_NONE);
-    // OLMoE's attention (special check attention_heads validates two heads)
-    add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_NONE);
+    // the wgmma backward (H == KV) over many query tiles per key block (its
+    // dK/dV ring wraps, both dS^T buffers of a warpgroup turn over), B = 2
+    add_attention(1, 1024, 2, 2, 128, RERUN, 0, DOCS_NONE);
+    add_attention(2, 640, 3, 3, 128, RERUN, 0, DOCS_NONE);
+    // OLMoE's attention (special check attention_heads validates two heads);
+    // rerun: the same bits at full size
+    add_attention(1, 4096, 16, 16, 128, NOCPU | PERF | RERUN, 0, DOCS_NONE);
     add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0, DOCS_NONE);
-    add_attention(2, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_NONE);
+    add_attention(2, 4096, 16, 16, 128, NOCPU | PERF | RERUN, 0, DOCS_NONE);
     // intra-document masking: every kernel (both sets, dS^T and its slices,
     // variant 2's query-block kernels at 17 x 8 blocks of 128 > 2 per SM),
     // boundaries inside and on tiles, documents of length 1, a row without EOS
