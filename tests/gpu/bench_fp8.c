@@ -363,12 +363,12 @@ int main(int argc, char **argv) {
     row("- commit %s; device %s (%d SMs); date %s\n", MOECORE_BUILD_COMMIT, prop.name, prop.multiProcessorCount, date);
     row("- OLMoE-1B-7B experts: %d tokens x top-%d of %d experts, random routing: %d rows, %d..%d per expert\n",
         TOKENS, TOP_K, N_EXP, off[N_EXP], mn, mxr);
-    row("- each entry the median of %d runs after %d warm-ups (CUDA events); GEMM rows: %d interleaved rounds of "
-        "all five, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
-        "FLOPs 2 R C OC\n\n",
-        RUNS, WARMUP, ROUNDS);
-    row("| layer | kernel | ms | rate | vs BF16 |\n|---|---|---:|---:|---:|\n");
     int dgrad = argc > 1 && !strcmp(argv[1], "dgrad");
+    row("- each entry the median of %d runs after %d warm-ups (CUDA events); GEMM rows: %d interleaved rounds of "
+        "all %s, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
+        "FLOPs 2 R C OC\n\n",
+        RUNS, WARMUP, ROUNDS, dgrad ? "two" : "five");
+    row("| layer | kernel | ms | rate | vs BF16 |\n|---|---|---:|---:|---:|\n");
     const char *out = argc > 1 + dgrad ? argv[1 + dgrad] : NULL;
     if (dgrad) {
         bench_dgrad("down dY 2048 -> 1024", off, 1024, 2048, 0);
