@@ -36,6 +36,7 @@
 #include "ops/cuda/ops_cuda.h"
 #include "ops/cuda/wgmma_util.cuh"
 #include <cudaTypedefs.h>
+#include <stdlib.h>
 #include <string.h>
 
 namespace {
@@ -512,13 +513,29 @@ struct WsMaps {
 // zero_empty_experts first).
 enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3 };
 
+// The epilogue's variants, bits of grouped_ws_kernel's `variant`:
+// WS_STORE16 stores BF16 outputs 16 bytes per thread (a quad transpose,
+// store_acc_bf16_v16) instead of 4 (store_acc_bf16); WS_PREFETCH_DW has the
+// producer bring each weight-grad tile's dw rows into L2 (cp.async.bulk
+// prefetch, 32 rows per K step) while the tile's K steps run, so that the
+// += reductions of the epilogue hit L2 instead of waiting on device memory;
+// WS_NO_EPILOGUE (benchmarks only: outputs are left unwritten) stores
+// nothing, to time the main loop alone; WS_STAGGER (weight-grad only) holds
+// the consumers of odd blocks back by about half their first tile, so that
+// the blocks' epilogues (128 KB of FP32 reductions a tile, all blocks at
+// once otherwise: their tiles have the same K) alternate between the two
+// halves of the grid instead of meeting. None but WS_NO_EPILOGUE changes
+// what is stored: the outputs are bit-identical under every other variant.
+enum { WS_STORE16 = 1, WS_PREFETCH_DW = 2, WS_NO_EPILOGUE = 4, WS_STAGGER = 8 };
+enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_PREFETCH_DW };
+
 // out[R, N] = A[R, K] B_e^T (forward: B_e [N, K]) or A[R, K] B_e (data-grad:
 // B_e [K, N]), plus A2 B2_e when pair; or dw (weight-grad, above; M rows,
 // vec4 as red_add_quad's, K unused). N >= 256.
 template <int MODE>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, const int *offsets, int E, int M, int N,
-                  int K, int vec4) {
+                  int K, int vec4, int variant) {
     constexpr int S = WS_STAGES, BN = WS_BN;
     constexpr bool DGRAD = MODE == WS_DGRAD, WGRAD = MODE == WS_WGRAD;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -560,6 +577,11 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
         for (int t = first(); t < total; t = next(t)) {
             Tile tl = tile_at(t);
             int ktiles = WGRAD ? (tl.rows + WG_BK - 1) / WG_BK : dgrad_kt;
+            // weight-grad +=: the tile's rows of dw, 32 per K step, into L2
+            // ahead of the epilogue's reductions (WS_PREFETCH_DW)
+            const float *pf = (const float *)out + ((size_t)tl.e * M + tl.m0) * N + tl.n0;
+            int pf_rows = WGRAD && (variant & WS_PREFETCH_DW) && (vec4 & 3) == 1 ? min(WG_BM, M - tl.m0) : 0;
+            uint32_t pf_bytes = (uint32_t)min(BN, N - tl.n0) * 4;
             for (int kt = 0; kt < ktiles; kt++) {
                 mbar_wait(empty0 + 8 * slot, phase ^ 1); // a fresh barrier passes parity 1 at once
                 uint32_t st = tiles + slot * WsCfg::STAGE_BYTES, fb = full0 + 8 * slot;
@@ -586,6 +608,10 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
                     slot = 0;
                     phase ^= 1;
                 }
+                if constexpr (WGRAD) {
+                    int hi = kt == ktiles - 1 ? pf_rows : min(pf_rows, 32 * (kt + 1));
+                    for (int i = 32 * kt; i < hi; i++) bulk_prefetch_l2(pf + (size_t)i * N, pf_bytes);
+                }
             }
         }
         return;
@@ -599,6 +625,11 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
     float acc[WsCfg::ACC];
 #pragma unroll
     for (int i = 0; i < WsCfg::ACC; i++) acc[i] = 0.0f;
+    if (WGRAD && (variant & WS_STAGGER) && (blockIdx.x & 1) && first() < total) {
+        // ~0.4 us a K step: about half a tile at the kernel's rate
+        uint64_t until = global_ns() + 400ull * ((tile_at(first()).rows + WG_BK - 1) / WG_BK);
+        while (global_ns() < until) __nanosleep(256);
+    }
     for (int t = first(); t < total; t = next(t)) {
         Tile tl = tile_at(t);
         int ktiles = WGRAD ? (tl.rows + WG_BK - 1) / WG_BK : dgrad_kt;
@@ -650,11 +681,14 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
         wgmma_wait<0>();
         mbar_arrive(empty0 + 8 * prev);
 
+        if (variant & WS_NO_EPILOGUE) continue; // timing only: nothing stored
         int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2), c0 = tl.n0 + 2 * (lane & 3);
         if constexpr (WGRAD) {
             float *o = (float *)out + (size_t)tl.e * M * N;
             if (vec4 & 2) add_acc_f32<BN, true>(acc, o, M, N, r, c0, vec4 & 1);
             else add_acc_f32<BN>(acc, o, M, N, r, c0, vec4 & 1);
+        } else if (variant & WS_STORE16) {
+            store_acc_bf16_v16<BN>(acc, (bf16 *)out + (size_t)tl.r0 * N, N, r, c0, tl.rows);
         } else {
             store_acc_bf16<BN>(acc, (bf16 *)out + (size_t)tl.r0 * N, N, r, c0, tl.rows);
         }
@@ -730,6 +764,16 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 // device.cuda.gemm_tma: false runs the cp.async kernels instead.
 static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
+// The epilogue variant (WS_DEFAULT_VARIANT unless MOECORE_GROUPED_VARIANT,
+// a number 0-15 of the WS_* bits read at every launch, says otherwise: for
+// benchmarks and tests only; tests/gpu/bench_grouped.c interleaves them).
+static int ws_variant(void) {
+    const char *v = getenv("MOECORE_GROUPED_VARIANT");
+    char *end;
+    long n = v && *v ? strtol(v, &end, 10) : -1;
+    return n >= 0 && n <= 15 && !*end ? (int)n : WS_DEFAULT_VARIANT;
+}
+
 // Forward (WS_FWD: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C]),
 // data-grad (WS_DGRAD: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC], B =
 // w [E*OC, C] N-major) or weight-grad (WS_WGRAD: dw[e][OC, C] += A_e^T B_e,
@@ -761,14 +805,15 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
                                            (const void *)grouped_ws_kernel<WS_WGRAD>};
     static int smem_set[3];
     cuda_allow_smem(kernels[mode], &smem_set[mode], smem);
-    int grid = cuda_num_sms(), pair = A2 != NULL;
+    int grid = cuda_num_sms(), pair = A2 != NULL, variant = ws_variant();
     switch (mode) {
     case WS_FWD:
-        grouped_ws_kernel<WS_FWD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, 0, offsets, E, 0, N, K, 0);
+        grouped_ws_kernel<WS_FWD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, 0, offsets, E, 0, N, K, 0,
+                                                                             variant);
         break;
     case WS_DGRAD:
         grouped_ws_kernel<WS_DGRAD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, pair, offsets, E, 0, N, K,
-                                                                               0);
+                                                                               0, variant);
         break;
     default:
         if (set) {
@@ -778,7 +823,7 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
             cudaLaunchCheck();
         }
         grouped_ws_kernel<WS_WGRAD><<<grid, WS_THREADS, smem, cuda_stream()>>>(
-            out, maps, 0, offsets, E, OC, C, 0, wgrad_vec4((const float *)out) | (set << 1));
+            out, maps, 0, offsets, E, OC, C, 0, wgrad_vec4((const float *)out) | (set << 1), variant);
     }
     cudaLaunchCheck();
     return 0;
