@@ -83,7 +83,8 @@ static void run_case(Case *c) {
 }
 
 static void set_variant(int v) {
-    char s[2] = {(char)('0' + v), 0};
+    char s[16];
+    snprintf(s, sizeof s, "%d", v);
     setenv("MOECORE_GROUPED_VARIANT", s, 1);
 }
 
