@@ -38,7 +38,7 @@ enum { WARMUP = 3, RUNS = 10, ROUNDS = 5 };
 static const int variants[] = {0, 1, 2, 3, 9, 11, 4};
 #define N_VAR ((int)(sizeof variants / sizeof variants[0]))
 static const char *variant_name[] = {"0: 4-byte stores (before)",
-                                     "1: 16-byte stores",
+                                     "1: 16-byte stores (default)",
                                      "2: dw L2 prefetch",
                                      "3: 16-byte stores + dw prefetch",
                                      "9: 16-byte stores + wgrad stagger",

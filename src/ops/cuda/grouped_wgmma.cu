@@ -10,7 +10,10 @@
 //     grouped_wgmma_bwd_kernel): every thread loads and computes; they run
 //     the shapes the TMA kernel does not take and device.cuda.gemm_tma: false.
 // H200, OLMoE shape (2026-11-30): forward 551 vs 384 TFLOP/s, data-grad 468
-// vs 336, weight-grad 262 vs 253 (bench/results/2026-11-30-h200-issue6.md).
+// vs 336, weight-grad 262 vs 253 (bench/results/2026-11-30-h200-issue6.md);
+// since issue 19's 16-byte epilogue, at 65536 rows: forward 599 / 569
+// (gate/up / down), data-grads 602-609, weight-grads 453-523
+// (bench/results/2026-12-01-h200-issue19-grouped.md).
 //
 // A block of 2 warpgroups owns a 128 x BN output tile (BN = 256, or 128),
 // each warpgroup 64 rows of it as one m64nBNk16 accumulator in registers.
@@ -526,8 +529,13 @@ enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3 };
 // once otherwise: their tiles have the same K) alternate between the two
 // halves of the grid instead of meeting. None but WS_NO_EPILOGUE changes
 // what is stored: the outputs are bit-identical under every other variant.
+// H200, OLMoE shapes, 65536 rows (bench/results/2026-12-01-h200-issue19-
+// grouped.md): WS_STORE16 lifts the forward 519 -> 599 TFLOP/s (gate/up) and
+// 451 -> 569 (down), the data-grads 521 -> 609 and 522 -> 602 (pair); the
+// prefetch slows the weight-grad += by 6-11% and the stagger changes
+// nothing, so the default is WS_STORE16 alone.
 enum { WS_STORE16 = 1, WS_PREFETCH_DW = 2, WS_NO_EPILOGUE = 4, WS_STAGGER = 8 };
-enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_PREFETCH_DW };
+enum { WS_DEFAULT_VARIANT = WS_STORE16 };
 
 // out[R, N] = A[R, K] B_e^T (forward: B_e [N, K]) or A[R, K] B_e (data-grad:
 // B_e [K, N]), plus A2 B2_e when pair; or dw (weight-grad, above; M rows,
