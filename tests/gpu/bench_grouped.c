@@ -35,16 +35,14 @@
 enum { TOKENS = 8192, N_EXP = 64, TOP_K = 8, D_MODEL = 2048, HIDDEN = 1024 };
 enum { WARMUP = 3, RUNS = 10, ROUNDS = 5 };
 
-static const int variants[] = {0, 1, 2, 3, 9, 11, 4};
+static const int variants[] = {0, 1, 17, 33, 4};
 #define N_VAR ((int)(sizeof variants / sizeof variants[0]))
 static const char *variant_name[] = {"0: 4-byte stores (before)",
                                      "1: 16-byte stores (default)",
-                                     "2: dw L2 prefetch",
-                                     "3: 16-byte stores + dw prefetch",
-                                     "9: 16-byte stores + wgrad stagger",
-                                     "11: 16-byte stores + dw prefetch + wgrad stagger",
+                                     "17: TMA epilogue, 4 stages + 2 x 16 KB staging",
+                                     "33: TMA epilogue, 3 stages + 2 x 32 KB staging",
                                      "4: no epilogue (main loop alone)"};
-static const int checked[] = {3, 11}; // compared with variant 0 bit for bit
+static const int checked[] = {1, 17, 33}; // compared with variant 0 bit for bit
 // how often a micro-batch of one MoE layer runs each case (bench_case's
 // order): forward gate and up, down; down data-grad; the pair; weight-grads
 // gate and up, down, assigned on 1 micro-batch of 4 and accumulated on 3

@@ -3,7 +3,8 @@
 // fences and waits, the m64n64 / m64n128 / m64n256 BF16 wgmma (A from shared
 // memory, or registers at n128), the m64n128k32 E4M3 one, the K-major and MN-major 128-byte-swizzle descriptors,
 // mbarriers, 2D TMA and 1D bulk loads, L2 bulk prefetches, the quad
-// transpose behind 16-byte BF16 accumulator stores; and the host side of the tensor maps
+// transpose behind 16-byte BF16 accumulator stores, stmatrix, TMA stores
+// and reductions with their bulk groups, named barriers; and the host side of the tensor maps
 // (grouped_wgmma.cu).
 #pragma once
 #include <cuda.h>
@@ -278,6 +279,45 @@ __device__ __forceinline__ uint64_t global_ns() {
 // from gmem into L2; no completion to wait for.
 __device__ __forceinline__ void bulk_prefetch_l2(const void *gmem, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+}
+
+// Four 8 x 8 BF16 matrices from registers into shared memory (stmatrix
+// .x4): register i of every lane holds matrix i's row lane / 4, columns
+// 2 (lane % 4) .. + 1 (the mma / wgmma accumulator layout), and lanes 8 i ..
+// 8 i + 7 give the shared addresses of matrix i's 8 rows (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+// The box at element coordinates (c0 inner, c1 outer) of the map from
+// shared memory src by the copy engine: stored (tma_store_2d) or added into
+// global memory (tma_reduce_add_2d, the map's element type, e.g. FP32), as
+// one bulk group of the issuing thread (bulk_commit closes it; elements
+// outside the map are not written).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"((uint64_t)map),
+                 "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                     (uint64_t)map),
+                 "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's bulk groups still read their shared
+// source (bulk_wait_read) or are not complete (bulk_wait).
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Barrier `id` (1-15) of `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 } // namespace
 
