@@ -20,6 +20,8 @@
 // with the CPU backend. Every operand (64-512 MB) is over 2 x L2.
 // Prints a markdown table (to argv[1] too when given) and ends with
 // "N passed, N failed". Built by `make build/tests/gpu/bench_grouped`.
+// Usage: bench_grouped [table.md [quick]]; quick: 3 rounds, and only the
+// variants after the first checked.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,6 +45,7 @@ static const char *variant_name[] = {"0: 4-byte stores (before)",
                                      "33: TMA epilogue, 3 stages + 2 x 32 KB staging",
                                      "4: no epilogue (main loop alone)"};
 static const int checked[] = {1, 17, 33}; // compared with variant 0 bit for bit
+static int quick; // argv[2] "quick": the last two checked only, 3 rounds
 // how often a micro-batch of one MoE layer runs each case (bench_case's
 // order): forward gate and up, down; down data-grad; the pair; weight-grads
 // gate and up, down, assigned on 1 micro-batch of 4 and accumulated on 3
@@ -134,7 +137,7 @@ static void bench_case(Case *c, const char *name) {
     char what[160];
     snprintf(what, sizeof what, "%s, variant 0: every element written, finite", name);
     gt_ok(bad == 0, "%s (%zu not)", what, bad);
-    for (size_t k = 0; k < sizeof checked / sizeof checked[0]; k++) {
+    for (size_t k = quick ? 1 : 0; k < sizeof checked / sizeof checked[0]; k++) {
         void *got = run_output(c, checked[k], &n);
         snprintf(what, sizeof what, "%s, variant %d = variant 0", name, checked[k]);
         gt_check_bits(what, got, ref, cnt, elem);
@@ -145,7 +148,8 @@ static void bench_case(Case *c, const char *name) {
 
     double flops = 2.0 * c->R * c->C * c->OC * (c->op == OP_PAIR ? 2 : 1);
     double t[N_VAR][ROUNDS];
-    for (int rd = 0; rd < ROUNDS; rd++)
+    int rounds = quick ? 3 : ROUNDS;
+    for (int rd = 0; rd < rounds; rd++)
         for (int k = 0; k < N_VAR; k++) {
             set_variant(variants[k]);
             t[k][rd] = time_ms(c);
@@ -154,13 +158,13 @@ static void bench_case(Case *c, const char *name) {
     for (int k = 0; k < N_VAR; k++) {
         float x[ROUNDS], ratio[ROUNDS];
         double lo = 1e30, hi = 0;
-        for (int rd = 0; rd < ROUNDS; rd++) {
+        for (int rd = 0; rd < rounds; rd++) {
             x[rd] = (float)t[k][rd];
             ratio[rd] = (float)(t[0][rd] / t[k][rd]);
             lo = t[k][rd] < lo ? t[k][rd] : lo;
             hi = t[k][rd] > hi ? t[k][rd] : hi;
         }
-        double med = gt_median(x, ROUNDS), rmed = gt_median(ratio, ROUNDS);
+        double med = gt_median(x, rounds), rmed = gt_median(ratio, rounds);
         case_ms[n_cases][k] = med;
         row("| %s | %s | %.3f (%.3f..%.3f) | %.0f | %.3fx |\n", name, variant_name[k], med, lo, hi,
             flops / med / 1e9, rmed);
@@ -169,6 +173,7 @@ static void bench_case(Case *c, const char *name) {
 }
 
 int main(int argc, char **argv) {
+    quick = argc > 2 && !strcmp(argv[2], "quick");
     // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
     int cnt[N_EXP] = {0}, off[N_EXP + 1];
     for (int t = 0; t < TOKENS; t++) {
@@ -199,7 +204,7 @@ int main(int argc, char **argv) {
     row("- each entry the median of %d runs after %d warm-ups (CUDA events); %d interleaved rounds of all variants: "
         "ms = median over rounds (min..max), vs 0 = median of the rounds' variant-0 / variant time ratios; "
         "FLOPs 2 R C OC (pair: twice)\n\n",
-        RUNS, WARMUP, ROUNDS);
+        RUNS, WARMUP, quick ? 3 : ROUNDS);
     row("| op | variant | ms | TFLOP/s | vs 0 |\n|---|---|---:|---:|---:|\n");
 
     // one random host buffer (N(0, 1), BF16-representable) for every operand
