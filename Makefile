@@ -37,7 +37,7 @@ endif
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=build/tests/gpu/%)
 # GPU programs that are not tests (scripts/gpu-check.sh runs every test_*)
-GPU_BENCH_BIN := build/tests/gpu/bench_kernels build/tests/gpu/bench_fp8
+GPU_BENCH_BIN := build/tests/gpu/bench_kernels build/tests/gpu/bench_fp8 build/tests/gpu/bench_grouped
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(sort $(wildcard tests/tool_*.c))

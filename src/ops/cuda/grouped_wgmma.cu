@@ -10,7 +10,10 @@
 //     grouped_wgmma_bwd_kernel): every thread loads and computes; they run
 //     the shapes the TMA kernel does not take and device.cuda.gemm_tma: false.
 // H200, OLMoE shape (2026-11-30): forward 551 vs 384 TFLOP/s, data-grad 468
-// vs 336, weight-grad 262 vs 253 (bench/results/2026-11-30-h200-issue6.md).
+// vs 336, weight-grad 262 vs 253 (bench/results/2026-11-30-h200-issue6.md);
+// since issue 19's 16-byte epilogue, at 65536 rows: forward 599 / 569
+// (gate/up / down), data-grads 602-609, weight-grads 453-523
+// (bench/results/2026-12-01-h200-issue19-grouped.md).
 //
 // A block of 2 warpgroups owns a 128 x BN output tile (BN = 256, or 128),
 // each warpgroup 64 rows of it as one m64nBNk16 accumulator in registers.
@@ -36,6 +39,7 @@
 #include "ops/cuda/ops_cuda.h"
 #include "ops/cuda/wgmma_util.cuh"
 #include <cudaTypedefs.h>
+#include <stdlib.h>
 #include <string.h>
 
 namespace {
@@ -498,6 +502,7 @@ static_assert(WS_BN == 256, "the weight-grad's tail zeroing splits B's four 64-c
 
 struct WsMaps {
     CUtensorMap a, b, a2, b2; // a2, b2: the data-grad pair's second operands
+    CUtensorMap o;            // the TMA epilogue's output: out [rows, N] BF16 (box 64 x 64) or dw [E*M, N] FP32 (32 x 64)
 };
 
 // The weight-grad (mode WS_WGRAD) uses the same ring: dw[e][M, N] +=
@@ -514,20 +519,118 @@ struct WsMaps {
 // zero_empty_experts first).
 enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3 };
 
+// The epilogue's variants, bits of grouped_ws_kernel's `variant`:
+// WS_STORE16 stores BF16 outputs 16 bytes per thread (a quad transpose,
+// store_acc_bf16_v16) instead of 4 (store_acc_bf16); WS_PREFETCH_DW has the
+// producer bring each weight-grad tile's dw rows into L2 (cp.async.bulk
+// prefetch, 32 rows per K step) while the tile's K steps run, so that the
+// += reductions of the epilogue hit L2 instead of waiting on device memory;
+// WS_NO_EPILOGUE (benchmarks only: outputs are left unwritten) stores
+// nothing, to time the main loop alone; WS_STAGGER (weight-grad only) holds
+// the consumers of odd blocks back by about half their first tile, so that
+// the blocks' epilogues (128 KB of FP32 reductions a tile, all blocks at
+// once otherwise: their tiles have the same K) alternate between the two
+// halves of the grid instead of meeting. None but WS_NO_EPILOGUE changes
+// what is stored: the outputs are bit-identical under every other variant.
+// H200, OLMoE shapes, 65536 rows (bench/results/2026-12-01-h200-issue19-
+// grouped.md): WS_STORE16 lifts the forward 519 -> 599 TFLOP/s (gate/up) and
+// 451 -> 569 (down), the data-grads 521 -> 609 and 522 -> 602 (pair); the
+// prefetch slows the weight-grad += by 6-11% and the stagger changes
+// nothing, so the default is WS_STORE16 alone.
+// WS_TMA_EPI4 / WS_TMA_EPI3 store through shared memory and the copy engine
+// (tma_epilogue: 4 stages and 16 KB of staging per consumer warpgroup, or 3
+// stages and 32 KB); WS_TMA_BY_MODE takes EPI3 for the BF16 outputs and
+// EPI4 for the weight-grads, the faster of the two for each (one call,
+// 3 rounds: forward and data-grads 1.00-1.03x WS_STORE16 with EPI3,
+// weight-grad += 1.05-1.08x with EPI4, bit-identical outputs at the OLMoE
+// shapes; not the default until test_backend_ops has run under it).
+enum { WS_STORE16 = 1, WS_PREFETCH_DW = 2, WS_NO_EPILOGUE = 4, WS_STAGGER = 8, WS_TMA_EPI4 = 16, WS_TMA_EPI3 = 32,
+       WS_TMA_BY_MODE = 64 };
+enum { WS_DEFAULT_VARIANT = WS_STORE16 };
+
+// The TMA epilogue (kernels with STG > 0, variants WS_TMA_EPI4 / _EPI3):
+// a consumer warpgroup's 64 x 256 half of the tile goes through its own
+// STG bytes of shared memory in rounds of STG / 8 KB boxes, each box 64 rows
+// x 128 bytes in the 128-byte-swizzled layout the output map expects (row r
+// at r * 128, its 16-byte chunk c at (c ^ (r % 8)) * 16): BF16 by stmatrix
+// (8 KB = 64 columns, 4 boxes), FP32 by 8-byte stores (32 columns, 8
+// boxes). After a fence and the warpgroup's barrier, its first thread hands
+// the round's boxes to the copy engine, which stores them (BF16 out, dw =)
+// or adds them into dw (cp.reduce.async.bulk .add.f32; each element has one
+// writer per call, so the sum is the single FP32 addition the L2 reductions
+// did: the same bits); the warpgroup then goes on with its next tile while
+// the copy engine drains the last round. Before a round overwrites the
+// buffer, the first thread waits until the copy engine has read the
+// previous one. Only whole halves take this path (rows past an expert's
+// segment or past M must not be written); columns past N are outside the
+// map, which the copy engine does not write.
+template <bool WGRAD, int STG>
+__device__ __forceinline__ void tma_epilogue(const float (&acc)[WS_BN / 2], const CUtensorMap *map, uint32_t stg,
+                                             int cw, int warp, int lane, int n0, int c1, int N, bool reduce) {
+    constexpr int BOX = 8192, NB = WGRAD ? 8 : 4, BPR = STG / BOX, JB = WGRAD ? 4 : 8; // JB: 8-column groups a box
+    static_assert(STG % BOX == 0 && NB % BPR == 0, "whole boxes, whole rounds");
+    const bool lead = (threadIdx.x & 127) == 0;
+    const int cols_per_box = WGRAD ? 32 : 64;
+#pragma unroll
+    for (int q = 0; q < NB / BPR; q++) {
+        if (lead) bulk_wait_read<0>(); // the buffer's previous round has been read
+        named_barrier(3 + cw, 128);
+        if constexpr (!WGRAD) {
+            // matrices (h, j) as stmatrix.x4 takes them: lanes 8i.. give matrix i = (h = i % 2, j + i / 2)
+            int mi = lane >> 3, row = warp * 16 + 8 * (mi & 1) + (lane & 7);
+#pragma unroll
+            for (int jj = 0; jj < JB * BPR; jj += 2) {
+                int j = JB * BPR * q + jj, js = j + (mi >> 1);
+                uint32_t addr = stg + (js / JB - BPR * q) * BOX + row * 128 + (((js % JB) ^ (row & 7)) << 4);
+                stmatrix_x4(addr, bf16x2_bits(acc[4 * j], acc[4 * j + 1]), bf16x2_bits(acc[4 * j + 2], acc[4 * j + 3]),
+                            bf16x2_bits(acc[4 * j + 4], acc[4 * j + 5]), bf16x2_bits(acc[4 * j + 6], acc[4 * j + 7]));
+            }
+        } else {
+            int p = lane & 3;
+#pragma unroll
+            for (int jj = 0; jj < JB * BPR; jj++) {
+                int j = JB * BPR * q + jj;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = warp * 16 + 8 * h + (lane >> 2), chunk = 2 * (j % JB) + (p >> 1);
+                    uint32_t addr = stg + (j / JB - BPR * q) * BOX + row * 128 + ((chunk ^ (row & 7)) << 4) + (p & 1) * 8;
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * j + 2 * h]),
+                                 "f"(acc[4 * j + 2 * h + 1])
+                                 : "memory");
+                }
+            }
+        }
+        fence_proxy_async(); // generic-proxy writes before the copy engine reads them
+        named_barrier(3 + cw, 128);
+        if (lead) {
+#pragma unroll
+            for (int b = 0; b < BPR; b++) {
+                int c0 = n0 + cols_per_box * (BPR * q + b);
+                if (c0 >= N) continue;
+                if (reduce) tma_reduce_add_2d(map, stg + b * BOX, c0, c1);
+                else tma_store_2d(map, stg + b * BOX, c0, c1);
+            }
+            bulk_commit();
+        }
+    }
+}
+
 // out[R, N] = A[R, K] B_e^T (forward: B_e [N, K]) or A[R, K] B_e (data-grad:
 // B_e [K, N]), plus A2 B2_e when pair; or dw (weight-grad, above; M rows,
 // vec4 as red_add_quad's, K unused). N >= 256.
-template <int MODE>
+template <int MODE, int S = WS_STAGES, int STG = 0>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, const int *offsets, int E, int M, int N,
-                  int K, int vec4) {
-    constexpr int S = WS_STAGES, BN = WS_BN;
+                  int K, int vec4, int variant) {
+    constexpr int BN = WS_BN;
     constexpr bool DGRAD = MODE == WS_DGRAD, WGRAD = MODE == WS_WGRAD;
+    using Cfg = WgConfig<WS_BN, S>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t tiles = (raw + 1023) & ~1023u;
-    uint32_t full0 = tiles + WsCfg::TILE_BYTES, empty0 = full0 + 8 * S; // S barriers each, 8 bytes apiece
-    int *s_off = (int *)(smem_raw + (tiles - raw) + WsCfg::TILE_BYTES + 16 * S);
+    uint32_t staging = tiles + Cfg::TILE_BYTES; // STG bytes per consumer warpgroup (the TMA epilogue)
+    uint32_t full0 = staging + 2 * STG, empty0 = full0 + 8 * S; // S barriers each, 8 bytes apiece
+    int *s_off = (int *)(smem_raw + (tiles - raw) + Cfg::TILE_BYTES + 2 * STG + 16 * S);
     int *s_tile = s_off + E + 1;
     int col_tiles = (N + BN - 1) / BN;
     if (threadIdx.x == 0) {
@@ -562,10 +665,15 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
         for (int t = first(); t < total; t = next(t)) {
             Tile tl = tile_at(t);
             int ktiles = WGRAD ? (tl.rows + WG_BK - 1) / WG_BK : dgrad_kt;
+            // weight-grad +=: the tile's rows of dw, 32 per K step, into L2
+            // ahead of the epilogue's reductions (WS_PREFETCH_DW)
+            const float *pf = (const float *)out + ((size_t)tl.e * M + tl.m0) * N + tl.n0;
+            int pf_rows = WGRAD && (variant & WS_PREFETCH_DW) && (vec4 & 3) == 1 ? min(WG_BM, M - tl.m0) : 0;
+            uint32_t pf_bytes = (uint32_t)min(BN, N - tl.n0) * 4;
             for (int kt = 0; kt < ktiles; kt++) {
                 mbar_wait(empty0 + 8 * slot, phase ^ 1); // a fresh barrier passes parity 1 at once
-                uint32_t st = tiles + slot * WsCfg::STAGE_BYTES, fb = full0 + 8 * slot;
-                mbar_expect_tx(fb, WsCfg::STAGE_BYTES);
+                uint32_t st = tiles + slot * Cfg::STAGE_BYTES, fb = full0 + 8 * slot;
+                mbar_expect_tx(fb, Cfg::STAGE_BYTES);
                 bool second = kt >= kt1 && !WGRAD;
                 int k0 = (second ? kt - kt1 : kt) * WG_BK;
                 const CUtensorMap *ma = second ? &maps.a2 : &maps.a, *mb = second ? &maps.b2 : &maps.b;
@@ -574,19 +682,23 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
                     tma_load_2d(st + MN_LBO, ma, tl.m0 + 64, tl.r0 + k0, fb);
 #pragma unroll
                     for (int j = 0; j < BN / 64; j++)
-                        tma_load_2d(st + WsCfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.r0 + k0, fb);
+                        tma_load_2d(st + Cfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.r0 + k0, fb);
                 } else if constexpr (!DGRAD) {
                     tma_load_2d(st, ma, k0, tl.r0 + tl.m0, fb);
-                    tma_load_2d(st + WsCfg::A_BYTES, mb, k0, tl.e * N + tl.n0, fb);
+                    tma_load_2d(st + Cfg::A_BYTES, mb, k0, tl.e * N + tl.n0, fb);
                 } else {
                     tma_load_2d(st, ma, k0, tl.r0 + tl.m0, fb);
 #pragma unroll
                     for (int j = 0; j < BN / 64; j++)
-                        tma_load_2d(st + WsCfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.e * K + k0, fb);
+                        tma_load_2d(st + Cfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.e * K + k0, fb);
                 }
                 if (++slot == S) {
                     slot = 0;
                     phase ^= 1;
+                }
+                if constexpr (WGRAD) {
+                    int hi = kt == ktiles - 1 ? pf_rows : min(pf_rows, 32 * (kt + 1));
+                    for (int i = 32 * kt; i < hi; i++) bulk_prefetch_l2(pf + (size_t)i * N, pf_bytes);
                 }
             }
         }
@@ -598,16 +710,21 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
     int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     int slot = 0;
     uint32_t phase = 0;
-    float acc[WsCfg::ACC];
+    float acc[Cfg::ACC];
 #pragma unroll
-    for (int i = 0; i < WsCfg::ACC; i++) acc[i] = 0.0f;
+    for (int i = 0; i < Cfg::ACC; i++) acc[i] = 0.0f;
+    if (WGRAD && (variant & WS_STAGGER) && (blockIdx.x & 1) && first() < total) {
+        // ~0.4 us a K step: about half a tile at the kernel's rate
+        uint64_t until = global_ns() + 400ull * ((tile_at(first()).rows + WG_BK - 1) / WG_BK);
+        while (global_ns() < until) __nanosleep(256);
+    }
     for (int t = first(); t < total; t = next(t)) {
         Tile tl = tile_at(t);
         int ktiles = WGRAD ? (tl.rows + WG_BK - 1) / WG_BK : dgrad_kt;
         int prev = 0;
         for (int kt = 0; kt < ktiles; kt++) {
             mbar_wait(full0 + 8 * slot, phase);
-            uint32_t st = tiles + slot * WsCfg::STAGE_BYTES;
+            uint32_t st = tiles + slot * Cfg::STAGE_BYTES;
             if constexpr (WGRAD) {
                 int valid = tl.rows - kt * WG_BK; // K rows of this step inside the segment
                 if (valid < WG_BK) {
@@ -631,18 +748,18 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
             }
             wgmma_fence();
             if constexpr (WGRAD) {
-                uint64_t da = smem_desc_mn(st + cw * MN_LBO), db = smem_desc_mn(st + WsCfg::A_BYTES);
+                uint64_t da = smem_desc_mn(st + cw * MN_LBO), db = smem_desc_mn(st + Cfg::A_BYTES);
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; kk++)
                     wgmma_n256<1, 1>(acc, da + (uint64_t)MN_KSTEP_DESC * kk, db + (uint64_t)MN_KSTEP_DESC * kk,
                                      kt > 0 || kk > 0);
             } else if constexpr (!DGRAD) {
                 uint64_t da = smem_desc(st + cw * 64 * 128);
-                uint64_t db = smem_desc(st + WsCfg::A_BYTES);
+                uint64_t db = smem_desc(st + Cfg::A_BYTES);
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; kk++) wgmma_n256<0, 0>(acc, da + 2 * kk, db + 2 * kk, kt > 0 || kk > 0);
             } else {
-                uint64_t da = smem_desc(st + cw * 64 * 128), db = smem_desc_mn(st + WsCfg::A_BYTES);
+                uint64_t da = smem_desc(st + cw * 64 * 128), db = smem_desc_mn(st + Cfg::A_BYTES);
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; kk++)
                     wgmma_n256<0, 1>(acc, da + 2 * kk, db + (uint64_t)MN_KSTEP_DESC * kk, kt > 0 || kk > 0);
@@ -659,15 +776,28 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
         wgmma_wait<0>();
         mbar_arrive(empty0 + 8 * prev);
 
+        if (variant & WS_NO_EPILOGUE) continue; // timing only: nothing stored
+        if constexpr (STG > 0) { // whole 64-row halves through shared memory and the copy engine
+            int half = tl.m0 + cw * 64; // this warpgroup's first row (weight-grad: of dw_e)
+            if (half + 64 <= (WGRAD ? M : tl.rows)) {
+                int c1 = WGRAD ? tl.e * M + half : tl.r0 + half;
+                tma_epilogue<WGRAD, STG>(acc, &maps.o, staging + cw * STG, cw, warp, lane, tl.n0, c1, N,
+                                         WGRAD && !(vec4 & 2));
+                continue;
+            }
+        }
         int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2), c0 = tl.n0 + 2 * (lane & 3);
         if constexpr (WGRAD) {
             float *o = (float *)out + (size_t)tl.e * M * N;
             if (vec4 & 2) add_acc_f32<BN, true>(acc, o, M, N, r, c0, vec4 & 1);
             else add_acc_f32<BN>(acc, o, M, N, r, c0, vec4 & 1);
+        } else if (variant & WS_STORE16) {
+            store_acc_bf16_v16<BN>(acc, (bf16 *)out + (size_t)tl.r0 * N, N, r, c0, tl.rows);
         } else {
             store_acc_bf16<BN>(acc, (bf16 *)out + (size_t)tl.r0 * N, N, r, c0, tl.rows);
         }
     }
+    if (STG > 0 && (threadIdx.x & 127) == 0) bulk_wait<0>(); // the last stores out of shared memory
 }
 
 // dw[e] = 0 for the experts without rows (grid.y = expert).
@@ -739,6 +869,16 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 // device.cuda.gemm_tma: false runs the cp.async kernels instead.
 static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
+// The epilogue variant (WS_DEFAULT_VARIANT unless MOECORE_GROUPED_VARIANT,
+// a number 0-127 of the WS_* bits read at every launch, says otherwise: for
+// benchmarks and tests only; tests/gpu/bench_grouped.c interleaves them).
+static int ws_variant(void) {
+    const char *v = getenv("MOECORE_GROUPED_VARIANT");
+    char *end;
+    long n = v && *v ? strtol(v, &end, 10) : -1;
+    return n >= 0 && n <= 127 && !*end ? (int)n : WS_DEFAULT_VARIANT;
+}
+
 // Forward (WS_FWD: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C]),
 // data-grad (WS_DGRAD: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC], B =
 // w [E*OC, C] N-major) or weight-grad (WS_WGRAD: dw[e][OC, C] += A_e^T B_e,
@@ -763,31 +903,47 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
             if (tensor_map(&maps.b2, B2, C, (uint64_t)E * OC, 64, 64)) return -1;
         }
     }
-    int smem = WsCfg::TILE_BYTES + 1024 + 16 * WS_STAGES + 2 * (E + 1) * (int)sizeof(int);
+    int variant = ws_variant();
+    // the epilogue: 0 = from registers; 1 = TMA, 4 stages and 16 KB of staging
+    // per warpgroup; 2 = TMA, 3 stages and 32 KB (when the output map and
+    // shared memory allow)
+    int epi = variant & WS_TMA_BY_MODE ? (mode == WS_WGRAD ? 1 : 2)
+              : variant & WS_TMA_EPI3  ? 2
+              : variant & WS_TMA_EPI4  ? 1
+                                       : 0;
+    if (epi && mode == WS_WGRAD && ((uintptr_t)out & 15)) epi = 0;
+    if (epi && (mode == WS_WGRAD ? cuda_tensor_map_2d(&maps.o, out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, C,
+                                                      (uint64_t)E * OC, 32, 64)
+                                 : tensor_map(&maps.o, out, N, rows_to_end(out, N), 64, 64)))
+        epi = 0;
+    static const int stages[3] = {WS_STAGES, 4, 3}, staging[3] = {0, 16384, 32768};
+    int smem = WgConfig<WS_BN, 4>::STAGE_BYTES * stages[epi] + 2 * staging[epi] + 1024 + 16 * stages[epi] +
+               2 * (E + 1) * (int)sizeof(int);
+    if (smem > WG_SMEM_LIMIT && epi) {
+        epi = 0;
+        smem = WsCfg::TILE_BYTES + 1024 + 16 * WS_STAGES + 2 * (E + 1) * (int)sizeof(int);
+    }
     if (smem > WG_SMEM_LIMIT) return -1;
-    static const void *const kernels[3] = {(const void *)grouped_ws_kernel<WS_FWD>,
-                                           (const void *)grouped_ws_kernel<WS_DGRAD>,
-                                           (const void *)grouped_ws_kernel<WS_WGRAD>};
-    static int smem_set[3];
-    cuda_allow_smem(kernels[mode], &smem_set[mode], smem);
+    typedef void (*Kernel)(void *, const WsMaps, int, const int *, int, int, int, int, int, int);
+    static const Kernel kernels[3][3] = {
+        {grouped_ws_kernel<WS_FWD>, grouped_ws_kernel<WS_FWD, 4, 16384>, grouped_ws_kernel<WS_FWD, 3, 32768>},
+        {grouped_ws_kernel<WS_DGRAD>, grouped_ws_kernel<WS_DGRAD, 4, 16384>, grouped_ws_kernel<WS_DGRAD, 3, 32768>},
+        {grouped_ws_kernel<WS_WGRAD>, grouped_ws_kernel<WS_WGRAD, 4, 16384>, grouped_ws_kernel<WS_WGRAD, 3, 32768>}};
+    static int smem_set[3][3];
+    Kernel kernel = kernels[mode][epi];
+    cuda_allow_smem((const void *)kernel, &smem_set[mode][epi], smem);
     int grid = cuda_num_sms(), pair = A2 != NULL;
-    switch (mode) {
-    case WS_FWD:
-        grouped_ws_kernel<WS_FWD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, 0, offsets, E, 0, N, K, 0);
-        break;
-    case WS_DGRAD:
-        grouped_ws_kernel<WS_DGRAD><<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, pair, offsets, E, 0, N, K,
-                                                                               0);
-        break;
-    default:
+    if (mode == WS_WGRAD) {
         if (set) {
             size_t per = (size_t)OC * C;
             zero_empty_experts<<<dim3(ceil_div(per, 4 * 256) < 32 ? ceil_div(per, 4 * 256) : 32, E), 256, 0,
                                  cuda_stream()>>>((float *)out, offsets, per);
             cudaLaunchCheck();
         }
-        grouped_ws_kernel<WS_WGRAD><<<grid, WS_THREADS, smem, cuda_stream()>>>(
-            out, maps, 0, offsets, E, OC, C, 0, wgrad_vec4((const float *)out) | (set << 1));
+        kernel<<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, 0, offsets, E, OC, C, 0,
+                                                          wgrad_vec4((const float *)out) | (set << 1), variant);
+    } else {
+        kernel<<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, pair, offsets, E, 0, N, K, 0, variant);
     }
     cudaLaunchCheck();
     return 0;

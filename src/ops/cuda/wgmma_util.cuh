@@ -2,7 +2,9 @@
 // kernels in fp8.cu, attention_wgmma.cu): cp.async, proxy fences, wgmma
 // fences and waits, the m64n64 / m64n128 / m64n256 BF16 wgmma (A from shared
 // memory, or registers at n128), the m64n128k32 E4M3 one, the K-major and MN-major 128-byte-swizzle descriptors,
-// mbarriers, 2D TMA and 1D bulk loads; and the host side of the tensor maps
+// mbarriers, 2D TMA and 1D bulk loads, L2 bulk prefetches, the quad
+// transpose behind 16-byte BF16 accumulator stores, stmatrix, TMA stores
+// and reductions with their bulk groups, named barriers; and the host side of the tensor maps
 // (grouped_wgmma.cu).
 #pragma once
 #include <cuda.h>
@@ -220,6 +222,102 @@ __device__ __forceinline__ void store_acc_bf16(const float (&acc)[BN / 2], bf16 
                 *(__nv_bfloat162 *)(o + (size_t)(r + 8) * N + c) = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
         }
     }
+}
+
+// One stage of a 4 x 4 transpose of 32-bit words among the 4 lanes of a
+// quad (lane p = lane % 4): lanes p and p ^ D exchange, for each word pair
+// (i, i + D) with i & D == 0, the word the other lane keeps. After stages
+// D = 2 and D = 1, lane p's word k is lane k's word p before them.
+template <int D> __device__ __forceinline__ void quad_transpose_stage(uint32_t (&w)[4], int p) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (i & D) continue;
+        bool up = p & D;
+        uint32_t got = __shfl_xor_sync(0xffffffffu, up ? w[i] : w[i + D], D);
+        if (up) w[i] = got;
+        else w[i + D] = got;
+    }
+}
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+// store_acc_bf16's result (the same values) with 16-byte stores: for each
+// row and group m of 4 column octets, the quad transposes its packed pairs
+// so that lane p holds columns 8 (4 m + p) .. + 7 of the row. All lanes of
+// the warp take part in the shuffles; rows >= rows and columns >= N (N a
+// multiple of 8) are not stored; o + row * N + column must be 16-byte
+// aligned for columns that are multiples of 8.
+template <int BN>
+__device__ __forceinline__ void store_acc_bf16_v16(const float (&acc)[BN / 2], bf16 *o, int N, int r, int c0,
+                                                   int rows) {
+    int p = threadIdx.x & 3, n0 = c0 - 2 * p;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int row = r + 8 * h;
+#pragma unroll
+        for (int m = 0; m < BN / 32; m++) {
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                w[i] = bf16x2_bits(acc[4 * (4 * m + i) + 2 * h], acc[4 * (4 * m + i) + 2 * h + 1]);
+            quad_transpose_stage<2>(w, p);
+            quad_transpose_stage<1>(w, p);
+            int c = n0 + 8 * (4 * m + p);
+            if (row < rows && c < N) *(uint4 *)(o + (size_t)row * N + c) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+// The global nanosecond timer (%globaltimer; coarse ticks).
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+// Asks the copy engine to bring `bytes` (a multiple of 16, 16-byte aligned)
+// from gmem into L2; no completion to wait for.
+__device__ __forceinline__ void bulk_prefetch_l2(const void *gmem, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+}
+
+// Four 8 x 8 BF16 matrices from registers into shared memory (stmatrix
+// .x4): register i of every lane holds matrix i's row lane / 4, columns
+// 2 (lane % 4) .. + 1 (the mma / wgmma accumulator layout), and lanes 8 i ..
+// 8 i + 7 give the shared addresses of matrix i's 8 rows (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+// The box at element coordinates (c0 inner, c1 outer) of the map from
+// shared memory src by the copy engine: stored (tma_store_2d) or added into
+// global memory (tma_reduce_add_2d, the map's element type, e.g. FP32), as
+// one bulk group of the issuing thread (bulk_commit closes it; elements
+// outside the map are not written).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"((uint64_t)map),
+                 "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                     (uint64_t)map),
+                 "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's bulk groups still read their shared
+// source (bulk_wait_read) or are not complete (bulk_wait).
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Barrier `id` (1-15) of `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 } // namespace
 
