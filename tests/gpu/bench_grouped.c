@@ -8,7 +8,7 @@
 // points (cuda_grouped_matmul_*, cuda_grouped_dgrad_pair).
 //
 // The warp-specialised kernel's epilogue variants (grouped_wgmma.cu's WS_*
-// bits, picked by MOECORE_GROUPED_VARIANT) are timed in ROUNDS interleaved
+// bits, picked by cuda_grouped_set_variant) are timed in ROUNDS interleaved
 // rounds, each entry the median of RUNS runs after WARMUP (CUDA events
 // around the call alone); a row gives the median over rounds (min..max) and
 // the median of the rounds' paired ratios against variant 0 (the epilogue
@@ -83,11 +83,7 @@ static void run_case(Case *c) {
     }
 }
 
-static void set_variant(int v) {
-    char s[16];
-    snprintf(s, sizeof s, "%d", v);
-    setenv("MOECORE_GROUPED_VARIANT", s, 1);
-}
+static void set_variant(int v) { cuda_grouped_set_variant(v); }
 
 static double time_ms(Case *c) {
     cudaStream_t st = cuda_stream();
@@ -154,7 +150,7 @@ static void bench_case(Case *c, const char *name) {
             set_variant(variants[k]);
             t[k][rd] = time_ms(c);
         }
-    unsetenv("MOECORE_GROUPED_VARIANT");
+    cuda_grouped_set_variant(-1);
     for (int k = 0; k < N_VAR; k++) {
         float x[ROUNDS], ratio[ROUNDS];
         double lo = 1e30, hi = 0;

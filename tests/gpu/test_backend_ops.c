@@ -2041,7 +2041,7 @@ static void special_docs(void) {
 
 // ---- crossentropy_paths: the shared-memory cross-entropy kernels (the row
 // copied in by one bulk copy: src/ops/cuda/loss.cu) against the streaming
-// ones (MOECORE_CE_STREAM=1), bit for bit: losses, dlogits out of place and
+// ones (cuda_crossentropy_set_streaming), bit for bit: losses, dlogits out of place and
 // in place (as the model calls it), masked rows included; and the widest
 // row the shared-memory path takes next to the first one it leaves to the
 // streaming kernels.
@@ -2053,8 +2053,7 @@ static void ce_paths_case(int N, int V) {
     void *tgt = dev_copy(t, N * 4), *logits = dev_act(nv, G_UNIFORM, 0, 4);
     void *h[2][3];
     for (int path = 0; path < 2; path++) { // 0: shared memory (the default), 1: streaming
-        if (path) setenv("MOECORE_CE_STREAM", "1", 1);
-        else unsetenv("MOECORE_CE_STREAM");
+        cuda_crossentropy_set_streaming(path);
         void *loss = dev_poison(N * 4), *dl = dev_poison(nv * 2), *inpl = dkeep(gpu->alloc(nv * 2));
         gpu->copy_act(inpl, logits, nv);
         gpu->crossentropy_forward(loss, logits, tgt, N, V);
@@ -2065,7 +2064,7 @@ static void ce_paths_case(int N, int V) {
         h[path][1] = gt_host_bytes(dl, nv * 2);
         h[path][2] = gt_host_bytes(inpl, nv * 2);
     }
-    unsetenv("MOECORE_CE_STREAM");
+    cuda_crossentropy_set_streaming(0);
     const char *nm[3] = {"losses", "dlogits", "dlogits in place"};
     size_t bytes[3] = {(size_t)N * 4, nv * 2, nv * 2};
     for (int i = 0; i < 3; i++) {

@@ -869,15 +869,13 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 // device.cuda.gemm_tma: false runs the cp.async kernels instead.
 static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
-// The epilogue variant (WS_DEFAULT_VARIANT unless MOECORE_GROUPED_VARIANT,
-// a number 0-127 of the WS_* bits read at every launch, says otherwise: for
-// benchmarks and tests only; tests/gpu/bench_grouped.c interleaves them).
-static int ws_variant(void) {
-    const char *v = getenv("MOECORE_GROUPED_VARIANT");
-    char *end;
-    long n = v && *v ? strtol(v, &end, 10) : -1;
-    return n >= 0 && n <= 127 && !*end ? (int)n : WS_DEFAULT_VARIANT;
-}
+// The epilogue variant: WS_DEFAULT_VARIANT unless a benchmark or test has
+// set another (cuda_grouped_set_variant, a number 0-127 of the WS_* bits;
+// tests/gpu/bench_grouped.c interleaves them). Not configuration: the
+// variants other than the default are measured, not supported.
+static int ws_variant_override = -1;
+extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 127 ? v : -1; }
+static int ws_variant(void) { return ws_variant_override >= 0 ? ws_variant_override : WS_DEFAULT_VARIANT; }
 
 // Forward (WS_FWD: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C]),
 // data-grad (WS_DGRAD: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC], B =

@@ -190,8 +190,11 @@ static __global__ void __launch_bounds__(CE_THREADS)
     }
 }
 
-// The shared-memory path when the row fits (and MOECORE_CE_STREAM is unset:
-// the streaming kernels, for A/B timing and as the fallback).
+// The shared-memory path when the row fits, unless a test or benchmark has
+// asked for the streaming kernels (cuda_crossentropy_set_streaming: the
+// fallback, for bit-for-bit and A/B checks).
+static bool ce_force_stream;
+extern "C" void cuda_crossentropy_set_streaming(int on) { ce_force_stream = on != 0; }
 static bool ce_smem_ok(const void *a, const void *b, int V) {
     static int limit = -1;
     if (limit < 0) {
@@ -200,9 +203,7 @@ static bool ce_smem_ok(const void *a, const void *b, int V) {
         cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         limit -= 1024; // the static __shared__ of ce_row_stats and the barrier
     }
-    const char *e = getenv("MOECORE_CE_STREAM"); // read per call: a test flips it
-    bool stream = e && *e && strcmp(e, "0");
-    return !stream && V % 8 == 0 && aligned16(a) && aligned16(b) && (long)V * 2 <= limit;
+    return !ce_force_stream && V % 8 == 0 && aligned16(a) && aligned16(b) && (long)V * 2 <= limit;
 }
 
 extern "C" void cuda_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V) {

@@ -120,6 +120,11 @@ int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void *dsT, const
                                   const float *D, const void *q, const void *k, const void *v, int B, int T, int H,
                                   size_t ds_head);
 int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen);                 // gemm.cu
+// For benchmarks and tests only, not configuration: the grouped kernels'
+// epilogue variant (0-127 of grouped_wgmma.cu's WS_* bits; -1: the default)
+// and the streaming cross-entropy kernels instead of the shared-memory ones.
+void cuda_grouped_set_variant(int v);         // grouped_wgmma.cu
+void cuda_crossentropy_set_streaming(int on); // loss.cu
 int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen);             // router.cu
 int cuda_supports(const OpDesc *d, char *why, size_t whylen);                              // ops_cuda_table.c
 // fp8.cu: the FP8 entries of the op table (ops.h) and the sizes they take
