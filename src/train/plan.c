@@ -158,8 +158,9 @@ static const char *const rc_names[] = {"none", "experts", "gather", "layers"};
 void plan_layout_name(const PlanLayout *l, char *buf, size_t n) {
     char pp[48] = "";
     if (l->pp > 1) snprintf(pp, sizeof pp, "/pp%d/v%d/%s", l->pp, l->virt, pp_schedule_kind_name((PPScheduleKind)l->sched));
-    snprintf(buf, n, "dp%d/ep%d%s%s/%s%s/mb%d/%s", l->dp, l->ep, pp, l->sharded ? "/sharded" : "", rc_names[l->recompute],
-             l->norms ? "/norms" : "", l->mb, l->fp8 ? "mxfp8" : "bf16");
+    snprintf(buf, n, "dp%d/ep%d%s%s/%s%s%s%s/mb%d/%s", l->dp, l->ep, pp, l->sharded ? "/sharded" : "",
+             rc_names[l->recompute], l->norms ? "/norms" : "", l->attn ? "/attn" : "", l->swiglu ? "/swiglu" : "", l->mb,
+             l->fp8 ? "mxfp8" : "bf16");
 }
 
 int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, size_t errlen) {
@@ -189,6 +190,8 @@ int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, 
         }
         if (!strcmp(t, "sharded") || !strcmp(t, "unsharded")) { l->sharded = t[0] == 's'; gv |= PL_SHARDED; continue; }
         if (!strcmp(t, "norms") || !strcmp(t, "keepnorms")) { l->norms = t[0] == 'n'; gv |= PL_NORMS; continue; }
+        if (!strcmp(t, "attn") || !strcmp(t, "keepattn")) { l->attn = t[0] == 'a'; gv |= PL_ATTN; continue; }
+        if (!strcmp(t, "swiglu") || !strcmp(t, "keepswiglu")) { l->swiglu = t[0] == 's'; gv |= PL_SWIGLU; continue; }
         if (!strcmp(t, "bf16") || !strcmp(t, "mxfp8")) { l->fp8 = t[0] == 'm'; gv |= PL_PREC; continue; }
         int r = 0;
         while (r < 4 && strcmp(t, rc_names[r])) r++;
@@ -197,7 +200,8 @@ int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, 
         char e2[128];
         if (!pp_schedule_kind_parse(t, &k, e2, sizeof e2)) { l->sched = k; gv |= PL_SCHED; continue; }
         return errorf(err, errlen, "layout '%s': unknown part '%s' (dpN, epN, ppN, vN, gpipe|1f1b|interleaved|zb1, "
-                      "sharded|unsharded, none|experts|gather|layers, norms|keepnorms, mbN, bf16|mxfp8)", s, t);
+                      "sharded|unsharded, none|experts|gather|layers, norms|keepnorms, attn|keepattn, "
+                      "swiglu|keepswiglu, mbN, bf16|mxfp8)", s, t);
     }
     if (l->pp == 1) l->virt = 1;
     if (given) *given = gv;
@@ -219,6 +223,8 @@ static int layout_config(const PlanInput *in, const PlanLayout *l, RunConfig *c,
     c->optim_sharded = l->sharded;
     c->train.recompute = l->recompute;
     c->train.recompute_norms = l->norms;
+    c->train.recompute_attention = l->attn;
+    c->train.recompute_swiglu = l->swiglu;
     c->train.micro_batch = l->mb;
     if (l->dp * l->pp != in->gpus)
         return errorf(err, errlen, "dp %d x pp %d is not the %d GPUs", l->dp, l->pp, in->gpus);
@@ -300,13 +306,25 @@ static void block_time(const ModelConfig *c, const GpuSpec *g, const PlanLayout 
     }
 }
 
-// What the recompute mode redoes in block l's backward.
+// What the recompute mode and the selective ones redo in block l's backward
+// (whole: the block's forward; the norms and SwiGLU are redone in it too).
 static void recompute_time(const ModelConfig *c, const GpuSpec *g, const PlanLayout *l, int moe, int whole, Acc *a) {
     double N = (double)l->mb * c->seq_len, D = c->d_model, R = N * c->top_k, Fe = c->expert_hidden;
+    double qd = model_q_dim(c), kvd = model_kv_dim(c), T = c->seq_len, H = c->n_heads, hd = c->head_dim;
+    double Fs = (double)c->n_shared * c->shared_hidden;
+    if (l->norms) op(a, g, C_ELEM, 2 * 4.0 * N * D, g->membw * GB, 2); // the two input norms again
+    if (l->swiglu) { // SwiGLU again: gate and up read, the output written (2 B each)
+        if (!moe && c->dense_hidden > 0) op(a, g, C_ELEM, N * c->dense_hidden * 6, g->membw * GB, 1);
+        if (moe && Fs > 0) op(a, g, C_ELEM, N * Fs * 6, g->membw * GB, 1);
+    }
+    if (moe && (l->recompute == 1 || l->swiglu)) op(a, g, C_ELEM, R * Fe * 6, g->membw * GB, 1);
     if (whole) { block_time(c, g, l, moe, 0, a); return; }
-    if (!moe) return;
-    if (l->recompute == 1 || l->recompute == 2) op(a, g, C_ELEM, (N * D + R * D) * 2, g->membw * GB, 1);
-    if (l->recompute == 1) op(a, g, C_ELEM, R * Fe * 6, g->membw * GB, 1);
+    if (l->attn) { // QK-norm and RoPE (read and write, 2 B) and the attention forward again
+        double qk = c->qk_norm != QKNORM_NONE ? 2 * (qd + kvd) * N * 2 : 0;
+        op(a, g, C_ELEM, qk + 2 * (qd + kvd) * N * 2, g->membw * GB, qk > 0 ? 4 : 2);
+        op(a, g, C_ATTN, 4.0 * l->mb * H * T * T * hd / 2, g->attn_fwd * TF, 1);
+    }
+    if (moe && (l->recompute == 1 || l->recompute == 2)) op(a, g, C_ELEM, (N * D + R * D) * 2, g->membw * GB, 1);
 }
 
 // Block l recomputed whole (model_recomputes_layer's rule).
@@ -330,8 +348,6 @@ static void stage_time(const RunConfig *rc, const GpuSpec *g, const PlanLayout *
             block_time(c, g, l, moe, 0, &s->f);
             block_time(c, g, l, moe, 1, &s->b);
             recompute_time(c, g, l, moe, recomputes_block(rc, st, i), &s->rc);
-            if (rc->train.recompute_norms) // the two input norms again
-                op(&s->rc, g, C_ELEM, 2 * 4.0 * l->mb * c->seq_len * c->d_model, g->membw * GB, 2);
             s->moe_layers += moe;
         }
     double gemm = (l->fp8 ? g->fp8_gemm : g->gemm) * TF;
@@ -598,13 +614,16 @@ static int matches(const PlanLayout *a, const PlanLayout *w, unsigned given) {
            (!(given & PL_SCHED) || a->pp == 1 || a->sched == w->sched) &&
            (!(given & PL_SHARDED) || a->sharded == w->sharded) && (!(given & PL_RC) || a->recompute == w->recompute) &&
            (!(given & PL_MB) || a->mb == w->mb) && (!(given & PL_PREC) || a->fp8 == w->fp8) &&
-           (!(given & PL_NORMS) || a->norms == w->norms);
+           (!(given & PL_NORMS) || a->norms == w->norms) && (!(given & PL_ATTN) || a->attn == w->attn) &&
+           (!(given & PL_SWIGLU) || a->swiglu == w->swiglu);
 }
 
 static void enumerate(const PlanInput *in, int precisions, const PlanLayout *where, unsigned given, Results *rs,
                       int *refused) {
     const RunConfig *cfg = in->cfg;
     int N = in->gpus, L = cfg->model.n_layers, E = cfg->model.n_experts, G = cfg->train.global_batch;
+    // swiglu beside experts changes something only with dense or shared-expert MLPs
+    int other_swiglu = (cfg->model.dense_layers > 0 && cfg->model.dense_hidden > 0) || cfg->model.n_shared > 0 || E == 0;
     for (int pp = 1; pp <= N && pp <= L; pp++) {
         if (N % pp) continue;
         int dp = N / pp;
@@ -613,14 +632,17 @@ static void enumerate(const PlanInput *in, int precisions, const PlanLayout *whe
             static const int scheds[][2] = {{PP_1F1B, 1}, {PP_INTERLEAVED, 2}, {PP_ZB1, 1}};
             for (int si = 0; si < (pp > 1 ? 3 : 1); si++) {
                 for (int sh = 0; sh <= (dp > 1); sh++)
-                    for (int rc = 0; rc < 8; rc++) // the mode, and the input norms kept or recomputed
+                    for (int rc = 0; rc < 32; rc++) // the mode, and norms, attention, SwiGLU kept or recomputed
                         for (int mb = 1; mb <= G / dp; mb++) {
                             if ((G / dp) % mb || G % dp) continue;
                             for (int p8 = 0; p8 < 2; p8++) {
                                 if (!(precisions & (1 << p8))) continue;
-                                PlanLayout l = {dp, ep, pp, pp > 1 ? scheds[si][1] : 1, pp > 1 ? scheds[si][0] : PP_1F1B,
-                                                sh, rc % 4, rc / 4, mb, p8};
+                                PlanLayout l = {.dp = dp, .ep = ep, .pp = pp, .virt = pp > 1 ? scheds[si][1] : 1,
+                                                .sched = pp > 1 ? scheds[si][0] : PP_1F1B, .sharded = sh,
+                                                .recompute = rc % 4, .norms = rc / 4 % 2, .attn = rc / 8 % 2,
+                                                .swiglu = rc / 16, .mb = mb, .fp8 = p8};
                                 if (!matches(&l, where, given)) continue;
+                                if (l.swiglu && l.recompute == 1 && !other_swiglu && !(given & PL_SWIGLU)) continue;
                                 PlanResult r;
                                 char err[512];
                                 if (plan_layout(in, &l, &r, err, sizeof err)) { (*refused)++; continue; }
@@ -670,8 +692,8 @@ static void print_why(FILE *f, const Results *rs) {
     for (int i = 1; i < rs->n; i++) {
         const PlanResult *b = &rs->r[i];
         if (!b->fits) break;
-        if (b->lay.recompute != a->lay.recompute || b->lay.mb != a->lay.mb || b->lay.ep != a->lay.ep ||
-            b->lay.pp != a->lay.pp) {
+        if (b->lay.recompute != a->lay.recompute || b->lay.norms != a->lay.norms || b->lay.attn != a->lay.attn ||
+            b->lay.swiglu != a->lay.swiglu || b->lay.mb != a->lay.mb || b->lay.ep != a->lay.ep || b->lay.pp != a->lay.pp) {
             char bn[128];
             plan_layout_name(&b->lay, bn, sizeof bn);
             fprintf(f, "; the next different one, %s, is %.1f%% slower", bn, 100 * (a->tokens_s_gpu / b->tokens_s_gpu - 1));
@@ -688,10 +710,10 @@ static int usage_plan(FILE *f) {
                "  Enumerates the layouts of CONFIG on N GPUs (dp, ep, pp, virtual stages and schedule, sharded\n"
                "  optimizer, recompute, micro-batch, precision), drops those whose peak memory does not fit, and\n"
                "  ranks the rest by predicted tokens/s per GPU. NAME: configs/gpus/NAME.yaml (default h200).\n"
-               "  LAYOUT: as the table prints it, e.g. dp8/ep8/pp4/v1/1f1b/sharded/layers/norms/mb1/bf16\n"
-               "  (missing parts: dp1 ep1 pp1 v1 1f1b, not sharded, none, norms kept, mb1, bf16). --where keeps\n"
-               "  the layouts\n"
-               "  with the parts given (e.g. ep8/pp4/unsharded). mxfp8 is modelled (the FP8 expert GEMM\n"
+               "  LAYOUT: as the table prints it, e.g. dp8/ep8/pp4/v1/1f1b/sharded/gather/norms/attn/swiglu/mb1/bf16\n"
+               "  (missing parts: dp1 ep1 pp1 v1 1f1b, not sharded, none, norms, attention and SwiGLU kept\n"
+               "  (keepnorms, keepattn, keepswiglu), mb1, bf16). --where keeps the layouts\n"
+               "  with the parts given (e.g. ep8/pp4/unsharded/keepattn). mxfp8 is modelled (the FP8 expert GEMM\n"
                "  rate, activations at BF16); the trainer's FP8 (block128) runs with ep 1 and pp 1 only.\n");
     return f == stdout ? 0 : 2;
 }
