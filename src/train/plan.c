@@ -6,14 +6,16 @@
 //     the rates of the file (GEMM FLOPs at the dense / grouped / attention
 //     rates, the grouped rate scaled by the rows per expert; memory-bound
 //     ops' bytes at membw), each kernel at least op_floor_us;
-//   recompute: the forward work the mode redoes in the backward;
+//   recompute: the forward work the mode and the selective keys (norms,
+//     attention, SwiGLU) redo in the backward;
 //   expert parallelism: dispatch and combine (forward and backward) over
 //     NVLink when the ep group is inside a node, InfiniBand otherwise;
 //   pipeline: the schedule's bubble (pp_schedule_theory_bubble with the
 //     stage's forward and backward times) and the stage-to-stage sends;
 //   data parallelism: ring all-reduce of the FP32 grads (2 (n-1)/n bytes per
 //     link), or reduce-scatter + BF16 all-gather when sharded, hidden behind
-//     the last micro-batch's backward up to the file's overlap share;
+//     the last micro-batch's backward up to the file's overlap share, per
+//     pipeline rank (its own parameters and backward; the slowest counts);
 //   the optimizer: AdamW's 30 B, grad zeroing and norm 8 B per element.
 #include "train/plan.h"
 
@@ -451,6 +453,10 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
     StageTime worst;
     memset(&worst, 0, sizeof worst);
     int ncomm = (in->gpus > 1) + (dp > 1) + (ep > 1) + (dp / ep > 1) + (pp > 1);
+    // each pipeline rank's parameters held (its grad reduction and optimizer
+    // step) and its backward (which hides the reduction)
+    double held_dense[PP_MAX_RANKS], held_expert[PP_MAX_RANKS], opt_elems[PP_MAX_RANKS], back[PP_MAX_RANKS];
+    if (pp > PP_MAX_RANKS) return errorf(err, errlen, "pp %d: at most %d pipeline ranks", pp, PP_MAX_RANKS);
     for (int p = 0; p < pp; p++) {
         ParamStage st = param_stage_all(c);
         PPSchedule sched;
@@ -471,6 +477,10 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         if (p == 0 || mp.peak > r->mem.peak) { r->mem = mp; r->mem_rank = p; r->recv_factor = factor; }
         StageTime s;
         stage_time(&rc, g, lay, &st, &s);
+        held_dense[p] = (double)mp.dense;
+        held_expert[p] = (double)mp.expert;
+        opt_elems[p] = 30.0 * (double)(mp.dense_opt + mp.expert_opt) + 8.0 * (double)(mp.dense + mp.expert);
+        back[p] = acc_sum(&s.b) + acc_sum(&s.rc);
         double t = acc_sum(&s.f) + acc_sum(&s.b) + acc_sum(&s.rc);
         if (t > worst_stage) { worst_stage = t; worst = s; f_worst = acc_sum(&s.f); b_worst = acc_sum(&s.b) + acc_sum(&s.rc); }
     }
@@ -500,19 +510,25 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         r->bubble = pp_schedule_theory_bubble((PPScheduleKind)lay->sched, pp, M, lay->virt, cost);
         r->t_bubble = (M * t_mb + r->t_pp_comm) * r->bubble / (1 - r->bubble);
     }
-    // data parallelism: the FP32 grads over dp (dense) and ep_dp (experts)
-    const MemoryPlan *mp = &r->mem;
+    // data parallelism: the FP32 grads over dp (dense) and ep_dp (experts),
+    // per pipeline rank (its own parameters, hidden behind its own
+    // backward); the step waits for the slowest rank's exposed part
     int edp = dp / ep;
-    double dense_b = 4.0 * mp->dense, expert_b = 4.0 * mp->expert;
     double k = lay->sharded ? 1 : 2; // reduce-scatter or all-reduce
-    double t_dense_red = coll_time(in, dp, 1, dense_b, k), t_exp_red = coll_time(in, edp, ep, expert_b, k);
-    double t_gather = lay->sharded ? coll_time(in, dp, 1, 2.0 * mp->dense, 1) + coll_time(in, edp, ep, 2.0 * mp->expert, 1) : 0;
-    r->t_dp = t_dense_red + t_exp_red + t_gather;
-    double hidden = g->overlap * b_worst, red = t_dense_red + t_exp_red;
-    r->t_dp_exposed = (red > hidden ? red - hidden : 0) + t_gather;
-    // optimizer: AdamW 30 B per element of the range, zeroing + norm 8 B per held
-    double opt = (double)(mp->dense_opt + mp->expert_opt), held = (double)(mp->dense + mp->expert);
-    r->t_optim = (30 * opt + 8 * held) / (g->optim_gbs * GB) + 4 * g->op_floor_us * 1e-6;
+    r->t_dp = r->t_dp_exposed = r->t_optim = 0;
+    for (int p = 0; p < pp; p++) {
+        double t_dense_red = coll_time(in, dp, 1, 4.0 * held_dense[p], k);
+        double t_exp_red = coll_time(in, edp, ep, 4.0 * held_expert[p], k);
+        double t_gather = lay->sharded ? coll_time(in, dp, 1, 2.0 * held_dense[p], 1) +
+                                         coll_time(in, edp, ep, 2.0 * held_expert[p], 1) : 0;
+        double hidden = g->overlap * back[p], red = t_dense_red + t_exp_red;
+        double exposed = (red > hidden ? red - hidden : 0) + t_gather;
+        if (red + t_gather > r->t_dp) r->t_dp = red + t_gather;
+        if (exposed > r->t_dp_exposed) r->t_dp_exposed = exposed;
+        // optimizer: AdamW 30 B per element of the range, zeroing + norm 8 B per held
+        double t_opt = opt_elems[p] / (g->optim_gbs * GB) + 4 * g->op_floor_us * 1e-6;
+        if (t_opt > r->t_optim) r->t_optim = t_opt;
+    }
     r->t_step = M * t_mb + r->t_pp_comm + r->t_bubble + r->t_dp_exposed + r->t_optim;
     double tokens = (double)G * c->seq_len;
     r->tokens_s_gpu = tokens / r->t_step / in->gpus;
@@ -618,47 +634,79 @@ static int matches(const PlanLayout *a, const PlanLayout *w, unsigned given) {
            (!(given & PL_SWIGLU) || a->swiglu == w->swiglu);
 }
 
+// A selective key (norms, attention, SwiGLU) only adds recompute time and
+// never adds memory, so (unless --where names a selective part) the layout
+// with all of them is evaluated first: when it does not fit, neither do the
+// others; when it does, a key set is evaluated only when no subset of it
+// fits (a subset is as fast or faster). *skipped counts those left out.
 static void enumerate(const PlanInput *in, int precisions, const PlanLayout *where, unsigned given, Results *rs,
-                      int *refused) {
+                      int *refused, int *skipped) {
     const RunConfig *cfg = in->cfg;
     int N = in->gpus, L = cfg->model.n_layers, E = cfg->model.n_experts, G = cfg->train.global_batch;
     // swiglu beside experts changes something only with dense or shared-expert MLPs
     int other_swiglu = (cfg->model.dense_layers > 0 && cfg->model.dense_hidden > 0) || cfg->model.n_shared > 0 || E == 0;
+    int prune = !(given & (PL_NORMS | PL_ATTN | PL_SWIGLU));
     for (int pp = 1; pp <= N && pp <= L; pp++) {
         if (N % pp) continue;
         int dp = N / pp;
         for (int ep = 1; ep <= dp; ep++) {
             if (dp % ep || (E ? E % ep : ep > 1)) continue;
             static const int scheds[][2] = {{PP_1F1B, 1}, {PP_INTERLEAVED, 2}, {PP_ZB1, 1}};
-            for (int si = 0; si < (pp > 1 ? 3 : 1); si++) {
+            for (int si = 0; si < (pp > 1 ? 3 : 1); si++)
                 for (int sh = 0; sh <= (dp > 1); sh++)
-                    for (int rc = 0; rc < 32; rc++) // the mode, and norms, attention, SwiGLU kept or recomputed
+                    for (int rc = 0; rc < 4; rc++)
                         for (int mb = 1; mb <= G / dp; mb++) {
                             if ((G / dp) % mb || G % dp) continue;
                             for (int p8 = 0; p8 < 2; p8++) {
                                 if (!(precisions & (1 << p8))) continue;
-                                PlanLayout l = {.dp = dp, .ep = ep, .pp = pp, .virt = pp > 1 ? scheds[si][1] : 1,
-                                                .sched = pp > 1 ? scheds[si][0] : PP_1F1B, .sharded = sh,
-                                                .recompute = rc % 4, .norms = rc / 4 % 2, .attn = rc / 8 % 2,
-                                                .swiglu = rc / 16, .mb = mb, .fp8 = p8};
-                                if (!matches(&l, where, given)) continue;
-                                if (l.swiglu && l.recompute == 1 && !other_swiglu && !(given & PL_SWIGLU)) continue;
-                                PlanResult r;
-                                char err[512];
-                                if (plan_layout(in, &l, &r, err, sizeof err)) { (*refused)++; continue; }
-                                push(rs, &r);
+                                // the key sets: bit 0 norms, 1 attention, 2 SwiGLU (not beside
+                                // experts unless it shares more than the experts' buffers)
+                                int all = rc == 1 && !other_swiglu && !(given & PL_SWIGLU) ? 3 : 7;
+                                int fits[8] = {0}, state[8] = {0}; // state: 0 not run, 1 pushed, -1 refused
+                                PlanResult rall;
+                                for (int k = 0; k < 9; k++) {
+                                    int sel = k == 0 ? all : k - 1; // all of them first, then by subsets
+                                    if (k > 0 && (sel & ~all)) continue;
+                                    if (k == 0 && !prune) continue;
+                                    PlanLayout l = {.dp = dp, .ep = ep, .pp = pp, .virt = pp > 1 ? scheds[si][1] : 1,
+                                                    .sched = pp > 1 ? scheds[si][0] : PP_1F1B, .sharded = sh,
+                                                    .recompute = rc, .norms = sel & 1, .attn = sel >> 1 & 1,
+                                                    .swiglu = sel >> 2, .mb = mb, .fp8 = p8};
+                                    if (!matches(&l, where, given)) continue;
+                                    if (k > 0 && prune && state[all] == 1 && !fits[all] && sel != all) {
+                                        (*skipped)++; // does not fit with all the keys: not with fewer
+                                        continue;
+                                    }
+                                    int sub = 0;
+                                    for (int t = 0; t < sel && !sub; t++) sub = (t & sel) == t && fits[t];
+                                    if (k > 0 && prune && sub) { (*skipped)++; continue; }
+                                    if (k > 0 && sel == all && prune) { // evaluated first
+                                        if (state[all] == 1) push(rs, &rall);
+                                        continue;
+                                    }
+                                    PlanResult r;
+                                    char err[512];
+                                    if (plan_layout(in, &l, &r, err, sizeof err)) { (*refused)++; state[sel] = -1; continue; }
+                                    fits[sel] = r.fits;
+                                    state[sel] = 1;
+                                    if (k == 0) rall = r;
+                                    else push(rs, &r);
+                                }
                             }
                         }
-            }
         }
     }
 }
 
-static void print_table(FILE *f, const PlanInput *in, const Results *rs, int top, int refused) {
+static void print_table(FILE *f, const PlanInput *in, const Results *rs, int top, int refused, int skipped) {
     int fit = 0;
     for (int i = 0; i < rs->n; i++) fit += rs->r[i].fits;
-    fprintf(f, "%d layouts: %d fit %.1f GiB of a %s, %d do not; %d refused by the config's rules\n", rs->n, fit,
+    fprintf(f, "%d layouts: %d fit %.1f GiB of a %s, %d do not; %d refused by the config's rules", rs->n, fit,
             in->gpu->memory_gib, in->gpu->name, rs->n - fit, refused);
+    if (skipped)
+        fprintf(f, "; %d with selective recompute (norms, attn, swiglu) not evaluated: the layout fits with fewer "
+                   "of them, or not with all", skipped);
+    fprintf(f, "\n");
     fprintf(f, "%-4s %-46s %9s %10s %12s %10s %6s  %s\n", "#", "layout", "peak GiB", "step ms", "tokens/s/GPU",
             "TFLOP/s", "MFU", "largest term");
     int shown = 0;
@@ -809,10 +857,10 @@ int cmd_plan(int argc, char **argv) {
     }
     if (given & PL_PREC) precisions = 1 << where.fp8;
     Results rs = {0};
-    int refused = 0;
-    enumerate(&in, precisions, &where, given, &rs, &refused);
+    int refused = 0, skipped = 0;
+    enumerate(&in, precisions, &where, given, &rs, &refused, &skipped);
     qsort(rs.r, rs.n, sizeof *rs.r, by_speed);
-    print_table(stdout, &in, &rs, top, refused);
+    print_table(stdout, &in, &rs, top, refused, skipped);
     print_why(stdout, &rs);
     if (!rs.n || !rs.r[0].fits) {
         // the smallest peak, to say how far off it is
