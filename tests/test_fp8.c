@@ -338,6 +338,83 @@ START_TEST(test_grouped_matmul_ref) {
 }
 END_TEST
 
+// ---- the data-grads: transposed weights, the gate/up pair ---------------------------
+
+// fp8_transpose_128x128 moves the forward copy's bytes and scales, and the
+// FP8 data-grad (the reference GEMM with them) is deq(dY) deq(W), from the
+// definition of each dequantised operand (W not transposed), in double.
+START_TEST(test_dgrad_ref) {
+    int E = 3, M = 256, K = 384, mb = M / 128, kb = K / 128, ldt = 2 * M;
+    int off[4] = {0, 9, 9, 50}; // an empty expert
+    int R = off[E];
+    float *w = malloc((size_t)E * M * K * 4), *dy = malloc((size_t)R * M * 4);
+    for (size_t i = 0; i < (size_t)E * M * K; i++) w[i] = (float)((urand() * 2 - 1) * ldexp(1.0, (int)(i / 16384 % 7)));
+    for (size_t i = 0; i < (size_t)R * M; i++) dy[i] = (float)(urand() * 2 - 1);
+    uint8_t *q = malloc((size_t)E * M * K), *qt = malloc((size_t)E * K * ldt);
+    float *s = malloc((size_t)E * mb * kb * 4), *st = malloc((size_t)E * kb * (ldt / 128) * 4);
+    memset(qt, 0xab, (size_t)E * K * ldt);
+    for (size_t i = 0; i < (size_t)E * kb * (ldt / 128); i++) st[i] = -1.0f;
+    fp8_quantize_128x128(q, s, w, E, M, K);
+    fp8_transpose_128x128(qt, st, ldt, M, q, s, E, M, K); // the right half, as the up weight's
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < K; j++)
+            for (int c = 0; c < ldt; c++) {
+                uint8_t got = qt[((size_t)e * K + j) * ldt + c];
+                if (c < M) ck_assert_int_eq(got, 0xab); // the left half untouched
+                else ck_assert_int_eq(got, q[((size_t)e * M + c - M) * K + j]);
+            }
+    for (int e = 0; e < E; e++)
+        for (int bj = 0; bj < kb; bj++)
+            for (int b = 0; b < ldt / 128; b++) {
+                float got = st[((size_t)e * kb + bj) * (ldt / 128) + b];
+                if (b < mb) ck_assert(got == -1.0f);
+                else ck_assert(memcmp(&got, &s[((size_t)e * mb + b - mb) * kb + bj], 4) == 0);
+            }
+    // the data-grad dX [R, K] = deq(dY) deq(W_e): the reference GEMM with qt (ldt = M here)
+    fp8_transpose_128x128(qt, st, M, 0, q, s, E, M, K);
+    uint8_t *qy = malloc((size_t)R * M);
+    float *sy = malloc((size_t)R * mb * 4), *dx = malloc((size_t)R * K * 4);
+    fp8_quantize_1x128(qy, sy, dy, R, M);
+    fp8_grouped_matmul_ref(dx, qy, sy, qt, st, off, E, M, K);
+    double dn = 0, rn = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = off[e]; r < off[e + 1]; r++)
+            for (int j = 0; j < K; j++) {
+                double acc = 0;
+                for (int i = 0; i < M; i++)
+                    acc += oracle_decode(qy[(size_t)r * M + i]) * sy[r * mb + i / 128] *
+                           (oracle_decode(q[((size_t)e * M + i) * K + j]) * s[((size_t)e * mb + i / 128) * kb + j / 128]);
+                double got = dx[(size_t)r * K + j];
+                dn += (got - acc) * (got - acc);
+                rn += acc * acc;
+            }
+    ck_assert_msg(sqrt(dn / rn) < 1e-5, "FP8 data-grad vs naive double: rel err %.3g", sqrt(dn / rn));
+    free(w); free(dy); free(q); free(qt); free(s); free(st); free(qy); free(sy); free(dx);
+}
+END_TEST
+
+// fp8_quantize_1x128_pair: row r of [a | b], which is a and b quantised on
+// their own (F % 128 == 0: no tile straddles them), placed side by side.
+START_TEST(test_quantize_pair) {
+    int R = 37, F = 256, nt = F / 128;
+    float *a = malloc((size_t)R * F * 4), *b = malloc((size_t)R * F * 4);
+    fill_tiles(a, R, F, 128);
+    fill_tiles(b, R, F, 128);
+    uint8_t *q = malloc((size_t)R * 2 * F), *qa = malloc((size_t)R * F), *qb = malloc((size_t)R * F);
+    float *s = malloc((size_t)R * 2 * nt * 4), *sa = malloc((size_t)R * nt * 4), *sb = malloc((size_t)R * nt * 4);
+    fp8_quantize_1x128_pair(q, s, a, b, R, F);
+    fp8_quantize_1x128(qa, sa, a, R, F);
+    fp8_quantize_1x128(qb, sb, b, R, F);
+    for (int r = 0; r < R; r++) {
+        ck_assert(memcmp(q + (size_t)r * 2 * F, qa + (size_t)r * F, F) == 0);
+        ck_assert(memcmp(q + (size_t)r * 2 * F + F, qb + (size_t)r * F, F) == 0);
+        ck_assert(memcmp(s + (size_t)r * 2 * nt, sa + (size_t)r * nt, nt * 4) == 0);
+        ck_assert(memcmp(s + (size_t)r * 2 * nt + nt, sb + (size_t)r * nt, nt * 4) == 0);
+    }
+    free(a); free(b); free(q); free(qa); free(qb); free(s); free(sa); free(sb);
+}
+END_TEST
+
 int main(void) {
     init_values();
     Suite *s = suite_create("fp8");
@@ -351,6 +428,8 @@ int main(void) {
     tcase_add_test(tc, test_quantize_128x128);
     tcase_add_test(tc, test_quantize_mx);
     tcase_add_test(tc, test_grouped_matmul_ref);
+    tcase_add_test(tc, test_dgrad_ref);
+    tcase_add_test(tc, test_quantize_pair);
     suite_add_tcase(s, tc);
     return check_run(s);
 }

@@ -117,10 +117,17 @@ int model_set_fp8(Model *m, char *err, size_t errlen) {
             return -1;
         }
     }
+    if (D % 128 || Fe % 128) { // the transposed weight blocks and the gate/up pair's tiles
+        snprintf(err, errlen, "train.precision: fp8 needs model.d_model and model.expert_hidden multiples of %d "
+                 "(got %d, %d)", 128, D, Fe);
+        return -1;
+    }
     size_t n = (size_t)El * D * Fe, tensors = (size_t)m->n_moe * 3;
     m->fp8_ws_per = (size_t)El * fp8_blocks(D) * fp8_blocks(Fe);
     m->fp8_w = m->ops->alloc(tensors * n);
     m->fp8_ws = m->ops->alloc(tensors * m->fp8_ws_per * sizeof(float));
+    m->fp8_wt = m->ops->alloc(tensors * n);
+    m->fp8_wts = m->ops->alloc(tensors * m->fp8_ws_per * sizeof(float));
     m->fp8 = 1;
     param_store_drop_act(&m->store, CLASS_EXPERT); // the FP8 copies replace the BF16 ones (a no-op on FP32)
     return 0;
@@ -131,6 +138,12 @@ static uint8_t *fp8_weight(const Model *m, int li, int t) {
     return m->fp8_w + ((size_t)li * 3 + t) * m->E_local * m->cfg.d_model * m->cfg.expert_hidden;
 }
 static float *fp8_scales(const Model *m, int li, int t) { return m->fp8_ws + ((size_t)li * 3 + t) * m->fp8_ws_per; }
+// The data-grads' transposed copies of layer li: t 0 the gate/up pair
+// [Wg^T | Wu^T] [E, D, 2 Fe], t 2 Wd^T [E, Fe, D]; and their scales
+static uint8_t *fp8_weight_t(const Model *m, int li, int t) {
+    return m->fp8_wt + ((size_t)li * 3 + t) * m->E_local * m->cfg.d_model * m->cfg.expert_hidden;
+}
+static float *fp8_scales_t(const Model *m, int li, int t) { return m->fp8_wts + ((size_t)li * 3 + t) * m->fp8_ws_per; }
 
 void model_fp8_refresh(Model *m) {
     if (!m->fp8) return;
@@ -140,9 +153,14 @@ void model_fp8_refresh(Model *m) {
         const LayerParams *L = &m->layers[l];
         if (L->moe_index < 0) continue;
         int li = L->moe_index;
-        m->ops->fp8_quantize_weights(fp8_weight(m, li, 0), fp8_scales(m, li, 0), param_store_main(&m->store, L->exp_gate), El, Fe, D);
-        m->ops->fp8_quantize_weights(fp8_weight(m, li, 1), fp8_scales(m, li, 1), param_store_main(&m->store, L->exp_up), El, Fe, D);
-        m->ops->fp8_quantize_weights(fp8_weight(m, li, 2), fp8_scales(m, li, 2), param_store_main(&m->store, L->exp_down), El, D, Fe);
+        uint8_t *pair = fp8_weight_t(m, li, 0), *down = fp8_weight_t(m, li, 2);
+        float *pair_s = fp8_scales_t(m, li, 0), *down_s = fp8_scales_t(m, li, 2);
+        m->ops->fp8_quantize_weights(fp8_weight(m, li, 0), fp8_scales(m, li, 0), pair, pair_s, 2 * Fe, 0,
+                                     param_store_main(&m->store, L->exp_gate), El, Fe, D);
+        m->ops->fp8_quantize_weights(fp8_weight(m, li, 1), fp8_scales(m, li, 1), pair, pair_s, 2 * Fe, Fe,
+                                     param_store_main(&m->store, L->exp_up), El, Fe, D);
+        m->ops->fp8_quantize_weights(fp8_weight(m, li, 2), fp8_scales(m, li, 2), down, down_s, D, 0,
+                                     param_store_main(&m->store, L->exp_down), El, D, Fe);
     }
 }
 
@@ -374,7 +392,9 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
         m->dxl = sym ? m->sym_dxl : ep > 1 ? take(cv, Rl * D) : m->dxp;
         m->dea = take(cv, Rl * Fe); m->deg = take(cv, Rl * Fe); m->deu = take(cv, Rl * Fe);
         m->fp8_deq = m->fp8 ? take(cv, R * (D > Fe ? D : Fe)) : NULL;
-        for (int i = 0; i < 2; i++) m->fp8_wdeq[i] = m->fp8 ? take(cv, (size_t)m->E_local * D * Fe) : NULL;
+        size_t dqw = D > 2 * Fe ? D : 2 * Fe; // the down's output grads [R, D], the gate/up pair's [R, 2 Fe]
+        m->fp8_dq = m->fp8 ? take_bytes(cv, R * dqw) : NULL;
+        m->fp8_ds = m->fp8 ? ftake(cv, R * fp8_blocks((int)dqw)) : NULL;
         m->ep_scratch = ep > 1 && !sym ? take(cv, Rl * D) : NULL;
         m->dweights = ftake(cv, N * k); m->dprobs = ftake(cv, N * E); m->dlogits = ftake(cv, N * E);
         if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
@@ -618,7 +638,7 @@ void model_free(Model *m) {
     float *dev[] = {m->step_counts, m->lb_mb, m->z_mb, m->lb_step, m->z_step, m->lb_global_counts, m->dropped_step};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
     ops->free(m->ce_acc);
-    if (m->fp8) { ops->free(m->fp8_w); ops->free(m->fp8_ws); }
+    if (m->fp8) { ops->free(m->fp8_w); ops->free(m->fp8_ws); ops->free(m->fp8_wt); ops->free(m->fp8_wts); }
     memset(m, 0, sizeof(*m));
 }
 
@@ -1094,9 +1114,13 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
 }
 
-// fp8_moe_experts_forward's backward, in the compute dtype: the weight-grads
-// from the dequantised FP8 inputs, the data-grads from the dequantised FP8
-// weights (what the forward multiplied, both).
+// fp8_moe_experts_forward's backward. The data-grads in FP8: the output
+// grads quantised 1 x 128 (the down's as they come, the gate/up pair's as
+// the SwiGLU backward writes them, side by side: one GEMM with K = 2 Fe),
+// times the weights' transposed FP8 copies. The weight-grads in the compute
+// dtype: the unquantised output grads times the dequantised FP8 inputs.
+// Each output grad's data- and weight-grad read the same values (dey;
+// deg, deu), only the data-grad's quantised.
 static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -1107,18 +1131,18 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     // recompute: a->eaq and (both) a->xq are shared buffers that later layers overwrote
     if (recomputes_swiglu(m)) ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
     int accw = !m->expert_grads_unset, li = L->moe_index;
-    void *wg = m->fp8_wdeq[0], *wu = m->fp8_wdeq[1];
+    ops->fp8_quantize_rows(m->fp8_dq, m->fp8_ds, m->dey, NULL, R, D);
+    ops->fp8_grouped_matmul_forward(m->dea, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 2), fp8_scales_t(m, li, 2), lo,
+                                    El, D, Fe);
     ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
-    ops->fp8_dequantize_weights(wg, fp8_weight(m, li, 2), fp8_scales(m, li, 2), El, D, Fe);
-    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->dey, m->fp8_deq, wg, lo, El, Fe, D, accw);
-    ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)R * Fe);
+    ops->grouped_matmul_backward(NULL, G(L->exp_down), m->dey, m->fp8_deq, P(L->exp_down), lo, El, Fe, D, accw);
+    ops->fp8_swiglu_backward_quantize(m->deg, m->deu, m->fp8_dq, m->fp8_ds, m->dea, a->eg, a->eu, R, Fe);
+    ops->fp8_grouped_matmul_forward(m->dxp, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 0), fp8_scales_t(m, li, 0), lo,
+                                    El, 2 * Fe, D);
     if (m->recompute == 1 || m->recompute == 2) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
     ops->fp8_dequantize_rows(m->fp8_deq, a->xq, a->xs, R, D);
-    ops->fp8_dequantize_weights(wg, fp8_weight(m, li, 0), fp8_scales(m, li, 0), El, Fe, D);
-    ops->fp8_dequantize_weights(wu, fp8_weight(m, li, 1), fp8_scales(m, li, 1), El, Fe, D);
-    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, m->fp8_deq, wg, lo, El, D, Fe, accw);
-    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, m->fp8_deq, wu, lo, El, D, Fe, accw);
-    ops->grouped_dgrad_pair(m->dxp, m->deg, wg, m->deu, wu, lo, El, D, Fe);
+    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, m->fp8_deq, P(L->exp_gate), lo, El, D, Fe, accw);
+    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, m->fp8_deq, P(L->exp_up), lo, El, D, Fe, accw);
 }
 
 static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,

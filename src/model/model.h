@@ -153,15 +153,21 @@ typedef struct {
     // FP8 copies of the expert weights [n_moe][gate, up, down] and their
     // scales are made from the FP32 main weights by model_fp8_refresh, and
     // replace the BF16 copies of the expert weights (the store drops them).
-    // The backward's data- and weight-grads run in the compute dtype: the
-    // data-grads with the dequantised FP8 weights, the weight-grads with the
-    // dequantised FP8 inputs (what the forward multiplied).
+    // The data-grads run in FP8 too: the output grads quantised 1 x 128, the
+    // weights' transposed copies (the same bytes and scales, made with the
+    // forward's; fp8_wt: per MoE layer [Wg^T | Wu^T] [E_local, d_model,
+    // 2 expert_hidden], then Wd^T [E_local, expert_hidden, d_model]). The
+    // weight-grads run in the compute dtype from the dequantised FP8 inputs
+    // (what the forward multiplied) and the unquantised output grads.
     int fp8;
     uint8_t *fp8_w;                   // [n_moe * 3][E_local * d_model * expert_hidden]
     float *fp8_ws;                    // [n_moe * 3][fp8_ws_per]
+    uint8_t *fp8_wt;                  // [n_moe][3 * E_local * d_model * expert_hidden]: the transposed copies
+    float *fp8_wts;                   // [n_moe][3 * fp8_ws_per]
     size_t fp8_ws_per;                // scales per expert tensor
     void *fp8_deq;                    // backward scratch [R, max(d_model, expert_hidden)] act: a dequantised input
-    void *fp8_wdeq[2];                // backward scratch [E_local, expert_hidden, d_model] act x2: dequantised weights
+    uint8_t *fp8_dq;                  // backward scratch [R, max(d_model, 2 expert_hidden)]: quantised output grads
+    float *fp8_ds;                    // their scales [R, max(d_model, 2 expert_hidden) / 128]
     // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
     // backward leaves the weight grads of the attention projections and the
     // LM head to model_wgrad_chunk, keeping their output grads in the slot

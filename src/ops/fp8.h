@@ -55,6 +55,19 @@ void fp8_quantize_1x128(uint8_t *q, float *scale, const float *x, int R, int C);
 void fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K);
 void fp8_dequantize_1x128(float *x, const uint8_t *q, const float *scale, int R, int C);
 void fp8_dequantize_128x128(float *w, const uint8_t *q, const float *scale, int E, int M, int K);
+// The data-grads' weight copy: q [E, M, K], scale [E, M/128, K/128] from
+// fp8_quantize_128x128, laid out transposed: qt [E, K, ldt] gets q_e^T in
+// columns col0..col0 + M (qt[e][j][col0 + i] = q[e][i][j]), st [E, K/128,
+// ldt/128] the same scales at block column col0/128 (st[e][bj][col0/128 +
+// bi] = scale[e][bi][bj]): the same bytes and scales, only moved. Two
+// weights [M, K] side by side (ldt = 2M, col0 0 and M) make the gate/up
+// pair's [Wg^T | Wu^T]. M, K, ldt, col0 multiples of 128.
+void fp8_transpose_128x128(uint8_t *qt, float *st, int ldt, int col0, const uint8_t *q, const float *scale, int E,
+                           int M, int K);
+// block128 activations of two matrices side by side: row r of [a | b]
+// (a, b [R, F]) -> q [R, 2F], scale [R, 2F/128] (fp8_quantize_1x128 of the
+// concatenation; F % 128 == 0, so no tile straddles a and b).
+void fp8_quantize_1x128_pair(uint8_t *q, float *scale, const float *a, const float *b, int R, int F);
 // MXFP8: x [R, C] -> q [R, C], scale bytes [R, ceil(C/32)]; and back.
 void fp8_quantize_mx(uint8_t *q, uint8_t *scale, const float *x, int R, int C);
 void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, int C);
@@ -62,5 +75,8 @@ void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, 
 // The FP8 grouped GEMM reference: out[R, OC] (FP32) = dequant(qa) dequant(qw_e)^T
 // over the expert segments offsets[e]..offsets[e+1] (host offsets), qa
 // 1x128-quantised [R, C], qw 128x128-quantised [E, OC, C]. FP32 products.
+// The data-grads are the same product with the transposed weights
+// (fp8_transpose_128x128): dX [R, C] = dequant(dY) dequant(W_e), W [E, OC, C],
+// is this function with qa = dY [R, OC] and qw = W^T [E, C, OC].
 void fp8_grouped_matmul_ref(float *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                             const int *offsets, int E, int C, int OC);

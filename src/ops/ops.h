@@ -246,22 +246,29 @@ typedef struct Ops {
     // block128: E4M3 values, FP32 scales per 1 x 128 tile of a row and per
     // 128 x 128 block of an expert weight. q are bytes, s f32, both in backend
     // memory; rows of C values have ceil(C / 128) scales.
-    // qw[E,M,K], sw[E, ceil(M/128), ceil(K/128)] from the FP32 weights w.
-    void (*fp8_quantize_weights)(uint8_t *qw, float *sw, const float *w, int E, int M, int K);
-    // w[E,M,K] (act) = the dequantised qw, sw (the data-grads' weights).
-    void (*fp8_dequantize_weights)(void *w, const uint8_t *qw, const float *sw, int E, int M, int K);
+    // qw[E,M,K], sw[E, M/128, K/128] from the FP32 weights w, and (qwt not
+    // NULL) the data-grads' transposed copy of the same bytes and scales:
+    // qwt [E, K, ldt] with qw_e^T in columns col0..col0+M, swt [E, K/128,
+    // ldt/128] (fp8_transpose_128x128 of ops/fp8.h).
+    void (*fp8_quantize_weights)(uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0, const float *w,
+                                 int E, int M, int K);
     // q[R,C], s of rows x[token_of_row[r], :] (the permute, quantised;
     // token_of_row NULL: x's own rows in order).
     void (*fp8_quantize_rows)(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C);
     // q[R,F], s of silu(gate) * up, the SwiGLU in the act dtype (as
     // swiglu_forward writes it), quantised.
     void (*fp8_swiglu_quantize)(uint8_t *q, float *s, const void *gate, const void *up, int R, int F);
+    // swiglu_backward (dgate, dup [R,F] act, as it writes them) and the pair
+    // quantised side by side for the data-grad: q [R, 2F], s of [dgate | dup].
+    void (*fp8_swiglu_backward_quantize)(void *dgate, void *dup, uint8_t *q, float *s, const void *dout,
+                                         const void *gate, const void *up, int R, int F);
     // x[R,C] (act) = the dequantised q, s.
     void (*fp8_dequantize_rows)(void *x, const uint8_t *q, const float *s, int R, int C);
     // The FP8 grouped matmul forward: out[R,OC] (act) = deq(qa) deq(qw[e])^T
     // over the segments offsets[e]..offsets[e+1] (read where they live), qa
     // [R,C] from fp8_quantize_rows / fp8_swiglu_quantize, qw [E,OC,C] from
-    // fp8_quantize_weights; FP32 accumulation.
+    // fp8_quantize_weights; FP32 accumulation. The data-grads run it too,
+    // with the transposed weights: dX = deq(dY) deq(W_e) with qw = W^T.
     void (*fp8_grouped_matmul_forward)(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                                 const int *offsets, int E, int C, int OC);
 

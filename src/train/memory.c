@@ -131,9 +131,11 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
 
 void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l) {
     if (!p->expert) return;
-    // 1 B per expert weight + an FP32 scale per 128x128 block of each expert tensor
+    // 1 B per expert weight + an FP32 scale per 128x128 block of each expert
+    // tensor, twice: the forward's copy and the data-grads' transposed one
     size_t blocks = ((size_t)cfg->d_model + 127) / 128 * (((size_t)cfg->expert_hidden + 127) / 128);
-    p->fp8_weights = p->expert + (size_t)model_moe_layers(cfg) * 3 * (cfg->n_experts / l->ep) * blocks * sizeof(float);
+    p->fp8_weights =
+        2 * (p->expert + (size_t)model_moe_layers(cfg) * 3 * (cfg->n_experts / l->ep) * blocks * sizeof(float));
     if (l->act_bytes != sizeof(float)) p->compute_weights -= p->expert * l->act_bytes;
     if (p->peak) { // the FP8 copies are made before DDP (train.c): in set-up's peak too (a bound)
         p->setup_peak += p->fp8_weights;

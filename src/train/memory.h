@@ -65,7 +65,7 @@ typedef struct {
     // CPU ranks with ep > 1 setup also draws the whole model on the CPU
     // beside the stage's
     size_t setup_peak, peak;
-    size_t fp8_weights;             // train.precision: fp8: the expert weights' E4M3 copies and their 128x128 scales
+    size_t fp8_weights;             // train.precision: fp8: the expert weights' E4M3 copies (forward and transposed) and their 128x128 scales
 } MemoryPlan;
 
 // The plan of this rank of layout l for model cfg (validated). -1 with a

@@ -327,7 +327,8 @@ static int setup_model(Trainer *tr) {
     if (t->precision == PRECISION_FP8) {
         if (model_set_fp8(m, err, sizeof err)) return fatal("%s", err);
         SAY("precision: fp8 (block128: E4M3, FP32 scales per 1x128 activation tile and 128x128 weight block) in the "
-            "experts' grouped GEMMs' forward; their backward, the dense GEMMs, attention and the router in the compute dtype (BF16 on GPUs); "
+            "experts' grouped GEMMs' forward and data-grads; their weight-grads, the dense GEMMs, attention and the router in "
+            "the compute dtype (BF16 on GPUs); "
             "MFU stays against the dense BF16 peak\n");
     }
     // DDP and the optimizer before the activations: the distributed

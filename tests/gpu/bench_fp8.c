@@ -11,6 +11,11 @@
 // by 15% between the start and the end of a run).
 // Every operand (64-256 MB) is over 2 x L2. Prints a markdown table (to
 // argv[1] too when given) and ends with "N passed, N failed".
+// "bench_fp8 dgrad [FILE]": the data-grads instead (bench_dgrad): the FP8
+// data-grad GEMMs (the forward kernel with the transposed weights) beside
+// the BF16 production data-grads, and the quantisers around them; each FP8
+// result checked against the BF16 one (the FP8 rounding, a few percent;
+// tests/gpu/test_fp8 holds them to the FP8 reference).
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -191,6 +196,146 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
     cuda_free(c.qa); cuda_free(c.qw); cuda_free(c.sa); cuda_free(c.sw); cuda_free(c.mxq); cuda_free(c.mxs);
 }
 
+// ---- the data-grads ----------------------------------------------------------------
+
+typedef struct {
+    int E, R, C, OC, pair; // forward weights [E, OC, C]; dY [R, OC] (pair: two, side by side)
+    int *doff;
+    void *dy, *dy2, *w, *w2, *dx, *wdeq;
+    float *w_f32;
+    uint8_t *qy, *qt, *qw;
+    float *sy, *st, *sw;
+} DCase;
+
+static void d_bf16(void *p) {
+    DCase *c = p;
+    if (c->pair) cuda_grouped_dgrad_pair(c->dx, c->dy, c->w, c->dy2, c->w2, c->doff, c->E, c->C, c->OC);
+    else cuda_grouped_matmul_backward(c->dx, NULL, c->dy, c->dy, c->w, c->doff, c->E, c->C, c->OC, 0);
+}
+static void d_fp8(void *p) {
+    DCase *c = p;
+    int K = (c->pair ? 2 : 1) * c->OC;
+    cuda_fp8_grouped_forward(c->dx, c->qy, c->sy, c->qt, c->st, c->doff, c->E, K, c->C);
+}
+// what the data-grads cost before (FP8 weights dequantised for the BF16 kernel)
+static void d_dequant(void *p) {
+    DCase *c = p;
+    for (int h = 0; h < (c->pair ? 2 : 1); h++) cuda_fp8_dequantize_128x128(c->wdeq, c->qw, c->sw, c->E, c->OC, c->C);
+}
+static void d_wquant(void *p) {
+    DCase *c = p;
+    cuda_fp8_quantize_128x128(c->qw, c->sw, c->w_f32, c->E, c->OC, c->C);
+}
+static void d_wquant_t(void *p) {
+    DCase *c = p;
+    int K = (c->pair ? 2 : 1) * c->OC;
+    cuda_fp8_quantize_128x128_t(c->qw, c->sw, c->qt, c->st, K, 0, c->w_f32, c->E, c->OC, c->C);
+}
+// the output grads' quantiser: the down's from dY, the pair's fused into the SwiGLU backward
+static void d_yquant(void *p) {
+    DCase *c = p;
+    if (c->pair) // dY, dY2 stand in for dout / gate / up: the fused kernel writes its BF16 outputs into dx's room
+        cuda_fp8_swiglu_backward_quantize_1x128(c->dx, (char *)c->dx + (size_t)c->R * c->OC * 2, c->qy, c->sy, c->dy,
+                                                c->dy2, c->dy, c->R, c->OC);
+    else cuda_fp8_quantize_1x128(c->qy, c->sy, c->dy, c->R, c->OC);
+}
+static void d_swiglu_bwd(void *p) {
+    DCase *c = p;
+    cuda_swiglu_backward(c->dx, (char *)c->dx + (size_t)c->R * c->OC * 2, c->dy, c->dy2, c->dy, (size_t)c->R * c->OC);
+}
+
+static void bench_dgrad(const char *name, const int *off, int C, int OC, int pair) {
+    DCase c = {.E = N_EXP, .R = off[N_EXP], .C = C, .OC = OC, .pair = pair};
+    int R = c.R, E = N_EXP, np = pair ? 2 : 1, K = np * OC;
+    size_t ny = (size_t)R * OC, nw = (size_t)E * OC * C, nx = (size_t)R * C;
+    printf("== data-grad %s: R=%d, %d -> %d\n", name, R, K, C);
+    fflush(stdout);
+    float *y = gt_malloc(ny * 4), *w = gt_malloc(nw * 4), *yy = gt_malloc((size_t)R * K * 4);
+    c.doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
+    c.qt = cuda_alloc(np * nw);
+    c.st = cuda_alloc(np * nw / 16384 * 4);
+    c.qw = cuda_alloc(nw);
+    c.sw = cuda_alloc(nw / 16384 * 4);
+    c.wdeq = cuda_alloc(nw * 2);
+    void *dyy = NULL;
+    for (int h = 0; h < np; h++) {
+        gt_fill(y, ny, GT_NORMAL, 0, 1, 1, 51 + h);
+        gt_fill(w, nw, GT_NORMAL, 0, 1 / sqrtf((float)C), 1, 61 + h);
+        for (int r = 0; r < R; r++) memcpy(yy + (size_t)r * K + h * OC, y + (size_t)r * OC, (size_t)OC * 4);
+        void **dyh = h ? &c.dy2 : &c.dy, **dwh = h ? &c.w2 : &c.w;
+        *dyh = gt_dev_bf16(y, ny);
+        *dwh = gt_dev_bf16(w, nw);
+        float *wf = gt_dev_bytes(w, nw * 4);
+        cuda_fp8_quantize_128x128_t(c.qw, c.sw, c.qt, c.st, K, h * OC, wf, E, OC, C);
+        if (h == 0) c.w_f32 = wf;
+        else cuda_free(wf);
+    }
+    dyy = gt_dev_bf16(yy, (size_t)R * K);
+    c.qy = cuda_alloc((size_t)R * K);
+    c.sy = cuda_alloc((size_t)R * K / 128 * 4);
+    cuda_fp8_quantize_1x128(c.qy, c.sy, dyy, R, K); // the data-grad's operand: [dY | dY2] quantised
+    c.dx = cuda_alloc(nx * 2 > 2 * ny * 2 ? nx * 2 : 2 * ny * 2);
+    // validation: the FP8 data-grad against the BF16 one (the same unquantised operands)
+    gt_poison(c.dx, nx * 2);
+    d_bf16(&c);
+    float *ref = gt_host_bf16(c.dx, nx);
+    gt_poison(c.dx, nx * 2);
+    if (cuda_fp8_grouped_forward(c.dx, c.qy, c.sy, c.qt, c.st, c.doff, E, K, C)) {
+        printf("FAIL fp8 data-grad refused the call\n");
+        gt_count(0);
+    }
+    float *got = gt_host_bf16(c.dx, nx);
+    gt_check("fp8 data-grad vs bf16 data-grad (FP8 rounding)", got, ref, nx, 6e-2);
+    free(got); free(ref);
+
+    double flops = 2.0 * R * K * C, t[2][ROUNDS];
+    for (int rd = 0; rd < ROUNDS; rd++) {
+        t[0][rd] = time_ms(d_bf16, &c);
+        t[1][rd] = time_ms(d_fp8, &c);
+    }
+    double med[2];
+    float ratio[ROUNDS];
+    for (int k = 0; k < 2; k++) {
+        float x[ROUNDS];
+        double lo = 1e30, hi = 0;
+        for (int rd = 0; rd < ROUNDS; rd++) {
+            x[rd] = (float)t[k][rd];
+            ratio[rd] = (float)(t[0][rd] / t[1][rd]);
+            lo = t[k][rd] < lo ? t[k][rd] : lo;
+            hi = t[k][rd] > hi ? t[k][rd] : hi;
+        }
+        med[k] = gt_median(x, ROUNDS);
+        if (k == 0)
+            row("| %s | BF16 data-grad (production%s) | %.3f (%.3f..%.3f) | %.0f TFLOP/s | |\n", name,
+                pair ? ": grouped_dgrad_pair" : "", med[0], lo, hi, flops / med[0] / 1e9);
+        else
+            row("| %s | FP8 data-grad (forward kernel, W^T) | %.3f (%.3f..%.3f) | %.0f TFLOP/s | %.2fx |\n", name,
+                med[1], lo, hi, flops / med[1] / 1e9, gt_median(ratio, ROUNDS));
+    }
+    double dq = time_ms(d_dequant, &c), yq = time_ms(d_yquant, &c), wq = time_ms(d_wquant, &c);
+    double wqt = time_ms(d_wquant_t, &c);
+    row("| %s | before: FP8 weights dequantised (%d x [%d, %d, %d]) + BF16 data-grad | %.3f | | |\n", name, np, E,
+        OC, C, dq + med[0]);
+    if (pair) {
+        double sb = time_ms(d_swiglu_bwd, &c);
+        row("| %s | SwiGLU backward [%d, %d]: plain / fused with the pair's 1x128 quantiser | %.3f / %.3f | | |\n",
+            name, R, OC, sb, yq);
+        row("| %s | now: FP8 data-grad + the quantiser's extra time | %.3f | | %.2fx before |\n", name,
+            med[1] + yq - sb, (dq + med[0]) / (med[1] + yq - sb));
+    } else {
+        row("| %s | dY quantise 1x128, BF16 [%d, %d] | %.3f | %.0f GB/s | |\n", name, R, OC, yq,
+            (ny * 3.0 + ny / 128 * 4.0) / yq / 1e6);
+        row("| %s | now: dY quantise + FP8 data-grad | %.3f | | %.2fx before |\n", name, med[1] + yq,
+            (dq + med[0]) / (med[1] + yq));
+    }
+    row("| %s | weight quantise 128x128, FP32 [%d, %d, %d]: forward copy / + transposed | %.3f / %.3f | | |\n", name,
+        E, OC, C, wq, wqt);
+    free(y); free(w); free(yy);
+    cuda_free(c.doff); cuda_free(c.dy); cuda_free(c.w); cuda_free(c.dx); cuda_free(c.wdeq); cuda_free(c.w_f32);
+    if (pair) { cuda_free(c.dy2); cuda_free(c.w2); }
+    cuda_free(dyy); cuda_free(c.qy); cuda_free(c.qt); cuda_free(c.qw); cuda_free(c.sy); cuda_free(c.st); cuda_free(c.sw);
+}
+
 int main(int argc, char **argv) {
     // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
     int cnt[N_EXP] = {0}, off[N_EXP + 1];
@@ -218,16 +363,23 @@ int main(int argc, char **argv) {
     row("- commit %s; device %s (%d SMs); date %s\n", MOECORE_BUILD_COMMIT, prop.name, prop.multiProcessorCount, date);
     row("- OLMoE-1B-7B experts: %d tokens x top-%d of %d experts, random routing: %d rows, %d..%d per expert\n",
         TOKENS, TOP_K, N_EXP, off[N_EXP], mn, mxr);
+    int dgrad = argc > 1 && !strcmp(argv[1], "dgrad");
     row("- each entry the median of %d runs after %d warm-ups (CUDA events); GEMM rows: %d interleaved rounds of "
-        "all five, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
+        "all %s, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
         "FLOPs 2 R C OC\n\n",
-        RUNS, WARMUP, ROUNDS);
+        RUNS, WARMUP, ROUNDS, dgrad ? "two" : "five");
     row("| layer | kernel | ms | rate | vs BF16 |\n|---|---|---:|---:|---:|\n");
-    bench_shape("gate/up 2048->1024", off, 2048, 1024);
-    bench_shape("down 1024->2048", off, 1024, 2048);
+    const char *out = argc > 1 + dgrad ? argv[1 + dgrad] : NULL;
+    if (dgrad) {
+        bench_dgrad("down dY 2048 -> 1024", off, 1024, 2048, 0);
+        bench_dgrad("gate/up [dG | dU] 2x1024 -> 2048", off, 2048, 1024, 1);
+    } else {
+        bench_shape("gate/up 2048->1024", off, 2048, 1024);
+        bench_shape("down 1024->2048", off, 1024, 2048);
+    }
     printf("\n%s\n", table);
-    if (argc > 1) {
-        FILE *f = fopen(argv[1], "w");
+    if (out) {
+        FILE *f = fopen(out, "w");
         if (f) {
             fputs(table, f);
             fclose(f);

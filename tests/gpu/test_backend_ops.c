@@ -1383,12 +1383,11 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
     dims4(tout(c, "dk", ACT, nk, &B_ATTN), B, T, KV, hd)->row = (size_t)KV * hd;
     dims4(tout(c, "dv", ACT, nk, &B_ATTN), B, T, KV, hd)->row = (size_t)KV * hd;
     tensor(c, "scratch", F32, WORK, 0)->flags |= SIZED;
-    if (hd == 128 && H == KV) { // dQ through dS^T (the default), on wgmma where it takes the shape, by its own kernel
-        c->choice[0].label = "dQ via dS^T";
+    if (hd == 128 && H == KV) { // dQ through dS^T (the default: on wgmma where it takes the shape), on mma.sync, by its own kernel
+        c->choice[0].label = "dQ via dS^T, wgmma";
         CudaSettings s = cuda_settings_default();
-        s.attention_bwd = CUDA_KERNELS_WGMMA;
-        add_choice(c, "dQ via dS^T, wgmma", s);
         s.attention_bwd = CUDA_KERNELS_MMA_SYNC;
+        add_choice(c, "dQ via dS^T, mma_sync", s);
         s.attention_ds_mib = 0;
         add_choice(c, "dQ kernel", s);
     }
@@ -1403,9 +1402,9 @@ static void add_attention(int B, int T, int H, int KV, int hd, int flags, int sm
     Case *c = attention_case(1, B, T, H, KV, hd, flags, docs);
     if (small_cap) { // every dS^T choice under the cap the scratch is sized with (choice 0's)
         c->choice[0].s.attention_ds_mib = 1;
-        c->choice[0].label = "dQ via dS^T, attention_ds_mib=1";
+        c->choice[0].label = "dQ via dS^T, wgmma, attention_ds_mib=1";
         c->choice[1].s.attention_ds_mib = 1;
-        c->choice[1].label = "dQ via dS^T, wgmma, attention_ds_mib=1";
+        c->choice[1].label = "dQ via dS^T, mma_sync, attention_ds_mib=1";
     }
 }
 
@@ -1599,10 +1598,15 @@ static void make_cases(void) {
     add_attention(3, 256, 4, 4, 128, RERUN, 0, DOCS_NONE);
     add_attention(3, 256, 4, 4, 128, RERUN, 1, DOCS_NONE); // the wgmma backward's dS^T in slices of 2, 1
     add_attention(1, 1024, 8, 2, 128, RERUN, 0, DOCS_NONE);
-    // OLMoE's attention (special check attention_heads validates two heads)
-    add_attention(1, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_NONE);
+    // the wgmma backward (H == KV) over many query tiles per key block (its
+    // dK/dV ring wraps, both dS^T buffers of a warpgroup turn over), B = 2
+    add_attention(1, 1024, 2, 2, 128, RERUN, 0, DOCS_NONE);
+    add_attention(2, 640, 3, 3, 128, RERUN, 0, DOCS_NONE);
+    // OLMoE's attention (special check attention_heads validates two heads);
+    // rerun: the same bits at full size
+    add_attention(1, 4096, 16, 16, 128, NOCPU | PERF | RERUN, 0, DOCS_NONE);
     add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0, DOCS_NONE);
-    add_attention(2, 4096, 16, 16, 128, NOCPU | PERF, 0, DOCS_NONE);
+    add_attention(2, 4096, 16, 16, 128, NOCPU | PERF | RERUN, 0, DOCS_NONE);
     // intra-document masking: every kernel (both sets, dS^T and its slices,
     // variant 2's query-block kernels at 17 x 8 blocks of 128 > 2 per SM),
     // boundaries inside and on tiles, documents of length 1, a row without EOS
@@ -2035,6 +2039,116 @@ static void special_docs(void) {
         docs_check(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], shapes[i][5], shapes[i][6]);
 }
 
+// ---- crossentropy_paths: the shared-memory cross-entropy kernels (the row
+// copied in by one bulk copy: src/ops/cuda/loss.cu) against the streaming
+// ones (MOECORE_CE_STREAM=1), bit for bit: losses, dlogits out of place and
+// in place (as the model calls it), masked rows included; and the widest
+// row the shared-memory path takes next to the first one it leaves to the
+// streaming kernels.
+
+static void ce_paths_case(int N, int V) {
+    size_t nv = (size_t)N * V;
+    int *t = gt_malloc(N * 4);
+    make_targets(t, N, V);
+    void *tgt = dev_copy(t, N * 4), *logits = dev_act(nv, G_UNIFORM, 0, 4);
+    void *h[2][3];
+    for (int path = 0; path < 2; path++) { // 0: shared memory (the default), 1: streaming
+        if (path) setenv("MOECORE_CE_STREAM", "1", 1);
+        else unsetenv("MOECORE_CE_STREAM");
+        void *loss = dev_poison(N * 4), *dl = dev_poison(nv * 2), *inpl = dkeep(gpu->alloc(nv * 2));
+        gpu->copy_act(inpl, logits, nv);
+        gpu->crossentropy_forward(loss, logits, tgt, N, V);
+        gpu->crossentropy_backward(dl, logits, tgt, 0.37f, N, V);
+        gpu->crossentropy_backward(inpl, inpl, tgt, 0.37f, N, V);
+        cuda_synchronize();
+        h[path][0] = gt_host_bytes(loss, N * 4);
+        h[path][1] = gt_host_bytes(dl, nv * 2);
+        h[path][2] = gt_host_bytes(inpl, nv * 2);
+    }
+    unsetenv("MOECORE_CE_STREAM");
+    const char *nm[3] = {"losses", "dlogits", "dlogits in place"};
+    size_t bytes[3] = {(size_t)N * 4, nv * 2, nv * 2};
+    for (int i = 0; i < 3; i++) {
+        int same = !memcmp(h[0][i], h[1][i], bytes[i]);
+        gt_ok(same, "%-48s N=%d V=%d: %s %s", "crossentropy shared memory = streaming", N, V, nm[i],
+              same ? "bit-identical" : "DIFFER");
+        free(h[0][i]);
+        free(h[1][i]);
+    }
+    free(t);
+    dev_release();
+}
+static void special_ce_paths(void) {
+    int limit = 0, dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    int vmax = (limit - 1024) / 2 / 8 * 8; // the widest row loss.cu copies into shared memory
+    ce_paths_case(300, 50304);
+    ce_paths_case(9, 8);
+    ce_paths_case(17, 4104);
+    ce_paths_case(5, vmax);
+    ce_paths_case(5, vmax + 8);
+}
+
+// ---- grouped_wgrad_tail: the weight-grad's K is the expert's rows, so a
+// tile's last, partial K step loads rows past the segment; past the last
+// expert those rows are whatever the allocation holds after the routed rows
+// (in the model's arena: the next activation, FP32 statistics among them).
+// Here they are NaN in both operands, and dw must equal, bit for bit, the
+// dw of the same rows in buffers that end with them (where the copy engine
+// reads zeros past the end), dw = and dw += alike.
+
+static void wgrad_tail_case(int E, int C, int OC, const int *counts) {
+    int *off = gt_malloc((E + 1) * sizeof(int));
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+    int R = off[E], extra = 192;
+    size_t na = (size_t)R * OC, nb = (size_t)R * C, nw = (size_t)E * OC * C;
+    float *ha = gt_malloc(na * 4), *hb = gt_malloc(nb * 4);
+    gt_fill(ha, na, G_NORMAL, 0, 1, 1, fill_seed++);
+    gt_fill(hb, nb, G_NORMAL, 0, 1, 1, fill_seed++);
+    void *doff = dev_copy(off, (E + 1) * sizeof(int));
+    void *a_exact = dkeep(gt_dev_bf16(ha, na)), *b_exact = dkeep(gt_dev_bf16(hb, nb));
+    void *a_tail = dkeep(gpu->alloc((na + (size_t)extra * OC) * 2)), *b_tail = dkeep(gpu->alloc((nb + (size_t)extra * C) * 2));
+    gt_poison(a_tail, (na + (size_t)extra * OC) * 2);
+    gt_poison(b_tail, (nb + (size_t)extra * C) * 2);
+    gt_upload_bf16(a_tail, ha, na);
+    gt_upload_bf16(b_tail, hb, nb);
+    for (int acc = 0; acc < 2; acc++) {
+        float *dw_exact = dkeep(gpu->alloc(nw * 4)), *dw_tail = dkeep(gpu->alloc(nw * 4));
+        gpu->zero(dw_exact, nw * 4);
+        gpu->zero(dw_tail, nw * 4);
+        int r1 = cuda_grouped_wgrad_wgmma(dw_exact, a_exact, b_exact, doff, E, C, OC, acc);
+        int r2 = cuda_grouped_wgrad_wgmma(dw_tail, a_tail, b_tail, doff, E, C, OC, acc);
+        cuda_synchronize();
+        float *h1 = gt_host_f32(dw_exact, nw), *h2 = gt_host_f32(dw_tail, nw);
+        size_t bad = 0, nonfinite = 0;
+        for (size_t i = 0; i < nw; i++) {
+            bad += memcmp(&h1[i], &h2[i], 4) != 0;
+            nonfinite += !isfinite(h2[i]);
+        }
+        gt_ok(r1 == 0 && r2 == 0 && !bad && !nonfinite,
+              "%-48s E=%d C=%d OC=%d R=%d dw %s: %zu of %zu differ, %zu not finite (ran: %d %d)",
+              "grouped weight-grad, NaN rows after the last segment", E, C, OC, R, acc ? "+=" : "=", bad, nw,
+              nonfinite, r1, r2);
+        free(h1);
+        free(h2);
+    }
+    free(ha);
+    free(hb);
+    free(off);
+    dev_release();
+}
+static void special_wgrad_tail(void) {
+    static const int c4[] = {100, 0, 77, 61};    // the last expert's 61 rows: a partial K step of 64
+    static const int c3[] = {130, 64, 1};        // one row in the last expert
+    static const int c2[] = {0, 200};            // everything in the last
+    wgrad_tail_case(4, 512, 256, c4); // N = C = 512 >= 256: the warp-specialised TMA kernel
+    wgrad_tail_case(3, 256, 128, c3);
+    wgrad_tail_case(2, 320, 136, c2); // column and row tiles with tails
+    wgrad_tail_case(4, 128, 96, c4);  // N = 128: the cp.async kernel
+}
+
 // ---- coverage: every compute op of Ops has a case
 
 static const char *const compute_ops[] = {
@@ -2063,6 +2177,8 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"attention_causality", special_causality},
     {"attention_heads", special_heads},
     {"attention_docs", special_docs},
+    {"crossentropy_paths", special_ce_paths},
+    {"grouped_wgrad_tail", special_wgrad_tail},
     {"coverage", special_coverage},
 };
 

@@ -8,7 +8,15 @@
 //   same quantised operands (relative L2 error, every output row of every
 //   segment written: the output is poisoned first), on uneven segments with
 //   empty experts and on the OLMoE-1B-7B expert shapes;
-// - the fused quantisers of train.precision: fp8 (test_fused).
+// - the fused quantisers of train.precision: fp8 (test_fused);
+// - the data-grads (test_transposed, test_swiglu_backward_quantize,
+//   test_dgrad): the weight quantiser's transposed copy (bit for bit against
+//   fp8_transpose_128x128 of the CPU's forward copy), the SwiGLU backward
+//   fused with the pair's quantiser (bit for bit against
+//   cuda_swiglu_backward + the CPU quantiser), and the FP8 data-grad GEMMs
+//   (the forward kernel with the transposed weights) against the CPU FP8
+//   reference, outputs poisoned first.
+// Argument "dgrad": the data-grad checks and the small GEMM check only.
 // Ends with "N passed, N failed".
 #include <math.h>
 #include <stdint.h>
@@ -307,19 +315,169 @@ static void test_fused(void) {
     cuda_free(dg); cuda_free(du); cuda_free(da);
 }
 
-int main(void) {
-    test_encode_all();
-    test_fused();
-    test_quantize_1x128(1);
-    test_quantize_1x128(0);
-    test_quantize_128x128();
-    test_quantize_mx();
+// The weight quantiser's transposed copy, two weights side by side (the
+// gate/up pair's layout: ldt = 2M, col0 0 and M): the forward copy and the
+// transposed bytes and scales bit for bit against the CPU reference, every
+// byte of the transposed buffer written (poisoned first).
+static void test_transposed(void) {
+    int E = 3, M = 384, K = 640, mb = M / 128, kb = K / 128, ldt = 2 * M;
+    size_t n = (size_t)E * M * K, ns = (size_t)E * mb * kb;
+    float *w[2];
+    uint8_t *q[2], *dq[2], *qt = gt_malloc(2 * n), *dqt = cuda_alloc(2 * n);
+    float *sc[2], *ds[2], *st = gt_malloc(2 * ns * 4), *dst = cuda_alloc(2 * ns * 4), *dw[2];
+    gt_poison(dqt, 2 * n);
+    gt_poison(dst, 2 * ns * 4);
+    for (int h = 0; h < 2; h++) {
+        w[h] = gt_malloc(n * 4);
+        for (int e = 0; e < E; e++)
+            for (int b = 0; b < mb * kb; b++) {
+                float blk[128 * 128];
+                fill_tiles(blk, 1, 128 * 128, 128 * 128, 0);
+                int bi = b / kb, bj = b % kb;
+                for (int i = 0; i < 128; i++)
+                    memcpy(w[h] + ((size_t)e * M + bi * 128 + i) * K + bj * 128, blk + i * 128, 128 * 4);
+            }
+        q[h] = gt_malloc(n);
+        sc[h] = gt_malloc(ns * 4);
+        fp8_quantize_128x128(q[h], sc[h], w[h], E, M, K);
+        fp8_transpose_128x128(qt, st, ldt, h * M, q[h], sc[h], E, M, K);
+        dw[h] = gt_dev_bytes(w[h], n * 4);
+        dq[h] = cuda_alloc(n);
+        ds[h] = cuda_alloc(ns * 4);
+        gt_poison(dq[h], n);
+        gt_poison(ds[h], ns * 4);
+        check_rc(cuda_fp8_quantize_128x128_t(dq[h], ds[h], dqt, dst, ldt, h * M, dw[h], E, M, K), "quantize_128x128_t");
+        uint8_t *gq = gt_host_bytes(dq[h], n);
+        float *gs = gt_host_bytes(ds[h], ns * 4);
+        gt_check_bits(h ? "128x128 + transposed [3, 384, 640], 2nd: forward values" :
+                          "128x128 + transposed [3, 384, 640], 1st: forward values", gq, q[h], n, 1);
+        gt_check_bits(h ? "128x128 + transposed, 2nd: forward scales" : "128x128 + transposed, 1st: forward scales",
+                      gs, sc[h], ns, 4);
+        free(gq); free(gs);
+    }
+    uint8_t *gqt = gt_host_bytes(dqt, 2 * n);
+    float *gst = gt_host_bytes(dst, 2 * ns * 4);
+    gt_check_bits("transposed pair [3, 640, 2 x 384]: values", gqt, qt, 2 * n, 1);
+    gt_check_bits("transposed pair [3, 640 / 128, 2 x 384 / 128]: scales", gst, st, 2 * ns, 4);
+    free(gqt); free(gst); free(qt); free(st);
+    cuda_free(dqt); cuda_free(dst);
+    for (int h = 0; h < 2; h++) {
+        free(w[h]); free(q[h]); free(sc[h]);
+        cuda_free(dw[h]); cuda_free(dq[h]); cuda_free(ds[h]);
+    }
+}
+
+// The SwiGLU backward fused with the pair's quantiser: dgate, dup the bits
+// of cuda_swiglu_backward, q and scales those of fp8_quantize_1x128_pair on
+// those BF16 values. Output grads with a magnitude per row (and a few zero
+// rows), so that the tiles' scales differ.
+static void test_swiglu_backward_quantize(void) {
+    int R = 1500, F = 1024, nt = 2 * F / 128;
+    size_t n = (size_t)R * F;
+    float *g = gt_malloc(n * 4), *u = gt_malloc(n * 4), *d = gt_malloc(n * 4);
+    gt_fill(g, n, GT_NORMAL, 0, 2, 1, 31);
+    gt_fill(u, n, GT_NORMAL, 0, 1, 1, 32);
+    gt_fill(d, n, GT_NORMAL, 0, 1, 0, 33);
+    for (int r = 0; r < R; r++) {
+        float mag = r % 97 == 0 ? 0.0f : ldexpf(1.0f, gt_irand(40) - 30);
+        for (int c = 0; c < F; c++) d[(size_t)r * F + c] = bf2f(f2bf(d[(size_t)r * F + c] * mag));
+    }
+    void *dg = gt_dev_bf16(g, n), *du = gt_dev_bf16(u, n), *dd = gt_dev_bf16(d, n);
+    void *rg = cuda_alloc(n * 2), *ru = cuda_alloc(n * 2), *og = cuda_alloc(n * 2), *ou = cuda_alloc(n * 2);
+    cuda_swiglu_backward(rg, ru, dd, dg, du, n);
+    uint8_t *dq = cuda_alloc(2 * n);
+    float *ds = cuda_alloc((size_t)R * nt * 4);
+    gt_poison(og, n * 2);
+    gt_poison(ou, n * 2);
+    gt_poison(dq, 2 * n);
+    gt_poison(ds, (size_t)R * nt * 4);
+    check_rc(cuda_fp8_swiglu_backward_quantize_1x128(og, ou, dq, ds, dd, dg, du, R, F), "swiglu_backward_quantize");
+    uint16_t *hrg = gt_host_bytes(rg, n * 2), *hru = gt_host_bytes(ru, n * 2);
+    uint16_t *hog = gt_host_bytes(og, n * 2), *hou = gt_host_bytes(ou, n * 2);
+    gt_check_bits("SwiGLU backward + pair 1x128 [1500, 1024]: dgate = swiglu_backward's", hog, hrg, n, 2);
+    gt_check_bits("SwiGLU backward + pair 1x128 [1500, 1024]: dup = swiglu_backward's", hou, hru, n, 2);
+    float *fg = gt_malloc(n * 4), *fu = gt_malloc(n * 4);
+    for (size_t i = 0; i < n; i++) fg[i] = bf2f(hrg[i]), fu[i] = bf2f(hru[i]);
+    uint8_t *q = gt_malloc(2 * n);
+    float *sc = gt_malloc((size_t)R * nt * 4);
+    fp8_quantize_1x128_pair(q, sc, fg, fu, R, F);
+    check_quantised("SwiGLU backward + pair 1x128 [1500, 2 x 1024]", dq, ds, q, sc, 2 * n, (size_t)R * nt);
+    free(g); free(u); free(d); free(hrg); free(hru); free(hog); free(hou); free(fg); free(fu); free(q); free(sc);
+    cuda_free(dg); cuda_free(du); cuda_free(dd); cuda_free(rg); cuda_free(ru); cuda_free(og); cuda_free(ou);
+    cuda_free(dq); cuda_free(ds);
+}
+
+// The FP8 data-grad: dX [R, C] = deq(dY) deq(W_e) for the forward weights W
+// [E, OC, C] (pair: dY = [dY1 | dY2] [R, 2 OC] against [W1; W2], the
+// gate/up data-grad) on the forward kernel with the transposed copy from
+// cuda_fp8_quantize_128x128_t, against fp8_grouped_matmul_ref with the CPU's
+// transposition of the device's forward copy; output poisoned first.
+static void test_dgrad(const char *name, const int *off, int E, int C, int OC, int pair) {
+    int R = off[E], np = pair ? 2 : 1, K = np * OC; // K: the data-grad's inner dimension
+    size_t nw = (size_t)E * OC * C, ny = (size_t)R * K, nx = (size_t)R * C, nts = (size_t)E * (C / 128) * (K / 128);
+    float *y = gt_malloc(ny * 4), *w = gt_malloc(nw * 4);
+    gt_fill(y, ny, GT_NORMAL, 0, 1, 1, 41);
+    for (int r = 0; r < R; r += 5) // rows with a spread between tiles, so that the scales matter
+        for (int c = 0; c < K; c++) y[(size_t)r * K + c] *= (float)(1 << ((c / 128) % 5));
+    void *dy = gt_dev_bf16(y, ny);
+    uint8_t *dqy = cuda_alloc(ny + 16), *dqt = cuda_alloc(np * nw);
+    float *dsy = cuda_alloc((size_t)R * (K / 128) * 4 + 16), *dst = cuda_alloc(nts * 4);
+    uint8_t *qt = gt_malloc(np * nw);
+    float *st = gt_malloc(nts * 4);
+    check_rc(cuda_fp8_quantize_1x128(dqy, dsy, dy, R, K), "quantize_1x128");
+    for (int h = 0; h < np; h++) {
+        gt_fill(w, nw, GT_NORMAL, 0, 1 / sqrtf((float)C), 0, 42 + h);
+        float *dw = gt_dev_bytes(w, nw * 4);
+        uint8_t *dq = cuda_alloc(nw);
+        float *ds = cuda_alloc((size_t)E * (OC / 128) * (C / 128) * 4);
+        check_rc(cuda_fp8_quantize_128x128_t(dq, ds, dqt, dst, K, h * OC, dw, E, OC, C), "quantize_128x128_t");
+        uint8_t *q = gt_host_bytes(dq, nw);
+        float *sc = gt_host_bytes(ds, (size_t)E * (OC / 128) * (C / 128) * 4);
+        fp8_transpose_128x128(qt, st, K, h * OC, q, sc, E, OC, C);
+        free(q); free(sc);
+        cuda_free(dw); cuda_free(dq); cuda_free(ds);
+    }
+    uint8_t *qy = gt_host_bytes(dqy, ny);
+    float *sy = gt_host_bytes(dsy, (size_t)R * (K / 128) * 4);
+    float *ref = gt_malloc(nx * 4);
+    fp8_grouped_matmul_ref(ref, qy, sy, qt, st, off, E, K, C);
+    int *doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
+    void *dx = cuda_alloc(nx * 2 + 16);
+    gt_poison(dx, nx * 2);
+    check_rc(cuda_fp8_grouped_forward(dx, dqy, dsy, dqt, dst, doff, E, K, C), "fp8 data-grad");
+    float *got = gt_host_bf16(dx, nx);
+    char what[128];
+    snprintf(what, sizeof what, "fp8 data-grad %s R=%d %d->%d", name, R, K, C);
+    int dims[3] = {R, C, 0};
+    gt_check_diag(what, got, ref, nx, 4e-3, dims, off, E);
+    free(y); free(w); free(qt); free(st); free(qy); free(sy); free(ref); free(got);
+    cuda_free(dy); cuda_free(dqy); cuda_free(dqt); cuda_free(dsy); cuda_free(dst); cuda_free(doff); cuda_free(dx);
+}
+
+int main(int argc, char **argv) {
+    int dgrad_only = argc > 1 && !strcmp(argv[1], "dgrad");
+    if (!dgrad_only) {
+        test_encode_all();
+        test_fused();
+        test_quantize_1x128(1);
+        test_quantize_1x128(0);
+        test_quantize_128x128();
+        test_quantize_mx();
+    }
+    test_transposed();
+    test_swiglu_backward_quantize();
     int small[7] = {0, 1, 1, 131, 431, 508, 700}; // uneven, one empty expert, one of a single row
     test_gemm("uneven", small, 6, 384, 512);
+    test_dgrad("uneven", small, 6, 512, 256, 0);
+    test_dgrad("uneven pair", small, 6, 512, 256, 1);
     int *off = malloc(65 * sizeof(int));
     random_offsets(off, 2048, 64, 8);
-    test_gemm("OLMoE up", off, 64, 2048, 1024);
-    test_gemm("OLMoE down", off, 64, 1024, 2048);
+    if (!dgrad_only) {
+        test_gemm("OLMoE up", off, 64, 2048, 1024);
+        test_gemm("OLMoE down", off, 64, 1024, 2048);
+    }
+    test_dgrad("OLMoE down (dY [R, 2048] x Wd)", off, 64, 1024, 2048, 0);
+    test_dgrad("OLMoE gate/up pair ([dG | dU] [R, 2048] x [Wg; Wu])", off, 64, 2048, 1024, 1);
     free(off);
     return gt_finish();
 }

@@ -126,6 +126,32 @@ void fp8_dequantize_128x128(float *w, const uint8_t *q, const float *scale, int 
         }
 }
 
+void fp8_transpose_128x128(uint8_t *qt, float *st, int ldt, int col0, const uint8_t *q, const float *scale, int E,
+                           int M, int K) {
+    int mb = M / FP8_BLOCK, kb = K / FP8_BLOCK, tb = ldt / FP8_BLOCK;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < K; j++) {
+            uint8_t *out = qt + ((size_t)e * K + j) * ldt + col0;
+            const uint8_t *in = q + (size_t)e * M * K + j;
+            for (int i = 0; i < M; i++) out[i] = in[(size_t)i * K];
+        }
+    for (int e = 0; e < E; e++)
+        for (int bi = 0; bi < mb; bi++)
+            for (int bj = 0; bj < kb; bj++)
+                st[((size_t)e * kb + bj) * tb + col0 / FP8_BLOCK + bi] = scale[((size_t)e * mb + bi) * kb + bj];
+}
+
+void fp8_quantize_1x128_pair(uint8_t *q, float *scale, const float *a, const float *b, int R, int F) {
+    float *ab = mallocCheck((size_t)R * 2 * F * sizeof(float) + 1);
+    for (int r = 0; r < R; r++) {
+        memcpy(ab + (size_t)r * 2 * F, a + (size_t)r * F, (size_t)F * sizeof(float));
+        memcpy(ab + (size_t)r * 2 * F + F, b + (size_t)r * F, (size_t)F * sizeof(float));
+    }
+    fp8_quantize_1x128(q, scale, ab, R, 2 * F);
+    free(ab);
+}
+
 void fp8_quantize_mx(uint8_t *q, uint8_t *scale, const float *x, int R, int C) {
     int nb = (C + FP8_MX_BLOCK - 1) / FP8_MX_BLOCK;
 #pragma omp parallel for schedule(static)

@@ -160,11 +160,10 @@ static void c_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, 
 // FP8: the reference quantisers of ops/fp8.h on the FP32 act values; the
 // permute and the SwiGLU run first into a scratch (the CPU is the readable
 // reference, not fused).
-static void c_fp8_quantize_weights(uint8_t *qw, float *sw, const float *w, int E, int M, int K) {
+static void c_fp8_quantize_weights(uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0, const float *w,
+                                   int E, int M, int K) {
     fp8_quantize_128x128(qw, sw, w, E, M, K);
-}
-static void c_fp8_dequantize_weights(void *w, const uint8_t *qw, const float *sw, int E, int M, int K) {
-    fp8_dequantize_128x128(F(w), qw, sw, E, M, K);
+    if (qwt) fp8_transpose_128x128(qwt, swt, ldt, col0, qw, sw, E, M, K);
 }
 static void c_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C) {
     if (!token_of_row) { fp8_quantize_1x128(q, s, CF(x), R, C); return; }
@@ -178,6 +177,11 @@ static void c_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const 
     cpu_swiglu_forward(a, CF(gate), CF(up), (size_t)R * F);
     fp8_quantize_1x128(q, s, a, R, F);
     free(a);
+}
+static void c_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_t *q, float *s, const void *dout,
+                                           const void *gate, const void *up, int R, int F) {
+    cpu_swiglu_backward(F(dgate), F(dup), CF(dout), CF(gate), CF(up), (size_t)R * F);
+    fp8_quantize_1x128_pair(q, s, CF(dgate), CF(dup), R, F);
 }
 static void c_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
     fp8_dequantize_1x128(F(x), q, s, R, C);
@@ -263,9 +267,9 @@ const Ops ops_cpu = {
     .grouped_matmul_backward = c_grouped_matmul_backward,
     .grouped_dgrad_pair = c_grouped_dgrad_pair,
     .fp8_quantize_weights = c_fp8_quantize_weights,
-    .fp8_dequantize_weights = c_fp8_dequantize_weights,
     .fp8_quantize_rows = c_fp8_quantize_rows,
     .fp8_swiglu_quantize = c_fp8_swiglu_quantize,
+    .fp8_swiglu_backward_quantize = c_fp8_swiglu_backward_quantize,
     .fp8_dequantize_rows = c_fp8_dequantize_rows,
     .fp8_grouped_matmul_forward = c_fp8_grouped_matmul_forward,
     .crossentropy_forward = c_crossentropy_forward,

@@ -53,9 +53,9 @@
 //
 // At head dim 128 with T a multiple of 128 and no documents, the forward
 // runs on attention_wgmma.cu's TMA + wgmma kernel (device.cuda.attention_fwd:
-// wgmma, the default), and the dS^T backward can (attention_bwd: wgmma),
-// with the same saved lse2 and scratch; the kernels here run every other
-// case, and all of them under mma_sync.
+// wgmma, the default), and so does the dS^T backward (attention_bwd: wgmma,
+// the default), with the same saved lse2 and scratch; the kernels here run
+// every other case, and all of them under mma_sync.
 #include <math.h>
 
 #include "ops/cuda/cuda_common.cuh"

@@ -6,7 +6,7 @@
 // fall back to those kernels elsewhere, and run these only under
 // device.cuda.attention_fwd / attention_bwd: wgmma.
 // H200, B=1 T=4096 H=16 (2026-12-01): forward 558 TFLOP/s (mma.sync 317),
-// backward 355 (236).
+// backward 475 (235; 353 before its dK/dV kernel queued the next products).
 //
 // ---- forward
 //
@@ -283,17 +283,20 @@ extern "C" int cuda_attention_forward_wgmma(void *out, float *lse2, const void *
 // without GQA, T a multiple of 128 and no documents (the cases whose dQ goes
 // through dS^T in scratch, attention.cu):
 //   dK/dV   one block per (head, batch, 128 keys), 384 threads: the producer
-//           loads the block's K and V once, then Q and dO tiles of 64
-//           queries, from the block's first key to T, into a 2-deep ring;
-//           consumer warpgroup w owns keys 64 w.. of the block, and per
-//           query tile computes S^T = K Q^T and dP^T = V dO^T (m64n64, A and
-//           B from shared memory), P^T = 2^(S^T scale log2 e - lse2), dS^T =
-//           P^T (dP^T - D) in registers, then dV += P^T dO and dK += dS^T Q
-//           (m64n128, A from registers, dO and Q read MN-major from the same
-//           tiles), and stores dS^T (BF16) to scratch; dK = scale dK.
+//           warp loads the block's K and V once, then Q and dO tiles of 64
+//           queries (and their lse2 and D), from the block's first key to T,
+//           into a 3-deep ring; consumer warpgroup w owns keys 64 w.. of the
+//           block, and per query tile computes S^T = K Q^T and dP^T = V dO^T
+//           (m64n64, A and B from shared memory), P^T = 2^(S^T scale log2 e -
+//           lse2), dS^T = P^T (dP^T - D) in registers, then dV += P^T dO
+//           (m64n128, A from registers, dO read MN-major) and, with dS^T
+//           written to shared memory, dK += dS^T Q (A that tile, Q read
+//           MN-major); the copy engine stores the dS^T tile (BF16) to
+//           scratch, and the next tile's S^T and dP^T are issued behind dK
+//           (the kernel's comment says how); dK = scale dK.
 //   dQ      one block per (head, batch, 128 queries): dQ = scale dS K over
 //           the key tiles of 64 up to the diagonal, dS^T tiles and K tiles
-//           streamed by the copy engine into a 4-deep ring; consumer
+//           streamed by the copy engine into a 6-deep ring; consumer
 //           warpgroup w owns queries 64 w.. .
 // dS^T scratch, per (batch row, head) ds_head_elems(T) BF16 (attention.cu's
 // size): tiles of 64 keys x 64 queries (8 KB), key tile kt holding the
@@ -308,12 +311,14 @@ namespace {
 constexpr int FB_QT = 64;                 // queries per tile
 constexpr int FB_QHALF = FB_QT * 128;     // 64 rows x 64 hd: 8 KB
 constexpr int FB_QTILE = 2 * FB_QHALF;    // Q or dO tile: 16 KB
-constexpr int FB_STAGES = 2;
+constexpr int FB_STAGES = 3;
 constexpr int FB_K = 0, FB_V = FA_TILE;   // K, V of the block: 128 keys x 128 hd each
 constexpr int FB_RING = 2 * FA_TILE;      // stage s: Q at FB_RING + s * 2 FB_QTILE, dO after it
-constexpr int FB_BARS = FB_RING + FB_STAGES * 2 * FB_QTILE;
+constexpr int FB_ROWS = FB_RING + FB_STAGES * 2 * FB_QTILE; // stage s: lse2, then D of its 64 queries (512 bytes)
+constexpr int FB_DS = (FB_ROWS + FB_STAGES * 2 * FB_QT * 4 + 1023) / 1024 * 1024; // dS^T tiles: 2 per warpgroup, 8 KB
+constexpr int FB_BARS = FB_DS + 4 * 8192;
 constexpr int FB_SMEM = FB_BARS + 8 * (1 + 2 * FB_STAGES) + 1024;
-constexpr int DQ_STAGES = 4;
+constexpr int DQ_STAGES = 6;
 constexpr int DQ_STAGE = 2 * 8192 + 16384; // dS^T tiles of the two query halves, K tile of 64 keys
 constexpr int DQ_BARS = DQ_STAGES * DQ_STAGE;
 constexpr int DQ_SMEM = DQ_BARS + 8 * 2 * DQ_STAGES + 1024;
@@ -330,21 +335,88 @@ __host__ __device__ __forceinline__ size_t ds_tile_off(int kt, int qt, int nq) {
     return (first + (size_t)(qt - 2 * a)) * 4096;
 }
 
-// The backward kernels' ring: n full barriers (the producer's arrival and
-// the bytes) and n empty ones (one arrival per consumer warp), and `once`
-// (a load of their own, when not 0); then the whole block syncs.
-__device__ __forceinline__ void fb_init_ring(uint32_t full, uint32_t empty, int n, uint32_t once) {
+// The backward kernels' ring: n full barriers (`arrivals` arrivals and the
+// bytes) and n empty ones (one arrival per consumer warp), and `once` (a
+// load of their own, when not 0); then the whole block syncs.
+__device__ __forceinline__ void fb_init_ring(uint32_t full, uint32_t empty, int n, int arrivals, uint32_t once) {
     if (threadIdx.x == 0) {
         if (once) mbar_init(once, 1);
         for (int s = 0; s < n; s++) {
-            mbar_init(full + 8 * s, 1);
+            mbar_init(full + 8 * s, arrivals);
             mbar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 }
+// S^T = K Q^T into sacc and dP^T = V dO^T into pacc for one warpgroup's 64
+// keys (K at ka, V at va) and the 64 queries of the stage at st: two
+// commit groups, S^T first.
+__device__ __forceinline__ void fb_sdp(float (&sacc)[32], float (&pacc)[32], uint32_t ka, uint32_t va, uint32_t st) {
+    uint64_t q0d = smem_desc(st), q1d = smem_desc(st + FB_QHALF);
+    uint64_t o0d = smem_desc(st + FB_QTILE), o1d = smem_desc(st + FB_QTILE + FB_QHALF);
+    uint64_t k0d = smem_desc(ka), k1d = smem_desc(ka + FA_HALF), v0d = smem_desc(va), v1d = smem_desc(va + FA_HALF);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(sacc, k0d + 2 * kk, q0d + 2 * kk, kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(sacc, k1d + 2 * kk, q1d + 2 * kk, 1);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(pacc, v0d + 2 * kk, o0d + 2 * kk, kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(pacc, v1d + 2 * kk, o1d + 2 * kk, 1);
+    wgmma_commit();
+}
+// acc (m64n128) (+)= A B with A from registers (frag[4 kk + r]: the k16
+// step kk) and B the stage's 64 rows read MN-major (dO at b, two 64-wide hd
+// blocks FB_QHALF apart), acc = A B when `first`; one commit group.
+__device__ __forceinline__ void fb_acc(float (&acc)[64], const uint32_t (&frag)[16], uint32_t b, bool first) {
+    uint64_t bd = smem_desc_mn_lbo(b, FB_QHALF);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
+        wgmma_n128_rs<1>(acc, a, bd + (uint64_t)(2048 >> 4) * kk, kk > 0 || !first);
+    }
+    wgmma_commit();
+}
+// bytes (a multiple of 16) from shared src to global dst by the copy
+// engine, in this thread's bulk group; fb_bulk_read_wait: this thread's
+// bulk stores are done reading shared memory (.read) or all done.
+__device__ __forceinline__ void fb_bulk_store(void *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                 "cp.async.bulk.commit_group;\n" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void fb_bulk_read_wait() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fb_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// An empty asm that reads and writes every register of r: the operands of a
+// product in flight stay where they are (live, in the same registers) until
+// the wait_group that retires it, so that ptxas neither reuses them nor
+// serialises the products.
+template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
 // grid (H, B, T / 128); heaviest (first) key blocks first.
+//
+// A consumer warpgroup's query tile i: wait for S^T_i, dP^T_i (and tile i -
+// 1's dV, dK); P^T_i and dS^T_i in registers; issue dV += P^T_i dO; write
+// dS^T_i into its shared tile (two per warpgroup, alternating) while dV
+// runs; issue dK += dS^T_i Q from it and the bulk store of it to scratch;
+// once dV is done (its A registers free), issue S^T_i+1 and dP^T_i+1 behind
+// dK. So the tensor cores hold this warpgroup's next three products while
+// it waits, and the other warpgroup's elementwise work runs under them.
+// dK from shared memory rather than registers keeps the dS^T registers free
+// during the next products: with them in flight as well ptxas ran out of
+// registers and serialised every product (C7512), and a wait for S^T alone
+// with dP^T in flight was serialised too (C7515). The producer warp also
+// copies the tile's lse2 and D (64 floats each) into the stage: a second
+// arrival on its full barrier, after the bulk copies are issued.
 __global__ void __launch_bounds__(FA_THREADS, 1)
     attention_bwd_dkv_wgmma_kernel(bf16 *dk, bf16 *dv, bf16 *dsT, const __grid_constant__ FbMaps maps,
                                    const float *lse2, const float *D, int T, int H, size_t ds_head, float sl2,
@@ -352,85 +424,91 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t base = (raw + 1023) & ~1023u;
+    float *rows_s = (float *)(smem_raw + (base - raw) + FB_ROWS); // stage s: lse2 at 128 s, D at 128 s + 64
     uint32_t kvbar = base + FB_BARS, full = kvbar + 8, empty = full + 8 * FB_STAGES;
     int h = blockIdx.x, b = blockIdx.y, kb = blockIdx.z, k0 = kb * FA_BN;
     int nq = T / FB_QT, q_first = 2 * kb, ntiles = nq - q_first;
     int wg = threadIdx.x >> 7;
-    fb_init_ring(full, empty, FB_STAGES, kvbar);
+    const float *lse_h = lse2 + ((size_t)b * H + h) * T, *D_h = D + ((size_t)b * H + h) * T;
+    fb_init_ring(full, empty, FB_STAGES, 2, kvbar);
 
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x != 0) return;
-        int row = b * T, c = h * FA_HD;
-        mbar_expect_tx(kvbar, 2 * FA_TILE);
-        for (int hh = 0; hh < 2; hh++)
-            for (int g = 0; g < 2; g++) {
-                uint32_t off = hh * FA_HALF + g * 8192;
-                tma_load_2d(base + FB_K + off, &maps.k, c + 64 * hh, row + k0 + 64 * g, kvbar);
-                tma_load_2d(base + FB_V + off, &maps.v, c + 64 * hh, row + k0 + 64 * g, kvbar);
-            }
+    if (wg == 0) { // producer: warp 0; lane 0 issues the copies
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (threadIdx.x >= 32) return;
+        int lane = threadIdx.x, row = b * T, c = h * FA_HD;
+        if (lane == 0) {
+            mbar_expect_tx(kvbar, 2 * FA_TILE);
+            for (int hh = 0; hh < 2; hh++)
+                for (int g = 0; g < 2; g++) {
+                    uint32_t off = hh * FA_HALF + g * 8192;
+                    tma_load_2d(base + FB_K + off, &maps.k, c + 64 * hh, row + k0 + 64 * g, kvbar);
+                    tma_load_2d(base + FB_V + off, &maps.v, c + 64 * hh, row + k0 + 64 * g, kvbar);
+                }
+        }
         for (int i = 0; i < ntiles; i++) {
-            int s = i % FB_STAGES;
+            int s = i % FB_STAGES, q0 = (q_first + i) * FB_QT;
             uint32_t ph = (i / FB_STAGES) & 1, st = base + FB_RING + s * 2 * FB_QTILE;
-            int qr = row + (q_first + i) * FB_QT;
+            float2 l2 = __ldg((const float2 *)(lse_h + q0) + lane), dd = __ldg((const float2 *)(D_h + q0) + lane);
             mbar_wait(empty + 8 * s, ph ^ 1);
-            mbar_expect_tx(full + 8 * s, 2 * FB_QTILE);
-            tma_load_2d(st, &maps.q, c, qr, full + 8 * s);
-            tma_load_2d(st + FB_QHALF, &maps.q, c + 64, qr, full + 8 * s);
-            tma_load_2d(st + FB_QTILE, &maps.dout, c, qr, full + 8 * s);
-            tma_load_2d(st + FB_QTILE + FB_QHALF, &maps.dout, c + 64, qr, full + 8 * s);
+            if (lane == 0) {
+                int qr = row + q0;
+                mbar_expect_tx(full + 8 * s, 2 * FB_QTILE);
+                tma_load_2d(st, &maps.q, c, qr, full + 8 * s);
+                tma_load_2d(st + FB_QHALF, &maps.q, c + 64, qr, full + 8 * s);
+                tma_load_2d(st + FB_QTILE, &maps.dout, c, qr, full + 8 * s);
+                tma_load_2d(st + FB_QTILE + FB_QHALF, &maps.dout, c + 64, qr, full + 8 * s);
+            }
+            ((float2 *)(rows_s + 128 * s))[lane] = l2;
+            ((float2 *)(rows_s + 128 * s + 64))[lane] = dd;
+            __syncwarp();
+            if (lane == 0) mbar_arrive(full + 8 * s); // the rows' stores, ordered by __syncwarp, released
         }
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     bool leader = lane == 0;
     int lrow = warp * 16 + (lane >> 2), lcol = 2 * (lane & 3); // rows lrow, lrow + 8 of the warpgroup's 64 keys
     int key0 = k0 + cw * 64;                                   // the warpgroup's first key
     uint32_t ka = base + FB_K + cw * 8192, va = base + FB_V + cw * 8192;
-    const float *lse_h = lse2 + ((size_t)b * H + h) * T, *D_h = D + ((size_t)b * H + h) * T;
     bf16 *ds_h = dsT + ((size_t)b * H + h) * ds_head;
-    float dvacc[64], dkacc[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) dvacc[i] = dkacc[i] = 0.f;
+    uint32_t ds_s = base + FB_DS + cw * 2 * 8192;
+    float dvacc[64], dkacc[64]; // zero at the first tile by the products' scale-d
     uint32_t pf[16], df[16];
     float sacc[32], pacc[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) sacc[i] = pacc[i] = 0.f;
     mbar_wait(kvbar, 0);
+    mbar_wait(full, 0);
+    wgmma_fence();
+    fb_sdp(sacc, pacc, ka, va, base + FB_RING);
 
     for (int i = 0; i < ntiles; i++) {
         int s = i % FB_STAGES, qt = q_first + i, q0 = qt * FB_QT;
-        uint32_t ph = (i / FB_STAGES) & 1, st = base + FB_RING + s * 2 * FB_QTILE;
-        mbar_wait(full + 8 * s, ph);
-        uint64_t q0d = smem_desc(st), q1d = smem_desc(st + FB_QHALF);
-        uint64_t o0d = smem_desc(st + FB_QTILE), o1d = smem_desc(st + FB_QTILE + FB_QHALF);
-        uint64_t k0d = smem_desc(ka), k1d = smem_desc(ka + FA_HALF), v0d = smem_desc(va), v1d = smem_desc(va + FA_HALF);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(sacc, k0d + 2 * kk, q0d + 2 * kk, kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(sacc, k1d + 2 * kk, q1d + 2 * kk, 1);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(pacc, v0d + 2 * kk, o0d + 2 * kk, kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_n64<0, 0>(pacc, v1d + 2 * kk, o1d + 2 * kk, 1);
-        wgmma_commit();
+        uint32_t st = base + FB_RING + s * 2 * FB_QTILE;
+        const float *lse_s = rows_s + 128 * s, *D_s = lse_s + 64;
+        // S^T_i, dP^T_i are in, and dK, dV of tile i - 1: release its stage.
+        // (A wait for S^T_i alone, dP^T_i left in flight, made ptxas
+        // serialise every product: C7515.)
         wgmma_wait<0>();
-        // P^T, dS^T: acc[4 j + e] is key lrow + 8 (e / 2), query q0 + 8 j + lcol + e % 2
+        reg_fence(sacc);
+        reg_fence(pacc);
+        reg_fence(dkacc);
+        if (i > 0) {
+            __syncwarp();
+            if (leader) mbar_arrive(empty + 8 * ((i - 1) % FB_STAGES));
+        }
+        // P^T and dS^T = P^T (dP^T - D): acc[4 j + e] is key lrow + 8 (e / 2),
+        // query q0 + 8 j + lcol + e % 2
         bool diag = q0 < key0 + 64;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float2 l2 = __ldg((const float2 *)(lse_h + q0 + 8 * j + lcol));
-            float2 dd = __ldg((const float2 *)(D_h + q0 + 8 * j + lcol));
+            float2 l2 = *(const float2 *)(lse_s + 8 * j + lcol), dd = *(const float2 *)(D_s + 8 * j + lcol);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float lq = e & 1 ? l2.y : l2.x, dq = e & 1 ? dd.y : dd.x;
-                float p = fast_exp2(fmaf(sacc[4 * j + e], sl2, -lq));
+                float p = fast_exp2(fmaf(sacc[4 * j + e], sl2, -(e & 1 ? l2.y : l2.x)));
                 if (diag && q0 + 8 * j + lcol + (e & 1) < key0 + lrow + 8 * (e >> 1)) p = 0.f;
                 sacc[4 * j + e] = p;
-                pacc[4 * j + e] = p * (pacc[4 * j + e] - dq);
+                pacc[4 * j + e] = p * (pacc[4 * j + e] - (e & 1 ? dd.y : dd.x));
             }
         }
 #pragma unroll
@@ -440,36 +518,52 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
                 pf[4 * kk + r] = pack_bf16(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
                 df[4 * kk + r] = pack_bf16(pacc[8 * kk + 2 * r], pacc[8 * kk + 2 * r + 1]);
             }
-        uint64_t dom = smem_desc_mn_lbo(st + FB_QTILE, FB_QHALF), qm = smem_desc_mn_lbo(st, FB_QHALF);
+        reg_fence(pf);
+        reg_fence(dvacc);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-            wgmma_n128_rs<1>(dvacc, a, dom + (uint64_t)(2048 >> 4) * kk, 1);
-        }
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            const uint32_t a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
-            wgmma_n128_rs<1>(dkacc, a, qm + (uint64_t)(2048 >> 4) * kk, 1);
-        }
-        wgmma_commit();
-        // dS^T to scratch in the dQ kernel's layout: word df[4 kk + r] is key
-        // lrow + 8 (r & 1), queries 16 kk + 8 (r >> 1) + lcol, + 1
-        unsigned char *tile = (unsigned char *)(ds_h + ds_tile_off(2 * kb + cw, qt, nq));
+        fb_acc(dvacc, pf, st + FB_QTILE, i == 0); // dV += P^T dO
+        // dS^T into this warpgroup's tile i % 2 in the dQ kernel's layout
+        // (word df[4 kk + r]: key lrow + 8 (r & 1), queries 16 kk + 8 (r >> 1)
+        // + lcol, + 1), which is also dK's A operand, K-major; the bulk store
+        // from it two tiles back is done reading (waited before the last
+        // barrier), and so is the dK product (the wait at the top)
+        uint32_t dst = ds_s + (i & 1) * 8192;
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 int kr = lrow + 8 * (r & 1), ch = 2 * kk + (r >> 1);
-                *(uint32_t *)(tile + kr * 128 + ((ch ^ (kr & 7)) << 4) + 2 * lcol) = df[4 * kk + r];
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + kr * 128 + ((ch ^ (kr & 7)) << 4) + 2 * lcol),
+                             "r"(df[4 * kk + r])
+                             : "memory");
             }
-        // dV, dK done (letting them run on under the next tile's S^T and
-        // dP^T made ptxas serialise the products, warning C7515): release
-        // the stage
-        wgmma_wait<0>();
-        __syncwarp();
-        if (leader) mbar_arrive(empty + 8 * s);
+        fence_proxy_async();
+        if (threadIdx.x % 128 == 0) fb_bulk_read_wait(); // the last tile's store has read its tile
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+        {
+            uint64_t ad = smem_desc(dst), bd = smem_desc_mn_lbo(st, FB_QHALF);
+            reg_fence(dkacc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wgmma_n128<0, 1>(dkacc, ad + 2 * kk, bd + (uint64_t)(2048 >> 4) * kk, kk > 0 || i > 0); // dK += dS^T Q
+            wgmma_commit();
+        }
+        if (threadIdx.x % 128 == 0) fb_bulk_store(ds_h + ds_tile_off(2 * kb + cw, qt, nq), dst, 8192);
+        if (i + 1 < ntiles) { // S^T, dP^T of tile i + 1 queued behind dK
+            int sn = (i + 1) % FB_STAGES;
+            wgmma_wait<1>(); // dV += P^T_i dO is done: pf is free
+            reg_fence(pf);
+            reg_fence(dvacc);
+            mbar_wait(full + 8 * sn, ((i + 1) / FB_STAGES) & 1);
+            wgmma_fence();
+            fb_sdp(sacc, pacc, ka, va, base + FB_RING + sn * 2 * FB_QTILE);
+        }
     }
+    wgmma_wait<0>();
+    reg_fence(dvacc);
+    reg_fence(dkacc);
+    if (threadIdx.x % 128 == 0) fb_bulk_wait(); // before the block's shared memory goes
 
     // dK = scale dK, dV: rows key0 + lrow (+ 8) of [B, T, H, 128]
     size_t ld = (size_t)H * FA_HD;
@@ -497,7 +591,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     int nq = T / FB_QT, nkt = 2 * qb + 2; // key tiles 0 .. 2 qb + 1; warpgroup 0 skips the last
     int wg = threadIdx.x >> 7;
     const bf16 *ds_h = dsT + ((size_t)b * H + h) * ds_head;
-    fb_init_ring(full, empty, DQ_STAGES, 0);
+    fb_init_ring(full, empty, DQ_STAGES, 1, 0);
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");

@@ -34,13 +34,12 @@ typedef struct {
     int attention_fwd;     // CudaGemmKernels
     // Attention backward where dQ goes through dS^T (head dim 128 without
     // GQA, attention_ds_mib > 0), T a multiple of 128, no documents: the
-    // TMA + wgmma dK/dV and dQ kernels (attention_wgmma.cu) or mma.sync.
-    // mma_sync by default: the wgmma kernels are faster but their test run
-    // is not complete (README, "On a GPU").
+    // TMA + wgmma dK/dV and dQ kernels (attention_wgmma.cu) or the mma.sync
+    // kernels (attention.cu), which run every other case.
     int attention_bwd;     // CudaGemmKernels
 } CudaSettings;
 
 static inline CudaSettings cuda_settings_default(void) {
-    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024, CUDA_KERNELS_WGMMA, CUDA_KERNELS_MMA_SYNC};
+    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024, CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA};
     return s;
 }

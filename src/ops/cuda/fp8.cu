@@ -56,6 +56,11 @@ __device__ __forceinline__ uint32_t pack4(float a, float b, float c, float d, fl
            (uint32_t)e4m3(__fdiv_rn(c, s)) << 16 | (uint32_t)e4m3(__fdiv_rn(d, s)) << 24;
 }
 
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
 __global__ void encode_bits_kernel(uint8_t *q, uint32_t first, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (i >= n) return;
@@ -130,6 +135,43 @@ __global__ void swiglu_quantize_kernel(uint8_t *q, float *scale, const bf16 *gat
     quantize_tile8(q, scale, v, live, e0);
 }
 
+// swiglu_backward (elementwise.cu: the same FP32 expressions, rounded to
+// BF16 as it stores them) writing dgate and dup [R, F], and both quantised
+// 1 x 128 side by side for the data-grad: row r of q [R, 2F] is
+// [dgate_r | dup_r]. The grid covers R * F / 8 threads (F % 128 == 0: a
+// 16-thread group holds one tile of each).
+__global__ void swiglu_backward_quantize_kernel(bf16 *dgate, bf16 *dup, uint8_t *q, float *scale, const bf16 *dout,
+                                                const bf16 *gate, const bf16 *up, size_t n, int F) {
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, e0 = t * 8;
+    bool live = e0 < n;
+    float vg[8], vu[8];
+    size_t r = live ? e0 / F : 0, c = live ? e0 % F : 0;
+    if (live) {
+        float g[8], u[8], d[8];
+        load8(g, gate + e0);
+        load8(u, up + e0);
+        load8(d, dout + e0);
+        uint32_t og[4], ou[4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float sig = 1.f / (1.f + expf(-g[j]));
+            float dsilu = sig * (1.f + g[j] * (1.f - sig));
+            vg[j] = __bfloat162float(__float2bfloat16_rn(d[j] * u[j] * dsilu));
+            vu[j] = __bfloat162float(__float2bfloat16_rn(d[j] * g[j] * sig));
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            og[j] = pack_bf16x2(vg[2 * j], vg[2 * j + 1]);
+            ou[j] = pack_bf16x2(vu[2 * j], vu[2 * j + 1]);
+        }
+        *(uint4 *)(dgate + e0) = make_uint4(og[0], og[1], og[2], og[3]);
+        *(uint4 *)(dup + e0) = make_uint4(ou[0], ou[1], ou[2], ou[3]);
+    }
+    size_t q0 = r * 2 * F + c;
+    quantize_tile8(q, scale, vg, live, q0);
+    quantize_tile8(q, scale, vu, live, q0 + F);
+}
+
 // 8 E4M3 bytes times s, rounded to BF16, stored as 16 bytes at x
 __device__ __forceinline__ void dequantize8(bf16 *x, const uint8_t *q, float s) {
     uint2 raw = *(const uint2 *)q;
@@ -164,12 +206,31 @@ __global__ void dequantize_128x128_kernel(bf16 *w, const uint8_t *q, const float
     dequantize8(w + e0, q + e0, scale[(e * (M / 128) + i / 128) * kb + k / 128]);
 }
 
+// 4 x 4 bytes: out[b] holds byte b of w[0..3], in order
+__device__ __forceinline__ void transpose4x4(uint32_t (&out)[4], const uint32_t (&w)[4]) {
+    uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+    uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+    out[0] = __byte_perm(lo01, lo23, 0x5410);
+    out[1] = __byte_perm(lo01, lo23, 0x7632);
+    out[2] = __byte_perm(hi01, hi23, 0x5410);
+    out[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
 // 128 x 128 blocks of w [E, M, K]: one block of 256 threads each; thread
 // (row group g = tid / 16, column chunk c = tid % 16) holds rows g + 16 i,
-// columns 8c..8c+7 of the block in registers.
-__global__ void __launch_bounds__(256) quantize_128x128_kernel(uint8_t *q, float *scale, const float *w, int M,
-                                                                 int K) {
+// columns 8c..8c+7 of the block in registers. With qt (the data-grads'
+// transposed copy, fp8_transpose_128x128's layout) the block's bytes also
+// go through shared memory (rows of 136 bytes, 34 words, so that the 8-byte
+// writes and the column reads below meet no bank conflict) and come out
+// transposed: thread (c = tid / 16, word column jq = tid % 16) reads rows
+// 8c..8c+7 at byte columns 4 jw .. 4 jw + 3 (jw = jq, jq + 16), transposes
+// the 8 x 4 bytes in registers and writes 8 bytes to each of those 4 rows
+// of the transposed block.
+constexpr int Q_LD = 136;
+__global__ void __launch_bounds__(256) quantize_128x128_kernel(uint8_t *q, float *scale, uint8_t *qt, float *st,
+                                                                 const float *w, int ldt, int col0, int M, int K) {
     __shared__ float s_max[8];
+    __shared__ __align__(16) uint8_t s_q[128 * Q_LD];
     int mb = M / 128, kb = K / 128;
     int e = blockIdx.y, bi = blockIdx.x / kb, bj = blockIdx.x % kb;
     int g = threadIdx.x >> 4, c = threadIdx.x & 15;
@@ -194,8 +255,29 @@ __global__ void __launch_bounds__(256) quantize_128x128_kernel(uint8_t *q, float
     for (int i = 0; i < 8; i++) {
         uint2 out = make_uint2(pack4(v[i][0], v[i][1], v[i][2], v[i][3], s), pack4(v[i][4], v[i][5], v[i][6], v[i][7], s));
         *(uint2 *)(q + base + (size_t)(g + 16 * i) * K) = out;
+        if (qt) *(uint2 *)(s_q + (g + 16 * i) * Q_LD + 8 * c) = out;
     }
     if (threadIdx.x == 0) scale[((size_t)e * mb + bi) * kb + bj] = s;
+    if (!qt) return;
+    if (threadIdx.x == 0) st[((size_t)e * kb + bj) * (ldt / 128) + col0 / 128 + bi] = s;
+    __syncthreads();
+    int tc = threadIdx.x >> 4, jq = threadIdx.x & 15;
+    // transposed block: rows bj * 128 + j of expert e, columns col0 + bi * 128 + 8 tc .. + 7
+    uint8_t *qte = qt + ((size_t)e * K + (size_t)bj * 128) * ldt + col0 + (size_t)bi * 128 + 8 * tc;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int jw = jq + 16 * h;
+        uint32_t lo[4], hi[4], tlo[4], thi[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            lo[k] = *(const uint32_t *)(s_q + (8 * tc + k) * Q_LD + 4 * jw);
+            hi[k] = *(const uint32_t *)(s_q + (8 * tc + 4 + k) * Q_LD + 4 * jw);
+        }
+        transpose4x4(tlo, lo);
+        transpose4x4(thi, hi);
+#pragma unroll
+        for (int b = 0; b < 4; b++) *(uint2 *)(qte + (size_t)(4 * jw + b) * ldt) = make_uint2(tlo[b], thi[b]);
+    }
 }
 
 // MXFP8: 4 threads per block of 32, 8 values each.
@@ -268,10 +350,6 @@ template <int D> __device__ __forceinline__ void quad_swap(uint32_t (&w)[4], int
         if (up) w[i] = got;
         else w[i + D] = got;
     }
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
 }
 // store_acc_bf16<128>'s result with 16-byte stores: for each row and group
 // m of 4 column octets, the quad transposes its words so that lane p holds
@@ -468,6 +546,17 @@ extern "C" int cuda_fp8_swiglu_quantize_1x128(uint8_t *q, float *scale, const vo
     cudaLaunchCheck();
     return 0;
 }
+extern "C" int cuda_fp8_swiglu_backward_quantize_1x128(void *dgate, void *dup, uint8_t *q, float *scale,
+                                                       const void *dout, const void *gate, const void *up, int R, int F) {
+    if (R < 0 || F <= 0 || F % 128) return -1;
+    size_t n = (size_t)R * F, threads = n / 8;
+    if (!threads) return 0;
+    if (((uintptr_t)dgate | (uintptr_t)dup | (uintptr_t)dout | (uintptr_t)gate | (uintptr_t)up) & 15) return -1;
+    swiglu_backward_quantize_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>(
+        (bf16 *)dgate, (bf16 *)dup, q, scale, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n, F);
+    cudaLaunchCheck();
+    return 0;
+}
 extern "C" int cuda_fp8_dequantize_1x128(void *x, const uint8_t *q, const float *scale, int R, int C) {
     if (R < 0 || C <= 0 || C % 128) return -1;
     size_t n = (size_t)R * C, threads = n / 8;
@@ -487,11 +576,17 @@ extern "C" int cuda_fp8_dequantize_128x128(void *w, const uint8_t *q, const floa
     return 0;
 }
 
-extern "C" int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K) {
+extern "C" int cuda_fp8_quantize_128x128_t(uint8_t *q, float *scale, uint8_t *qt, float *st, int ldt, int col0,
+                                           const float *w, int E, int M, int K) {
     if (E <= 0 || M <= 0 || K <= 0 || M % 128 || K % 128 || E > 65535) return -1;
-    quantize_128x128_kernel<<<dim3((unsigned)(M / 128 * (K / 128)), E), 256, 0, cuda_stream()>>>(q, scale, w, M, K);
+    if (qt && (ldt % 128 || col0 % 128 || col0 < 0 || col0 + M > ldt || ((uintptr_t)qt & 7))) return -1;
+    quantize_128x128_kernel<<<dim3((unsigned)(M / 128 * (K / 128)), E), 256, 0, cuda_stream()>>>(q, scale, qt, st, w,
+                                                                                                ldt, col0, M, K);
     cudaLaunchCheck();
     return 0;
+}
+extern "C" int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K) {
+    return cuda_fp8_quantize_128x128_t(q, scale, NULL, NULL, 0, 0, w, E, M, K);
 }
 
 extern "C" int cuda_fp8_quantize_mx(uint8_t *q, uint8_t *scale, const void *x, int R, int C) {
@@ -560,17 +655,20 @@ static void fp8_ok(int rc, const char *what, int a, int b) {
     fprintf(stderr, "moecore: %s: the CUDA FP8 kernel does not take these sizes (%d, %d) or buffers\n", what, a, b);
     exit(3);
 }
-extern "C" void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, const float *w, int E, int M, int K) {
-    fp8_ok(cuda_fp8_quantize_128x128(qw, sw, w, E, M, K), "fp8_quantize_weights", M, K);
-}
-extern "C" void cuda_fp8_dequantize_weights(void *w, const uint8_t *qw, const float *sw, int E, int M, int K) {
-    fp8_ok(cuda_fp8_dequantize_128x128(w, qw, sw, E, M, K), "fp8_dequantize_weights", M, K);
+extern "C" void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0,
+                                          const float *w, int E, int M, int K) {
+    fp8_ok(cuda_fp8_quantize_128x128_t(qw, sw, qwt, swt, ldt, col0, w, E, M, K), "fp8_quantize_weights", M, K);
 }
 extern "C" void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C) {
     fp8_ok(cuda_fp8_gather_quantize(q, s, x, token_of_row, R, C), "fp8_quantize_rows", R, C);
 }
 extern "C" void cuda_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const void *up, int R, int F) {
     fp8_ok(cuda_fp8_swiglu_quantize_1x128(q, s, gate, up, R, F), "fp8_swiglu_quantize", R, F);
+}
+extern "C" void cuda_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_t *q, float *s, const void *dout,
+                                                  const void *gate, const void *up, int R, int F) {
+    fp8_ok(cuda_fp8_swiglu_backward_quantize_1x128(dgate, dup, q, s, dout, gate, up, R, F),
+           "fp8_swiglu_backward_quantize", R, F);
 }
 extern "C" void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
     fp8_ok(cuda_fp8_dequantize_1x128(x, q, s, R, C), "fp8_dequantize_rows", R, C);

@@ -22,12 +22,24 @@ int cuda_fp8_quantize_1x128_f32(uint8_t *q, float *scale, const float *x, int R,
 // block128 weights from the FP32 master weights: w [E, M, K] -> q [E, M, K],
 // scale [E, M/128, K/128]. M % 128 == 0, K % 128 == 0.
 int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K);
+// The same, and (qt not NULL) the data-grads' transposed copy of the same
+// bytes and scales (fp8_transpose_128x128 of fp8.h): qt [E, K, ldt] with
+// q_e^T in columns col0..col0+M, st [E, K/128, ldt/128]. ldt, col0
+// multiples of 128, col0 + M <= ldt.
+int cuda_fp8_quantize_128x128_t(uint8_t *q, float *scale, uint8_t *qt, float *st, int ldt, int col0, const float *w,
+                                int E, int M, int K);
 // The same with row r of q read from row rows[r] of x (BF16): the permute's
 // gather and the quantiser in one pass.
 int cuda_fp8_gather_quantize(uint8_t *q, float *scale, const void *x, const int *rows, int R, int C);
 // silu(gate) * up [R, F] (BF16, as cuda_swiglu_forward rounds it), quantised
 // 1 x 128: the bits of cuda_swiglu_forward + cuda_fp8_quantize_1x128. F % 128 == 0.
 int cuda_fp8_swiglu_quantize_1x128(uint8_t *q, float *scale, const void *gate, const void *up, int R, int F);
+// cuda_swiglu_backward's dgate, dup [R, F] (the same bits), and the pair
+// quantised 1 x 128 side by side: q [R, 2F], scale [R, 2F/128] of row
+// [dgate_r | dup_r] (fp8_quantize_1x128_pair of the BF16 values). F % 128
+// == 0; the BF16 buffers 16-byte aligned.
+int cuda_fp8_swiglu_backward_quantize_1x128(void *dgate, void *dup, uint8_t *q, float *scale, const void *dout,
+                                            const void *gate, const void *up, int R, int F);
 // x [R, C] (BF16) = float(q) * scale, rounded to nearest. C % 128 == 0.
 int cuda_fp8_dequantize_1x128(void *x, const uint8_t *q, const float *scale, int R, int C);
 // w [E, M, K] (BF16) = float(q) * its 128 x 128 block's scale, rounded to
@@ -39,7 +51,9 @@ int cuda_fp8_quantize_mx(uint8_t *q, uint8_t *scale, const void *x, int R, int C
 // over the expert segments offsets[e]..offsets[e+1] (device offsets; the
 // host never reads them), qa/sa from cuda_fp8_quantize_1x128 ([R, C]), qw/sw
 // from cuda_fp8_quantize_128x128 ([E, OC, C]). FP32 accumulation, the
-// block scales applied every 128 of K. C % 128 == 0, OC % 256 == 0.
+// block scales applied every 128 of K. C % 128 == 0, OC % 256 == 0. The
+// data-grads: dX [R, C] = deq(dY) deq(W_e) is this with qa = dY [R, OC]
+// and qw = W^T [E, C, OC] (cuda_fp8_quantize_128x128_t's copy).
 int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                              const int *offsets, int E, int C, int OC);
 

@@ -494,6 +494,7 @@ constexpr int WS_THREADS = 384;
 constexpr int WS_BN = 256;
 constexpr int WS_STAGES = 4;
 using WsCfg = WgConfig<WS_BN, WS_STAGES>;
+static_assert(WS_BN == 256, "the weight-grad's tail zeroing splits B's four 64-column boxes between the two consumers");
 
 struct WsMaps {
     CUtensorMap a, b, a2, b2; // a2, b2: the data-grad pair's second operands
@@ -503,10 +504,11 @@ struct WsMaps {
 // A_e^T B_e with A = dout [rows, M] and B = inp [rows, N], both read
 // M/N-major in 64 x 64 boxes (two for A's 128 rows of M, four for B), K =
 // the expert's rows. A box that runs past the segment reads the next
-// expert's rows, so on a tile's last, partial K step each consumer
-// warpgroup zeroes the K rows past the segment in its half of A (then the
-// products with whatever B holds there are zero) and fences before its
-// wgmma; the tile is added into dw by red_add_quad, or stored over it
+// expert's rows (past the last expert: whatever the allocation holds
+// next), so on a tile's last, partial K step each consumer warpgroup zeroes
+// the K rows past the segment in its half of A and in half of B (a zero in
+// one operand alone would not do: 0 x NaN is NaN) and the two wait for each
+// other before their wgmma; the tile is added into dw by red_add_quad, or stored over it
 // (WS_WGRAD_SET on the host: dw = A_e^T B_e, the same kernel with bit 1 of
 // vec4 set; experts without rows, which have no tiles, are zeroed by
 // zero_empty_experts first).
@@ -608,16 +610,23 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
             uint32_t st = tiles + slot * WsCfg::STAGE_BYTES;
             if constexpr (WGRAD) {
                 int valid = tl.rows - kt * WG_BK; // K rows of this step inside the segment
-                if (valid < WG_BK) { // zero this warpgroup's A rows valid..63 (128 bytes each)
-                    uint32_t a0 = st + cw * MN_LBO;
-                    int ct = threadIdx.x & 127;
-                    for (int i = ct; i < (WG_BK - valid) * 8; i += 128) {
-                        int kr = valid + (i >> 3);
-                        uint32_t addr = a0 + (kr >> 3) * MN_SBO + (kr & 7) * 128 + (i & 7) * 16;
+                if (valid < WG_BK) {
+                    // Zero the K rows valid..63 (128 bytes each) of this
+                    // warpgroup's half of A and of its half of B's four 64-column
+                    // boxes (2 cw, 2 cw + 1): both operands, because past the
+                    // last expert those rows are whatever follows in the
+                    // allocation, and 0 x Inf or 0 x NaN is NaN. The two
+                    // consumer warpgroups then wait for each other (named barrier
+                    // 3), as each reads all of B.
+                    int ct = threadIdx.x & 127, per = (WG_BK - valid) * 8; // 16-byte chunks per box
+                    for (int i = ct; i < 3 * per; i += 128) {
+                        int box = i / per, r = i - box * per, kr = valid + (r >> 3);
+                        uint32_t base = box == 0 ? st + cw * MN_LBO : st + WsCfg::A_BYTES + (2 * cw + box - 1) * MN_LBO;
+                        uint32_t addr = base + (kr >> 3) * MN_SBO + (kr & 7) * 128 + (r & 7) * 16;
                         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
                     }
                     fence_proxy_async(); // generic writes before the async-proxy reads
-                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+                    asm volatile("bar.sync 3, 256;\n" ::: "memory");
                 }
             }
             wgmma_fence();

@@ -11,12 +11,24 @@
 // element is read and written by the same thread, after the block's first
 // pass), so dlogits may alias logits.
 //
+// Where the row fits in shared memory (V a multiple of 8, 16-byte aligned
+// rows, 2 V bytes within the opt-in limit: V <= 116k), both kernels first
+// copy the row there with one bulk copy (the copy engine, cp.async.bulk, on
+// an mbarrier) and read it from shared memory: the backward then reads the
+// logits from memory once instead of twice (its statistics pass and its
+// output pass), and the forward keeps the whole row in flight at once. The
+// arithmetic and its order are the same as the streaming kernels' (the same
+// ce_row_stats over the same 8-element vectors), so the bits are too. Two
+// rows of V = 50304 (98 KB each) fit on a multiprocessor, so one block's
+// copy runs under the other's arithmetic.
+//
 // Numerics: FP32 with fast_exp (exp2f(x log2 e)), the (max, sum) pairs
 // combined in a fixed tree (lane butterflies, then the block's warps);
 // loss_sum is one block of 1024 threads in FP64, fixed order. The 16-byte
 // path runs when V is a multiple of 8 and the logits (and dlogits) are
 // 16-byte aligned.
 #include "ops/cuda/memkernels.cuh"
+#include "ops/cuda/wgmma_util.cuh" // mbarriers and the bulk copy
 
 #define LOG2E 1.4426950408889634f
 
@@ -119,8 +131,90 @@ static __global__ void __launch_bounds__(CE_THREADS)
     }
 }
 
+// The shared-memory kernels: the row (2 V bytes) copied in by one bulk copy,
+// then the streaming kernels' arithmetic on it.
+__device__ __forceinline__ const bf16 *ce_row_to_smem(const bf16 *row, int V) {
+    extern __shared__ __align__(16) unsigned char ce_smem[];
+    __shared__ __align__(8) uint64_t bar;
+    uint32_t b = (uint32_t)__cvta_generic_to_shared(&bar), dst = (uint32_t)__cvta_generic_to_shared(ce_smem);
+    if (threadIdx.x == 0) {
+        mbar_init(b, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_expect_tx(b, (uint32_t)V * 2);
+        for (uint32_t o = 0; o < (uint32_t)V * 2; o += 32768) // pieces of 32 KB (16-byte multiples)
+            bulk_load(dst + o, (const char *)row + o, min((uint32_t)V * 2 - o, 32768u), b);
+    }
+    __syncthreads(); // the barrier is initialised before anyone waits on it
+    mbar_wait(b, 0);
+    return (const bf16 *)ce_smem;
+}
+
+static __global__ void __launch_bounds__(CE_THREADS)
+    crossentropy_forward_smem_kernel(float *losses, const bf16 *logits, const int *targets, int V) {
+    int n = blockIdx.x, t = targets[n];
+    if (t < 0) {
+        if (threadIdx.x == 0) losses[n] = 0.f;
+        return;
+    }
+    const bf16 *row = ce_row_to_smem(logits + (size_t)n * V, V);
+    float m, s;
+    ce_row_stats(row, V, true, &m, &s);
+    if (threadIdx.x == 0) losses[n] = m + logf(s) - __bfloat162float(row[t]);
+}
+
+static __global__ void __launch_bounds__(CE_THREADS)
+    crossentropy_backward_smem_kernel(bf16 *dlogits, const bf16 *logits, const int *targets, float dloss, int V) {
+    int n = blockIdx.x, t = targets[n];
+    bf16 *d = dlogits + (size_t)n * V;
+    const int step = CE_THREADS * 8;
+    if (t < 0) {
+        float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int c = threadIdx.x * 8; c < V; c += step) store8(d, c, V, true, z);
+        return;
+    }
+    const bf16 *row = ce_row_to_smem(logits + (size_t)n * V, V); // whole row in before any write (d may alias it)
+    float m, s;
+    ce_row_stats(row, V, true, &m, &s);
+    float scale = dloss / s;
+    for (int c0 = threadIdx.x * 8; c0 < V; c0 += step * CE_UNROLL) {
+        float f[CE_UNROLL][8];
+#pragma unroll
+        for (int u = 0; u < CE_UNROLL; u++) load8(row, c0 + u * step, V, true, f[u]);
+#pragma unroll
+        for (int u = 0; u < CE_UNROLL; u++) {
+            int c = c0 + u * step;
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[u][j] = fast_exp(f[u][j] - m) * scale - (c + j == t ? dloss : 0.f);
+            if (c < V) store8(d, c, V, true, f[u]);
+        }
+    }
+}
+
+// The shared-memory path when the row fits (and MOECORE_CE_STREAM is unset:
+// the streaming kernels, for A/B timing and as the fallback).
+static bool ce_smem_ok(const void *a, const void *b, int V) {
+    static int limit = -1;
+    if (limit < 0) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        limit -= 1024; // the static __shared__ of ce_row_stats and the barrier
+    }
+    const char *e = getenv("MOECORE_CE_STREAM"); // read per call: a test flips it
+    bool stream = e && *e && strcmp(e, "0");
+    return !stream && V % 8 == 0 && aligned16(a) && aligned16(b) && (long)V * 2 <= limit;
+}
+
 extern "C" void cuda_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V) {
     if (N <= 0) return;
+    if (ce_smem_ok(logits, logits, V)) {
+        static int set;
+        cuda_allow_smem((const void *)crossentropy_forward_smem_kernel, &set, V * 2);
+        crossentropy_forward_smem_kernel<<<N, CE_THREADS, V * 2, cuda_stream()>>>(losses, (const bf16 *)logits,
+                                                                                  targets, V);
+        cudaLaunchCheck();
+        return;
+    }
     bool vec = V % 8 == 0 && aligned16(logits);
     crossentropy_forward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(losses, (const bf16 *)logits, targets, V, vec);
     cudaLaunchCheck();
@@ -129,6 +223,14 @@ extern "C" void cuda_crossentropy_forward(float *losses, const void *logits, con
 extern "C" void cuda_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N,
                                            int V) {
     if (N <= 0) return;
+    if (ce_smem_ok(logits, dlogits, V)) {
+        static int set;
+        cuda_allow_smem((const void *)crossentropy_backward_smem_kernel, &set, V * 2);
+        crossentropy_backward_smem_kernel<<<N, CE_THREADS, V * 2, cuda_stream()>>>(
+            (bf16 *)dlogits, (const bf16 *)logits, targets, dloss, V);
+        cudaLaunchCheck();
+        return;
+    }
     bool vec = V % 8 == 0 && aligned16(logits) && aligned16(dlogits);
     crossentropy_backward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>((bf16 *)dlogits, (const bf16 *)logits, targets,
                                                                       dloss, V, vec);

@@ -124,10 +124,12 @@ int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen);  
 int cuda_supports(const OpDesc *d, char *why, size_t whylen);                              // ops_cuda_table.c
 // fp8.cu: the FP8 entries of the op table (ops.h) and the sizes they take
 int cuda_fp8_supports(int E, int C, int OC, char *why, size_t whylen);
-void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, const float *w, int E, int M, int K);
-void cuda_fp8_dequantize_weights(void *w, const uint8_t *qw, const float *sw, int E, int M, int K);
+void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0, const float *w,
+                               int E, int M, int K);
 void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C);
 void cuda_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const void *up, int R, int F);
+void cuda_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_t *q, float *s, const void *dout, const void *gate,
+                                       const void *up, int R, int F);
 void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C);
 void cuda_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                                  const int *offsets, int E, int C, int OC);

@@ -156,15 +156,19 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2, const int *offsets,  \
        int E, int C, int OC),                                                                                \
       (dinp, dout1, w1, dout2, w2, offsets, E, C, OC))                                                       \
-    X(fp8_quantize_weights, C_OPTIM, (uint8_t *qw, float *sw, const float *w, int E, int M, int K),          \
-      (qw, sw, w, E, M, K))                                                                                  \
-    X(fp8_dequantize_weights, C_OTHER, (void *w, const uint8_t *qw, const float *sw, int E, int M, int K),   \
-      (w, qw, sw, E, M, K))                                                                                  \
+    X(fp8_quantize_weights, C_OPTIM,                                                                         \
+      (uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0, const float *w, int E, int M,     \
+       int K),                                                                                               \
+      (qw, sw, qwt, swt, ldt, col0, w, E, M, K))                                                             \
     X(fp8_quantize_rows, C_DISPATCH,                                                                         \
       (uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C),                          \
       (q, s, x, token_of_row, R, C))                                                                         \
     X(fp8_swiglu_quantize, C_OTHER, (uint8_t *q, float *s, const void *gate, const void *up, int R, int F),  \
       (q, s, gate, up, R, F))                                                                                \
+    X(fp8_swiglu_backward_quantize, C_OTHER,                                                                 \
+      (void *dgate, void *dup, uint8_t *q, float *s, const void *dout, const void *gate, const void *up,     \
+       int R, int F),                                                                                        \
+      (dgate, dup, q, s, dout, gate, up, R, F))                                                              \
     X(fp8_dequantize_rows, C_OTHER, (void *x, const uint8_t *q, const float *s, int R, int C),               \
       (x, q, s, R, C))                                                                                       \
     X(fp8_grouped_matmul_forward, C_EXPERT,                                                                         \
