@@ -139,12 +139,16 @@ END_TEST
 // The planner's activations (model_arena_plan: no model, no device) are
 // the arena model_alloc_slots allocates, for every recompute mode, slots,
 // pipeline chunks (with the zero-bubble deferred grads), intra-document
-// masking, the input norms' recompute and 2-byte activations.
+// masking, the selective recomputes (norms, attention, SwiGLU: each on in
+// half the cases, in different combinations) and 2-byte activations, with
+// two dense blocks and a shared expert.
 START_TEST(test_arena_plan_is_the_allocation) {
     ModelConfig c = test_config();
     c.n_layers = 6;
-    c.dense_layers = 1;
+    c.dense_layers = 2;
     c.dense_hidden = 80;
+    c.n_shared = 1;
+    c.shared_hidden = 24;
     char err[512];
     ck_assert_msg(model_config_validate(&c, err, sizeof err) == 0, "%s", err);
     Ops bf16 = ops_cpu;
@@ -166,16 +170,22 @@ START_TEST(test_arena_plan_is_the_allocation) {
                     m.defer_wgrad = si == 1 && rc != 3;
                     m.doc_mask = slots == 3;
                     m.recompute_norms = rc % 2 == b;
+                    m.recompute_attention = !m.defer_wgrad && (rc / 2 + slots / 3) % 2 == b; // not with zb1
+                    m.recompute_swiglu = (rc + slots / 3 + si) % 2 == 0;
                     model_alloc_slots(&m, 2, 16, slots);
                     ModelArenaSpec sp = {.B = 2, .T = 16, .n_slots = slots, .ep = 1, .recompute = rc,
                                          .recompute_every = m.recompute_every, .recompute_first = m.recompute_first,
                                          .defer_wgrad = m.defer_wgrad, .doc_mask = m.doc_mask, .stage = stages[si],
-                                         .recompute_norms = m.recompute_norms};
+                                         .recompute_norms = m.recompute_norms,
+                                         .recompute_attention = m.recompute_attention,
+                                         .recompute_swiglu = m.recompute_swiglu};
                     ModelArenaSize sz;
                     ck_assert_msg(model_arena_plan(&c, backends[b], &sp, &sz, err, sizeof err) == 0, "%s", err);
                     ck_assert_msg(sz.arena_bytes == m.arena_bytes && sz.slot_bytes == m.slot_bytes,
-                                  "act %zu stage %d recompute %d slots %d: plan %zu (slot %zu), allocated %zu (slot %zu)",
-                                  backends[b]->act_bytes, si, rc, slots, sz.arena_bytes, sz.slot_bytes, m.arena_bytes,
+                                  "act %zu stage %d recompute %d (norms %d attention %d swiglu %d) slots %d: plan %zu "
+                                  "(slot %zu), allocated %zu (slot %zu)", backends[b]->act_bytes, si, rc,
+                                  m.recompute_norms, m.recompute_attention, m.recompute_swiglu, slots, sz.arena_bytes,
+                                  sz.slot_bytes, m.arena_bytes,
                                   m.slot_bytes);
                     ck_assert_uint_eq(sz.sym_bytes, 0);
                     model_free(&m);

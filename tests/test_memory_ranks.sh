@@ -7,7 +7,9 @@
 # shared window). For each layout (one rank; dp 2; dp 2 sharded; dp 2 x
 # ep 2 with the symmetric dispatch; ep 2 with the all-to-all; pp 2 1F1B;
 # pp 2 zb1 x dp 2 sharded; pp 2 interleaved x ep 2; recompute layers; gather
-# + recompute_norms under pp 2; FP8 experts) every rank's measured
+# + recompute_norms under pp 2; recompute_attention + recompute_swiglu on
+# one rank (a dense block too) and with all three selective keys under
+# dp 2 x ep 2 symmetric; FP8 experts) every rank's measured
 # peak must be within 5% of its plan, and the plan must not be the
 # measure's copy: a second check requires each rank's plan to move with
 # micro_batch the way the allocation does.
@@ -54,6 +56,8 @@ layouts=(
   "pp2_interleavedxep2 4 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2"
   "one_recompute_layers 1 --train.recompute=layers"
   "pp2_norms 2 --parallel.pp=2 --train.recompute=gather --train.recompute_norms=true"
+  "one_attn_swiglu 1 --train.recompute_attention=true --train.recompute_swiglu=true --model.dense_layers=1 --model.dense_hidden=96"
+  "dp2xep2_sym_selective 2 --parallel.dp=2 --parallel.ep=2 --parallel.ep_backend=symmetric --train.recompute_attention=true --train.recompute_swiglu=true --train.recompute_norms=true"
   "one_fp8_experts 1 --train.precision=fp8 --train.recompute=experts --model.d_model=256 --model.expert_hidden=256"
 )
 for layout in "${layouts[@]}"; do

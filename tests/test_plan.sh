@@ -6,7 +6,10 @@
 #     23.9 free), with gather or experts it fits; on one H100 (80 GB) nothing
 #     fits and the command fails; on 8 H100 with ep 8 it fits.
 #  2. the predicted peak of the measured H200 runs of the OLMoE config's
-#     comments (gather 136.5 GiB, experts 134.6 GiB) within 5%.
+#     comments (gather 136.5 GiB, experts 134.6 GiB) and of the selective
+#     recomputes (gather + attention 134.09 GiB, none + swiglu 138.33 GiB,
+#     bench/results/2026-12-01-h200-issue20-recompute.md) within 5%; the
+#     attention's recompute shrinks the peak; --where attn / keepattn.
 #  3. ranking: the table is sorted by tokens/s per GPU; --explain of the
 #     top row gives the same step time; an ep group across nodes is slower
 #     than inside one; more micro-batches shrink the 1F1B bubble; the
@@ -37,12 +40,20 @@ out=$($bin plan $olmoe --gpus 8 --gpu h100 --where ep8 --top 1 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "^1 .*dp8/ep8" <<<"$out" && ok "OLMoE on 8 H100 with ep 8 fits" || bad "8 H100: exit $rc"
 
 # ---- 2. predicted peaks against the measured ones --------------------------------------------
-for spec in "gather 136.5" "experts 134.6"; do
+for spec in "gather 136.5" "experts 134.6" "gather/attn 134.09" "none/swiglu 138.33"; do
   set -- $spec
   p=$(ex $olmoe --gpus 1 --explain dp1/$1/mb2 | grep -oE "peak [0-9.]+ GiB of" | grep -oE "[0-9.]+")
   if $py -c "import sys; p, m = $p, $2; sys.exit(0 if abs(p / m - 1) <= 0.05 else 1)"; then ok "OLMoE $1 mb2: plan $p GiB, measured $2 GiB"
   else bad "OLMoE $1 mb2: plan $p GiB, measured $2 GiB"; fi
 done
+
+# the selective recomputes: attention trades memory for time, the parts parse
+# both ways and --where keeps them
+pk() { ex $olmoe --gpus 1 --explain "$1" | grep -oE "peak [0-9.]+ GiB of" | grep -oE "[0-9.]+"; }
+a=$(pk dp1/gather/mb2); b=$(pk dp1/gather/attn/mb2)
+$py -c "import sys; sys.exit(0 if $b < $a else 1)" && ok "gather + attn: $b GiB < gather's $a" || bad "attn did not shrink: $a -> $b"
+n=$($bin plan $olmoe --gpus 1 --where gather/attn/keepswiglu/keepnorms --top 50 2>&1 | grep -cE "^[0-9]+ +dp1/ep1/gather/attn/mb")
+[ "$n" -ge 1 ] && ! $bin plan $olmoe --gpus 1 --where gather/keepattn --top 50 2>&1 | grep -qE "^[0-9]+ .*/attn/" && ok "--where attn / keepattn: $n rows" || bad "--where attn: $n rows"
 
 # ---- 3. ranking ------------------------------------------------------------------------------------
 $bin plan $olmoe --gpus 8 --top 50 > "$tmp/t8.txt" 2>&1 || bad "8 H200 plan failed"

@@ -50,6 +50,7 @@ static const Key table[] = {
     F(train.max_nonfinite_steps, T_INT),
     F(train.eval_batches, T_INT), F(train.seed, T_U64), FE(train.recompute, recompute_names),
     F(train.recompute_every, T_INT), F(train.recompute_first, T_INT), F(train.recompute_norms, T_BOOL),
+    F(train.recompute_attention, T_BOOL), F(train.recompute_swiglu, T_BOOL),
     FE(train.decay_shape, decay_shape_names), FE(train.precision, precision_names),
     FE(fp8.recipe, fp8_recipe_names), FE(fp8.gemms, fp8_gemms_names),
     F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
@@ -657,6 +658,9 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (c->train.recompute_norms && p->pp > 1 && p->pp_schedule == 3)
         FAIL("train.recompute_norms with parallel.pp_schedule: zb1 is not supported: the deferred weight grads of "
              "wq, wk and wv read the attention norm's output after the backward; use 1f1b or interleaved");
+    if (c->train.recompute_attention && p->pp > 1 && p->pp_schedule == 3)
+        FAIL("train.recompute_attention with parallel.pp_schedule: zb1 is not supported: the deferred weight grad of "
+             "wo reads the attention output after the backward; use 1f1b or interleaved");
     if ((c->train.recompute_every > 0 || c->train.recompute_first > 0) && c->train.recompute != 3)
         FAIL("train.recompute_every and train.recompute_first choose the blocks of train.recompute: layers, "
              "which is not set");

@@ -43,6 +43,8 @@ typedef struct {
                             // 3 layers: whole blocks redone in backward (model.h)
     int recompute_every, recompute_first; // layers: every N-th block (0: 1); only blocks below this one (0: all)
     int recompute_norms;    // selective: the input norms' outputs are recomputed in the backward (model.h)
+    int recompute_attention; // selective: QK-norm, RoPE and attention redone from q, k, v in the backward
+    int recompute_swiglu;   // selective: the SwiGLU outputs redone from gate and up in the backward
     int precision;          // Precision: bf16 (the compute dtype everywhere) | fp8 (the FP8 GEMMs of the fp8 section)
     int64_t steps;          // optimizer steps (0: derive from tokens)
     int64_t tokens;         // train tokens (used when steps is 0)

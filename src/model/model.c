@@ -230,6 +230,9 @@ int model_recomputes_layer(const Model *m, int l) {
     return l % every == 0 && (m->recompute_first <= 0 || l < m->recompute_first);
 }
 
+// Whether the backward remakes the SwiGLU outputs (shared buffers, model.h).
+static int recomputes_swiglu(const Model *m) { return m->recompute == 1 || m->recompute_swiglu; }
+
 // Whether the residual stream after layer l (before layer l + 1; l = -1:
 // the embedding) is held: inside or at the ends of a chunk.
 static int resid_held(const Model *m, int l) {
@@ -259,7 +262,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     size_t att = m->ops->attention_saved_floats(m->B, m->T, c->n_heads, c->head_dim);
     for (int l = 0; l <= c->n_layers; l++) m->resid[l] = resid_held(m, l - 1) ? take(cv, N * D) : NULL;
     // recompute: one buffer each, shared by the MoE layers (model.h)
-    int rc_ea = m->recompute == 1 && m->n_moe;
+    int rc_ea = (m->recompute == 1 || m->recompute_swiglu) && m->n_moe;
     int rc_xp = (m->recompute == 1 || m->recompute == 2) && m->n_moe && ep == 1 && !m->ep_sym;
     // symmetric expert parallelism: the routed rows are only the dispatch's
     // source (the backward reads the received rows), so every MoE layer
@@ -272,6 +275,24 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
     float *xs_shared = rc_xp && fp8 ? ftake(cv, R * fp8_blocks((int)D)) : NULL;
     int rc_ln = m->recompute_norms && pre; // ln1 and ln2 of every block in one buffer
     void *ln_shared = rc_ln ? take(cv, N * D) : NULL;
+    // recompute_attention: what the backward refills from q, k, v, one set
+    // for every block (with QK-norm: qn, kn and their rstd too)
+    int rc_at = m->recompute_attention, qkn = c->qk_norm != QKNORM_NONE;
+    LayerActs at_shared = {0};
+    if (rc_at) {
+        if (qkn) {
+            at_shared.qn = take(cv, N * qd); at_shared.kn = take(cv, N * kvd);
+            at_shared.qn_rstd = ftake(cv, N * c->n_heads); at_shared.kn_rstd = ftake(cv, N * c->n_kv_heads);
+        }
+        at_shared.qr = take(cv, N * qd); at_shared.kr = take(cv, N * kvd);
+        at_shared.att = ftake(cv, att); at_shared.ao = take(cv, N * qd);
+    }
+    // recompute_swiglu: the dense MLPs' and the shared experts' SwiGLU
+    // outputs, one buffer each (the experts' is ea_shared)
+    int dense_held = 0;
+    for (int l = 0; l < c->n_layers; l++) dense_held += !model_is_moe_layer(c, l) && param_stage_chunk_of(&m->stage, l) >= 0;
+    int rc_a = m->recompute_swiglu && dense_held && F, rc_sa = m->recompute_swiglu && Fs && m->n_moe;
+    void *a_shared = rc_a ? take(cv, N * F) : NULL, *sa_shared = rc_sa ? take(cv, N * Fs) : NULL;
     // recompute layers: the recomputed blocks share one set of buffers per
     // kind of block (MoE, dense); only their inputs (resid) stay
     LayerActs shared[2];
@@ -284,21 +305,24 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         if (param_stage_chunk_of(&m->stage, l) < 0) continue; // another stage's
         if (pre) { a->ln1 = rc_ln ? ln_shared : take(cv, N * D); a->ln1_rstd = ftake(cv, N); }
         a->q = take(cv, N * qd); a->k = take(cv, N * kvd); a->v = take(cv, N * kvd);
-        if (c->qk_norm != QKNORM_NONE) {
+        if (qkn && rc_at) {
+            a->qn = at_shared.qn; a->kn = at_shared.kn; a->qn_rstd = at_shared.qn_rstd; a->kn_rstd = at_shared.kn_rstd;
+        } else if (qkn) {
             a->qn = take(cv, N * qd); a->kn = take(cv, N * kvd);
             a->qn_rstd = ftake(cv, N * c->n_heads); a->kn_rstd = ftake(cv, N * c->n_kv_heads);
         } else { a->qn = a->q; a->kn = a->k; }
-        a->qr = take(cv, N * qd); a->kr = take(cv, N * kvd);
+        if (rc_at) { a->qr = at_shared.qr; a->kr = at_shared.kr; }
+        else { a->qr = take(cv, N * qd); a->kr = take(cv, N * kvd); }
         if (m->defer_wgrad) { a->w_do = take(cv, N * D); a->w_dq = take(cv, N * qd); a->w_dk = take(cv, N * kvd); a->w_dv = take(cv, N * kvd); }
-        a->att = ftake(cv, att);
-        a->ao = take(cv, N * qd);
+        a->att = rc_at ? at_shared.att : ftake(cv, att);
+        a->ao = rc_at ? at_shared.ao : take(cv, N * qd);
         a->o = take(cv, N * D);
         if (post) { a->on = take(cv, N * D); a->o_rstd = ftake(cv, N); }
         a->h = take(cv, N * D);
         if (pre) { a->ln2 = rc_ln ? ln_shared : take(cv, N * D); a->ln2_rstd = ftake(cv, N); }
         a->f = take(cv, N * D);
         if (post) { a->fn = take(cv, N * D); a->f_rstd = ftake(cv, N); }
-        if (!moe) { a->g = take(cv, N * F); a->u = take(cv, N * F); a->a = take(cv, N * F); goto carved; }
+        if (!moe) { a->g = take(cv, N * F); a->u = take(cv, N * F); a->a = rc_a ? a_shared : take(cv, N * F); goto carved; }
         a->logits = ftake(cv, N * E); a->probs = ftake(cv, N * E); a->weights = ftake(cv, N * k);
         a->idx = itake(cv, N * k); a->row_of = itake(cv, R); a->token_of_row = itake(cv, R);
         a->offsets = itake(cv, E + 1);
@@ -324,7 +348,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
                               m->plan_sizes + (size_t)l * ep_plan_sizes(ep));
         }
     experts_carved:
-        if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = take(cv, N * Fs); a->so = take(cv, N * D); }
+        if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = rc_sa ? sa_shared : take(cv, N * Fs); a->so = take(cv, N * D); }
     carved:
         if (rl) { shared[moe] = *a; have_shared[moe] = 1; }
     }
@@ -516,6 +540,8 @@ int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpe
     m->recompute_every = s->recompute_every;
     m->recompute_first = s->recompute_first;
     m->recompute_norms = s->recompute_norms;
+    m->recompute_attention = s->recompute_attention;
+    m->recompute_swiglu = s->recompute_swiglu;
     m->fp8 = s->fp8;
     m->defer_wgrad = s->defer_wgrad;
     m->doc_mask = s->doc_mask;
@@ -587,6 +613,8 @@ void model_alloc_slots(Model *m, int B, int T, int n_slots) {
         slot_store(m, &m->slots[k]);
     }
     carve_shared(m, &real_cv, &real_sv);
+    if (real_cv.used != m->arena_bytes) // the measure and the carve take the same buffers (model_arena_plan's too)
+        die("model_alloc_slots: carved %zu bytes of an arena measured at %zu", real_cv.used, m->arena_bytes);
     if (m->ep_sym) sym_fill_tables(m);
     slot_load(m, &m->slots[0]);
     m->slot = 0;
@@ -656,14 +684,13 @@ static const void *maybe_norm(Model *m, void *out, float *rstd, const void *inp,
 // document boundary.
 static const int *model_docs(const Model *m) { return m->batch_docs ? m->doc_start : NULL; }
 
-static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
+// From the projections q, k, v to the attention output ao: QK-norm, RoPE,
+// causal attention. recompute_attention runs it again in the backward.
+static void attention_core_forward(Model *m, const LayerParams *L, LayerActs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
+    int B = m->B, T = m->T, N = B * T, H = c->n_heads, KV = c->n_kv_heads;
     int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
-    ops->matmul_forward(a->q, in, P(L->wq), N, D, qd);
-    ops->matmul_forward(a->k, in, P(L->wk), N, D, kvd);
-    ops->matmul_forward(a->v, in, P(L->wv), N, D, kvd);
     if (c->qk_norm == QKNORM_FULL) {
         ops->rmsnorm_forward(a->qn, a->qn_rstd, a->q, P(L->q_norm), N, qd, c->norm_eps);
         ops->rmsnorm_forward(a->kn, a->kn_rstd, a->k, P(L->k_norm), N, kvd, c->norm_eps);
@@ -674,6 +701,16 @@ static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, cons
     ops->rope_forward(a->qr, a->qn, m->rope_cos, m->rope_sin, B, T, H, hd);
     ops->rope_forward(a->kr, a->kn, m->rope_cos, m->rope_sin, B, T, KV, hd);
     ops->attention_forward(a->ao, a->att, a->qr, a->kr, a->v, model_docs(m), B, T, H, KV, hd);
+}
+
+static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int N = m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
+    ops->matmul_forward(a->q, in, P(L->wq), N, D, qd);
+    ops->matmul_forward(a->k, in, P(L->wk), N, D, kvd);
+    ops->matmul_forward(a->v, in, P(L->wv), N, D, kvd);
+    attention_core_forward(m, L, a);
     ops->matmul_forward(a->o, a->ao, P(L->wo), N, qd, D);
 }
 
@@ -737,7 +774,7 @@ static void sym_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     const int *lo = a->local_offsets;
     ops->ep_sym_dispatch(m->sym_dout_tab, a->sym_plan, a->offsets, m->dey, P, E, R, D);
     symmem_barrier(m->sym);
-    if (m->recompute == 1) ops->swiglu_forward_rows(a->ea, a->eg, a->eu, lo + El, rows, Fe);
+    if (recomputes_swiglu(m)) ops->swiglu_forward_rows(a->ea, a->eg, a->eu, lo + El, rows, Fe);
     int accw = !m->expert_grads_unset;
     ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->sym_dout, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
     ops->swiglu_backward_rows(m->deg, m->deu, m->dea, a->eg, a->eu, lo + El, rows, Fe);
@@ -1031,13 +1068,15 @@ static void input_norm_backward(Model *m, const void *din, const void *x, const 
     if (w >= 0) m->ops->rmsnorm_backward(m->dres, G(w), din, x, P(w), rstd, N, m->cfg.d_model, 1);
 }
 
-// dinp (=|+=) grad of out = SwiGLU(in)
+// dinp (=|+=) grad of out = SwiGLU(in); recompute_swiglu: act (a shared
+// buffer) is made again from g and u first
 static void swiglu_mlp_backward(Model *m, void *dinp, const void *dout, const void *in,
-                                const void *g, const void *u, const void *act, void *da,
+                                const void *g, const void *u, void *act, void *da,
                                 void *dg, void *du, int wg, int wu, int wd, int N, int F,
                                 int accumulate) {
     const Ops *ops = m->ops;
     int D = m->cfg.d_model;
+    if (m->recompute_swiglu) ops->swiglu_forward(act, g, u, (size_t)N * F);
     ops->matmul_backward(da, G(wd), dout, act, P(wd), N, F, D, 0);
     ops->swiglu_backward(dg, du, da, g, u, (size_t)N * F);
     ops->matmul_backward(dinp, G(wg), dg, in, P(wg), N, D, F, accumulate);
@@ -1063,7 +1102,7 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     if (capacity > 0) ops->moe_capacity_drop(dyl, NULL, lo, El, Rl, D, capacity);
     // recompute: a->ea and (rows kept here) a->xp = a->xl are shared buffers
     // that later layers overwrote in the forward
-    if (m->recompute == 1) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
+    if (recomputes_swiglu(m)) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
     int accw = !m->expert_grads_unset; // the step's first backward writes the expert grads
     ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
@@ -1090,7 +1129,7 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     int capacity = expert_capacity(m); // dropped rows get zero grads
     if (capacity > 0) ops->moe_capacity_drop(m->dey, NULL, lo, El, R, D, capacity);
     // recompute: a->eaq and (both) a->xq are shared buffers that later layers overwrote
-    if (m->recompute == 1) ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
+    if (recomputes_swiglu(m)) ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
     int accw = !m->expert_grads_unset, li = L->moe_index;
     ops->fp8_quantize_rows(m->fp8_dq, m->fp8_ds, m->dey, NULL, R, D);
     ops->fp8_grouped_matmul_forward(m->dea, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 2), fp8_scales_t(m, li, 2), lo,
@@ -1225,6 +1264,7 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
         const void *x = m->resid[l];
         const void *dout = maybe_norm_backward(m, m->d1, m->dres, a->o, a->o_rstd, L->attn_post_norm, N);
         if (m->recompute_norms) maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
+        if (m->recompute_attention && !model_recomputes_layer(m, l)) attention_core_forward(m, L, a); // same bits
         in = L->attn_norm >= 0 ? a->ln1 : x;
         din = L->attn_norm >= 0 ? m->d2 : m->dres;
         attention_backward(m, L, a, din, dout, in, L->attn_norm < 0);

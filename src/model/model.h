@@ -135,10 +135,17 @@ typedef struct {
     // block l unless it is the last, when l % recompute_every == 0 (0: 1)
     // and, with recompute_first > 0, l < recompute_first.
     int recompute, recompute_every, recompute_first;
-    // Selective recompute, set before model_alloc_acts: recompute_norms: the
-    // input norms' outputs (ln1, ln2) of every block share one buffer; the
-    // backward recomputes each from its kept input before using it.
-    int recompute_norms;
+    // Selective recompute, set before model_alloc_acts, beside any mode:
+    // recompute_norms: the input norms' outputs (ln1, ln2) of every block
+    // share one buffer; the backward recomputes each from its kept input.
+    // recompute_attention: only q, k, v (and the input norm's output) stay;
+    // the QK-norm, RoPE and attention outputs (qn, kn, qr, kr, the saved
+    // softmax statistics, ao) of every block share one set, which the
+    // backward refills from q, k, v (the same kernels) before the block's
+    // attention backward. recompute_swiglu: the SwiGLU outputs (experts' ea,
+    // dense MLPs' a, shared experts' sa) share one buffer per kind and the
+    // backward redoes SwiGLU from the kept gate and up projections.
+    int recompute_norms, recompute_attention, recompute_swiglu;
     int recomputing;                  // set while backward recomputes a block
     // train.precision: fp8 (model_set_fp8, before model_alloc_acts): the
     // experts' grouped GEMMs run their forward in FP8 (block128: E4M3, 1 x 128
@@ -272,7 +279,8 @@ typedef struct {
     int B, T, n_slots;
     int ep, ep_sym;
     double ep_recv_factor;
-    int recompute, recompute_every, recompute_first, recompute_norms;
+    int recompute, recompute_every, recompute_first;
+    int recompute_norms, recompute_attention, recompute_swiglu;
     int defer_wgrad, doc_mask;
     int fp8;                          // train.precision: fp8 (its FP8 activation buffers)
     const ParamStage *stage;          // NULL: the whole model

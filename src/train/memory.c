@@ -202,6 +202,8 @@ void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops
                               .recompute = cfg->train.recompute, .recompute_every = cfg->train.recompute_every,
                               .recompute_first = cfg->train.recompute_first,
                               .recompute_norms = cfg->train.recompute_norms,
+                              .recompute_attention = cfg->train.recompute_attention,
+                              .recompute_swiglu = cfg->train.recompute_swiglu,
                               .fp8 = cfg->train.precision == PRECISION_FP8,
                               .defer_wgrad = par->pp > 1 && par->pp_schedule == PP_ZB1, .doc_mask = cfg->data.doc_mask,
                               .stage = stage};

@@ -6,14 +6,16 @@
 //     the rates of the file (GEMM FLOPs at the dense / grouped / attention
 //     rates, the grouped rate scaled by the rows per expert; memory-bound
 //     ops' bytes at membw), each kernel at least op_floor_us;
-//   recompute: the forward work the mode redoes in the backward;
+//   recompute: the forward work the mode and the selective keys (norms,
+//     attention, SwiGLU) redo in the backward;
 //   expert parallelism: dispatch and combine (forward and backward) over
 //     NVLink when the ep group is inside a node, InfiniBand otherwise;
 //   pipeline: the schedule's bubble (pp_schedule_theory_bubble with the
 //     stage's forward and backward times) and the stage-to-stage sends;
 //   data parallelism: ring all-reduce of the FP32 grads (2 (n-1)/n bytes per
 //     link), or reduce-scatter + BF16 all-gather when sharded, hidden behind
-//     the last micro-batch's backward up to the file's overlap share;
+//     the last micro-batch's backward up to the file's overlap share, per
+//     pipeline rank (its own parameters and backward; the slowest counts);
 //   the optimizer: AdamW's 30 B, grad zeroing and norm 8 B per element.
 #include "train/plan.h"
 
@@ -158,8 +160,9 @@ static const char *const rc_names[] = {"none", "experts", "gather", "layers"};
 void plan_layout_name(const PlanLayout *l, char *buf, size_t n) {
     char pp[48] = "";
     if (l->pp > 1) snprintf(pp, sizeof pp, "/pp%d/v%d/%s", l->pp, l->virt, pp_schedule_kind_name((PPScheduleKind)l->sched));
-    snprintf(buf, n, "dp%d/ep%d%s%s/%s%s/mb%d/%s", l->dp, l->ep, pp, l->sharded ? "/sharded" : "", rc_names[l->recompute],
-             l->norms ? "/norms" : "", l->mb, l->fp8 ? "mxfp8" : "bf16");
+    snprintf(buf, n, "dp%d/ep%d%s%s/%s%s%s%s/mb%d/%s", l->dp, l->ep, pp, l->sharded ? "/sharded" : "",
+             rc_names[l->recompute], l->norms ? "/norms" : "", l->attn ? "/attn" : "", l->swiglu ? "/swiglu" : "", l->mb,
+             l->fp8 ? "mxfp8" : "bf16");
 }
 
 int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, size_t errlen) {
@@ -189,6 +192,8 @@ int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, 
         }
         if (!strcmp(t, "sharded") || !strcmp(t, "unsharded")) { l->sharded = t[0] == 's'; gv |= PL_SHARDED; continue; }
         if (!strcmp(t, "norms") || !strcmp(t, "keepnorms")) { l->norms = t[0] == 'n'; gv |= PL_NORMS; continue; }
+        if (!strcmp(t, "attn") || !strcmp(t, "keepattn")) { l->attn = t[0] == 'a'; gv |= PL_ATTN; continue; }
+        if (!strcmp(t, "swiglu") || !strcmp(t, "keepswiglu")) { l->swiglu = t[0] == 's'; gv |= PL_SWIGLU; continue; }
         if (!strcmp(t, "bf16") || !strcmp(t, "mxfp8")) { l->fp8 = t[0] == 'm'; gv |= PL_PREC; continue; }
         int r = 0;
         while (r < 4 && strcmp(t, rc_names[r])) r++;
@@ -197,7 +202,8 @@ int plan_layout_parse(PlanLayout *l, const char *s, unsigned *given, char *err, 
         char e2[128];
         if (!pp_schedule_kind_parse(t, &k, e2, sizeof e2)) { l->sched = k; gv |= PL_SCHED; continue; }
         return errorf(err, errlen, "layout '%s': unknown part '%s' (dpN, epN, ppN, vN, gpipe|1f1b|interleaved|zb1, "
-                      "sharded|unsharded, none|experts|gather|layers, norms|keepnorms, mbN, bf16|mxfp8)", s, t);
+                      "sharded|unsharded, none|experts|gather|layers, norms|keepnorms, attn|keepattn, "
+                      "swiglu|keepswiglu, mbN, bf16|mxfp8)", s, t);
     }
     if (l->pp == 1) l->virt = 1;
     if (given) *given = gv;
@@ -219,6 +225,8 @@ static int layout_config(const PlanInput *in, const PlanLayout *l, RunConfig *c,
     c->optim_sharded = l->sharded;
     c->train.recompute = l->recompute;
     c->train.recompute_norms = l->norms;
+    c->train.recompute_attention = l->attn;
+    c->train.recompute_swiglu = l->swiglu;
     c->train.micro_batch = l->mb;
     if (l->dp * l->pp != in->gpus)
         return errorf(err, errlen, "dp %d x pp %d is not the %d GPUs", l->dp, l->pp, in->gpus);
@@ -300,13 +308,25 @@ static void block_time(const ModelConfig *c, const GpuSpec *g, const PlanLayout 
     }
 }
 
-// What the recompute mode redoes in block l's backward.
+// What the recompute mode and the selective ones redo in block l's backward
+// (whole: the block's forward; the norms and SwiGLU are redone in it too).
 static void recompute_time(const ModelConfig *c, const GpuSpec *g, const PlanLayout *l, int moe, int whole, Acc *a) {
     double N = (double)l->mb * c->seq_len, D = c->d_model, R = N * c->top_k, Fe = c->expert_hidden;
+    double qd = model_q_dim(c), kvd = model_kv_dim(c), T = c->seq_len, H = c->n_heads, hd = c->head_dim;
+    double Fs = (double)c->n_shared * c->shared_hidden;
+    if (l->norms) op(a, g, C_ELEM, 2 * 4.0 * N * D, g->membw * GB, 2); // the two input norms again
+    if (l->swiglu) { // SwiGLU again: gate and up read, the output written (2 B each)
+        if (!moe && c->dense_hidden > 0) op(a, g, C_ELEM, N * c->dense_hidden * 6, g->membw * GB, 1);
+        if (moe && Fs > 0) op(a, g, C_ELEM, N * Fs * 6, g->membw * GB, 1);
+    }
+    if (moe && (l->recompute == 1 || l->swiglu)) op(a, g, C_ELEM, R * Fe * 6, g->membw * GB, 1);
     if (whole) { block_time(c, g, l, moe, 0, a); return; }
-    if (!moe) return;
-    if (l->recompute == 1 || l->recompute == 2) op(a, g, C_ELEM, (N * D + R * D) * 2, g->membw * GB, 1);
-    if (l->recompute == 1) op(a, g, C_ELEM, R * Fe * 6, g->membw * GB, 1);
+    if (l->attn) { // QK-norm and RoPE (read and write, 2 B) and the attention forward again
+        double qk = c->qk_norm != QKNORM_NONE ? 2 * (qd + kvd) * N * 2 : 0;
+        op(a, g, C_ELEM, qk + 2 * (qd + kvd) * N * 2, g->membw * GB, qk > 0 ? 4 : 2);
+        op(a, g, C_ATTN, 4.0 * l->mb * H * T * T * hd / 2, g->attn_fwd * TF, 1);
+    }
+    if (moe && (l->recompute == 1 || l->recompute == 2)) op(a, g, C_ELEM, (N * D + R * D) * 2, g->membw * GB, 1);
 }
 
 // Block l recomputed whole (model_recomputes_layer's rule).
@@ -330,8 +350,6 @@ static void stage_time(const RunConfig *rc, const GpuSpec *g, const PlanLayout *
             block_time(c, g, l, moe, 0, &s->f);
             block_time(c, g, l, moe, 1, &s->b);
             recompute_time(c, g, l, moe, recomputes_block(rc, st, i), &s->rc);
-            if (rc->train.recompute_norms) // the two input norms again
-                op(&s->rc, g, C_ELEM, 2 * 4.0 * l->mb * c->seq_len * c->d_model, g->membw * GB, 2);
             s->moe_layers += moe;
         }
     double gemm = (l->fp8 ? g->fp8_gemm : g->gemm) * TF;
@@ -435,6 +453,10 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
     StageTime worst;
     memset(&worst, 0, sizeof worst);
     int ncomm = (in->gpus > 1) + (dp > 1) + (ep > 1) + (dp / ep > 1) + (pp > 1);
+    // each pipeline rank's parameters held (its grad reduction and optimizer
+    // step) and its backward (which hides the reduction)
+    double held_dense[PP_MAX_RANKS], held_expert[PP_MAX_RANKS], opt_elems[PP_MAX_RANKS], back[PP_MAX_RANKS];
+    if (pp > PP_MAX_RANKS) return errorf(err, errlen, "pp %d: at most %d pipeline ranks", pp, PP_MAX_RANKS);
     for (int p = 0; p < pp; p++) {
         ParamStage st = param_stage_all(c);
         PPSchedule sched;
@@ -455,6 +477,10 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         if (p == 0 || mp.peak > r->mem.peak) { r->mem = mp; r->mem_rank = p; r->recv_factor = factor; }
         StageTime s;
         stage_time(&rc, g, lay, &st, &s);
+        held_dense[p] = (double)mp.dense;
+        held_expert[p] = (double)mp.expert;
+        opt_elems[p] = 30.0 * (double)(mp.dense_opt + mp.expert_opt) + 8.0 * (double)(mp.dense + mp.expert);
+        back[p] = acc_sum(&s.b) + acc_sum(&s.rc);
         double t = acc_sum(&s.f) + acc_sum(&s.b) + acc_sum(&s.rc);
         if (t > worst_stage) { worst_stage = t; worst = s; f_worst = acc_sum(&s.f); b_worst = acc_sum(&s.b) + acc_sum(&s.rc); }
     }
@@ -484,19 +510,25 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         r->bubble = pp_schedule_theory_bubble((PPScheduleKind)lay->sched, pp, M, lay->virt, cost);
         r->t_bubble = (M * t_mb + r->t_pp_comm) * r->bubble / (1 - r->bubble);
     }
-    // data parallelism: the FP32 grads over dp (dense) and ep_dp (experts)
-    const MemoryPlan *mp = &r->mem;
+    // data parallelism: the FP32 grads over dp (dense) and ep_dp (experts),
+    // per pipeline rank (its own parameters, hidden behind its own
+    // backward); the step waits for the slowest rank's exposed part
     int edp = dp / ep;
-    double dense_b = 4.0 * mp->dense, expert_b = 4.0 * mp->expert;
     double k = lay->sharded ? 1 : 2; // reduce-scatter or all-reduce
-    double t_dense_red = coll_time(in, dp, 1, dense_b, k), t_exp_red = coll_time(in, edp, ep, expert_b, k);
-    double t_gather = lay->sharded ? coll_time(in, dp, 1, 2.0 * mp->dense, 1) + coll_time(in, edp, ep, 2.0 * mp->expert, 1) : 0;
-    r->t_dp = t_dense_red + t_exp_red + t_gather;
-    double hidden = g->overlap * b_worst, red = t_dense_red + t_exp_red;
-    r->t_dp_exposed = (red > hidden ? red - hidden : 0) + t_gather;
-    // optimizer: AdamW 30 B per element of the range, zeroing + norm 8 B per held
-    double opt = (double)(mp->dense_opt + mp->expert_opt), held = (double)(mp->dense + mp->expert);
-    r->t_optim = (30 * opt + 8 * held) / (g->optim_gbs * GB) + 4 * g->op_floor_us * 1e-6;
+    r->t_dp = r->t_dp_exposed = r->t_optim = 0;
+    for (int p = 0; p < pp; p++) {
+        double t_dense_red = coll_time(in, dp, 1, 4.0 * held_dense[p], k);
+        double t_exp_red = coll_time(in, edp, ep, 4.0 * held_expert[p], k);
+        double t_gather = lay->sharded ? coll_time(in, dp, 1, 2.0 * held_dense[p], 1) +
+                                         coll_time(in, edp, ep, 2.0 * held_expert[p], 1) : 0;
+        double hidden = g->overlap * back[p], red = t_dense_red + t_exp_red;
+        double exposed = (red > hidden ? red - hidden : 0) + t_gather;
+        if (red + t_gather > r->t_dp) r->t_dp = red + t_gather;
+        if (exposed > r->t_dp_exposed) r->t_dp_exposed = exposed;
+        // optimizer: AdamW 30 B per element of the range, zeroing + norm 8 B per held
+        double t_opt = opt_elems[p] / (g->optim_gbs * GB) + 4 * g->op_floor_us * 1e-6;
+        if (t_opt > r->t_optim) r->t_optim = t_opt;
+    }
     r->t_step = M * t_mb + r->t_pp_comm + r->t_bubble + r->t_dp_exposed + r->t_optim;
     double tokens = (double)G * c->seq_len;
     r->tokens_s_gpu = tokens / r->t_step / in->gpus;
@@ -598,45 +630,83 @@ static int matches(const PlanLayout *a, const PlanLayout *w, unsigned given) {
            (!(given & PL_SCHED) || a->pp == 1 || a->sched == w->sched) &&
            (!(given & PL_SHARDED) || a->sharded == w->sharded) && (!(given & PL_RC) || a->recompute == w->recompute) &&
            (!(given & PL_MB) || a->mb == w->mb) && (!(given & PL_PREC) || a->fp8 == w->fp8) &&
-           (!(given & PL_NORMS) || a->norms == w->norms);
+           (!(given & PL_NORMS) || a->norms == w->norms) && (!(given & PL_ATTN) || a->attn == w->attn) &&
+           (!(given & PL_SWIGLU) || a->swiglu == w->swiglu);
 }
 
+// A selective key (norms, attention, SwiGLU) only adds recompute time and
+// never adds memory, so (unless --where names a selective part) the layout
+// with all of them is evaluated first: when it does not fit, neither do the
+// others; when it does, a key set is evaluated only when no subset of it
+// fits (a subset is as fast or faster). *skipped counts those left out.
 static void enumerate(const PlanInput *in, int precisions, const PlanLayout *where, unsigned given, Results *rs,
-                      int *refused) {
+                      int *refused, int *skipped) {
     const RunConfig *cfg = in->cfg;
     int N = in->gpus, L = cfg->model.n_layers, E = cfg->model.n_experts, G = cfg->train.global_batch;
+    // swiglu beside experts changes something only with dense or shared-expert MLPs
+    int other_swiglu = (cfg->model.dense_layers > 0 && cfg->model.dense_hidden > 0) || cfg->model.n_shared > 0 || E == 0;
+    int prune = !(given & (PL_NORMS | PL_ATTN | PL_SWIGLU));
     for (int pp = 1; pp <= N && pp <= L; pp++) {
         if (N % pp) continue;
         int dp = N / pp;
         for (int ep = 1; ep <= dp; ep++) {
             if (dp % ep || (E ? E % ep : ep > 1)) continue;
             static const int scheds[][2] = {{PP_1F1B, 1}, {PP_INTERLEAVED, 2}, {PP_ZB1, 1}};
-            for (int si = 0; si < (pp > 1 ? 3 : 1); si++) {
+            for (int si = 0; si < (pp > 1 ? 3 : 1); si++)
                 for (int sh = 0; sh <= (dp > 1); sh++)
-                    for (int rc = 0; rc < 8; rc++) // the mode, and the input norms kept or recomputed
+                    for (int rc = 0; rc < 4; rc++)
                         for (int mb = 1; mb <= G / dp; mb++) {
                             if ((G / dp) % mb || G % dp) continue;
                             for (int p8 = 0; p8 < 2; p8++) {
                                 if (!(precisions & (1 << p8))) continue;
-                                PlanLayout l = {dp, ep, pp, pp > 1 ? scheds[si][1] : 1, pp > 1 ? scheds[si][0] : PP_1F1B,
-                                                sh, rc % 4, rc / 4, mb, p8};
-                                if (!matches(&l, where, given)) continue;
-                                PlanResult r;
-                                char err[512];
-                                if (plan_layout(in, &l, &r, err, sizeof err)) { (*refused)++; continue; }
-                                push(rs, &r);
+                                // the key sets: bit 0 norms, 1 attention, 2 SwiGLU (not beside
+                                // experts unless it shares more than the experts' buffers)
+                                int all = rc == 1 && !other_swiglu && !(given & PL_SWIGLU) ? 3 : 7;
+                                int fits[8] = {0}, state[8] = {0}; // state: 0 not run, 1 pushed, -1 refused
+                                PlanResult rall;
+                                for (int k = 0; k < 9; k++) {
+                                    int sel = k == 0 ? all : k - 1; // all of them first, then by subsets
+                                    if (k > 0 && (sel & ~all)) continue;
+                                    if (k == 0 && !prune) continue;
+                                    PlanLayout l = {.dp = dp, .ep = ep, .pp = pp, .virt = pp > 1 ? scheds[si][1] : 1,
+                                                    .sched = pp > 1 ? scheds[si][0] : PP_1F1B, .sharded = sh,
+                                                    .recompute = rc, .norms = sel & 1, .attn = sel >> 1 & 1,
+                                                    .swiglu = sel >> 2, .mb = mb, .fp8 = p8};
+                                    if (!matches(&l, where, given)) continue;
+                                    if (k > 0 && prune && state[all] == 1 && !fits[all] && sel != all) {
+                                        (*skipped)++; // does not fit with all the keys: not with fewer
+                                        continue;
+                                    }
+                                    int sub = 0;
+                                    for (int t = 0; t < sel && !sub; t++) sub = (t & sel) == t && fits[t];
+                                    if (k > 0 && prune && sub) { (*skipped)++; continue; }
+                                    if (k > 0 && sel == all && prune) { // evaluated first
+                                        if (state[all] == 1) push(rs, &rall);
+                                        continue;
+                                    }
+                                    PlanResult r;
+                                    char err[512];
+                                    if (plan_layout(in, &l, &r, err, sizeof err)) { (*refused)++; state[sel] = -1; continue; }
+                                    fits[sel] = r.fits;
+                                    state[sel] = 1;
+                                    if (k == 0) rall = r;
+                                    else push(rs, &r);
+                                }
                             }
                         }
-            }
         }
     }
 }
 
-static void print_table(FILE *f, const PlanInput *in, const Results *rs, int top, int refused) {
+static void print_table(FILE *f, const PlanInput *in, const Results *rs, int top, int refused, int skipped) {
     int fit = 0;
     for (int i = 0; i < rs->n; i++) fit += rs->r[i].fits;
-    fprintf(f, "%d layouts: %d fit %.1f GiB of a %s, %d do not; %d refused by the config's rules\n", rs->n, fit,
+    fprintf(f, "%d layouts: %d fit %.1f GiB of a %s, %d do not; %d refused by the config's rules", rs->n, fit,
             in->gpu->memory_gib, in->gpu->name, rs->n - fit, refused);
+    if (skipped)
+        fprintf(f, "; %d with selective recompute (norms, attn, swiglu) not evaluated: the layout fits with fewer "
+                   "of them, or not with all", skipped);
+    fprintf(f, "\n");
     fprintf(f, "%-4s %-46s %9s %10s %12s %10s %6s  %s\n", "#", "layout", "peak GiB", "step ms", "tokens/s/GPU",
             "TFLOP/s", "MFU", "largest term");
     int shown = 0;
@@ -670,8 +740,8 @@ static void print_why(FILE *f, const Results *rs) {
     for (int i = 1; i < rs->n; i++) {
         const PlanResult *b = &rs->r[i];
         if (!b->fits) break;
-        if (b->lay.recompute != a->lay.recompute || b->lay.mb != a->lay.mb || b->lay.ep != a->lay.ep ||
-            b->lay.pp != a->lay.pp) {
+        if (b->lay.recompute != a->lay.recompute || b->lay.norms != a->lay.norms || b->lay.attn != a->lay.attn ||
+            b->lay.swiglu != a->lay.swiglu || b->lay.mb != a->lay.mb || b->lay.ep != a->lay.ep || b->lay.pp != a->lay.pp) {
             char bn[128];
             plan_layout_name(&b->lay, bn, sizeof bn);
             fprintf(f, "; the next different one, %s, is %.1f%% slower", bn, 100 * (a->tokens_s_gpu / b->tokens_s_gpu - 1));
@@ -688,10 +758,10 @@ static int usage_plan(FILE *f) {
                "  Enumerates the layouts of CONFIG on N GPUs (dp, ep, pp, virtual stages and schedule, sharded\n"
                "  optimizer, recompute, micro-batch, precision), drops those whose peak memory does not fit, and\n"
                "  ranks the rest by predicted tokens/s per GPU. NAME: configs/gpus/NAME.yaml (default h200).\n"
-               "  LAYOUT: as the table prints it, e.g. dp8/ep8/pp4/v1/1f1b/sharded/layers/norms/mb1/bf16\n"
-               "  (missing parts: dp1 ep1 pp1 v1 1f1b, not sharded, none, norms kept, mb1, bf16). --where keeps\n"
-               "  the layouts\n"
-               "  with the parts given (e.g. ep8/pp4/unsharded). mxfp8 is modelled (the FP8 expert GEMM\n"
+               "  LAYOUT: as the table prints it, e.g. dp8/ep8/pp4/v1/1f1b/sharded/gather/norms/attn/swiglu/mb1/bf16\n"
+               "  (missing parts: dp1 ep1 pp1 v1 1f1b, not sharded, none, norms, attention and SwiGLU kept\n"
+               "  (keepnorms, keepattn, keepswiglu), mb1, bf16). --where keeps the layouts\n"
+               "  with the parts given (e.g. ep8/pp4/unsharded/keepattn). mxfp8 is modelled (the FP8 expert GEMM\n"
                "  rate, activations at BF16); the trainer's FP8 (block128) runs with ep 1 and pp 1 only.\n");
     return f == stdout ? 0 : 2;
 }
@@ -787,10 +857,10 @@ int cmd_plan(int argc, char **argv) {
     }
     if (given & PL_PREC) precisions = 1 << where.fp8;
     Results rs = {0};
-    int refused = 0;
-    enumerate(&in, precisions, &where, given, &rs, &refused);
+    int refused = 0, skipped = 0;
+    enumerate(&in, precisions, &where, given, &rs, &refused, &skipped);
     qsort(rs.r, rs.n, sizeof *rs.r, by_speed);
-    print_table(stdout, &in, &rs, top, refused);
+    print_table(stdout, &in, &rs, top, refused, skipped);
     print_why(stdout, &rs);
     if (!rs.n || !rs.r[0].fits) {
         // the smallest peak, to say how far off it is

@@ -44,6 +44,7 @@ int gpu_spec_find(char *path, size_t n, const char *name, char *err, size_t errl
 typedef struct {
     int dp, ep, pp, virt, sched;   // sched: PPScheduleKind (pp > 1)
     int sharded, recompute, norms, mb, fp8; // norms: train.recompute_norms
+    int attn, swiglu;              // train.recompute_attention, train.recompute_swiglu
 } PlanLayout;
 
 typedef struct {
@@ -77,7 +78,8 @@ typedef struct {
 int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char *err, size_t errlen);
 // "dp8/ep8/pp4/v1/1f1b/sharded/layers/mb2/bf16" and back; given (may be
 // NULL): the PL_* bits of the parts s names (the rest are defaults)
-enum { PL_DP = 1, PL_EP = 2, PL_PP = 4, PL_V = 8, PL_SCHED = 16, PL_SHARDED = 32, PL_RC = 64, PL_MB = 128, PL_PREC = 256, PL_NORMS = 512 };
+enum { PL_DP = 1, PL_EP = 2, PL_PP = 4, PL_V = 8, PL_SCHED = 16, PL_SHARDED = 32, PL_RC = 64, PL_MB = 128, PL_PREC = 256, PL_NORMS = 512,
+       PL_ATTN = 1024, PL_SWIGLU = 2048 };
 void plan_layout_name(const PlanLayout *lay, char *buf, size_t n);
 int plan_layout_parse(PlanLayout *lay, const char *s, unsigned *given, char *err, size_t errlen);
 void plan_explain(FILE *f, const PlanInput *in, const PlanResult *r);

@@ -319,6 +319,8 @@ static int setup_model(Trainer *tr) {
     m->recompute_every = cfg->train.recompute_every;
     m->recompute_first = cfg->train.recompute_first;
     m->recompute_norms = cfg->train.recompute_norms;
+    m->recompute_attention = cfg->train.recompute_attention;
+    m->recompute_swiglu = cfg->train.recompute_swiglu;
     m->defer_wgrad = tr->pipe.on && tr->pipe.sched.kind == PP_ZB1; // W runs the deferred weight grads
     m->doc_mask = cfg->data.doc_mask;
     m->doc_eos = doc_eos_id(cfg);

@@ -12,7 +12,11 @@
 //     bit-identical;
 //  6. train.precision: fp8 (a config the FP8 kernels take): 1-3 and
 //     recompute with FP8 on both backends (FP8_GRAD_TOL below; the curves
-//     against the BF16 path's own drift, fp8_tests).
+//     against the BF16 path's own drift, fp8_tests);
+//  7. the selective recomputes (norms, attention, SwiGLU) bit-identical to
+//     keeping the activations (selective_recompute_step; the argument
+//     "recompute" runs the recompute checks alone, with doc masking and
+//     FP8 too).
 //
 // Tolerances: the GPU runs BF16 weights and activations (8 bits of
 // mantissa: ~4e-3 relative per rounding) through 4 layers, against FP32 on
@@ -461,12 +465,79 @@ static void recompute_step(const TestConfig *tc) {
     model_free(&m[0]); model_free(&m[1]); model_free(&m[2]);
 }
 
+// The selective recomputes (train.recompute_norms, _attention, _swiglu)
+// on the GPU, each alone and all three beside gather and layers: two
+// micro-batches' grads bit-identical to keeping everything (the same
+// deterministic kernels on the same inputs), with a smaller arena.
+static void selective_recompute_step(const TestConfig *tc) {
+    int B = 2, T = 128, N = B * T;
+    enum { NM = 6 };
+    static const char *const names[NM] = {"keep", "norms", "attention", "swiglu", "gather + all three",
+                                          "layers + all three"};
+    Model m[NM];
+    int *tok = malloc(2 * N * sizeof(int)), *tgt = malloc(2 * N * sizeof(int));
+    for (int r = 0; r < NM; r++) {
+        build(&m[r], tc, &ops_cuda, B, T);
+        if (!r) make_batch(tok, tgt, 2 * N, T, m[0].cfg.vocab_size, 17);
+        int all = r >= 4;
+        m[r].recompute_norms = r == 1 || all;
+        m[r].recompute_attention = r == 2 || all;
+        m[r].recompute_swiglu = r == 3 || all;
+        m[r].recompute = r == 4 ? 2 : r == 5 ? 3 : 0;
+        if (r) model_alloc_acts(&m[r], B, T);
+        model_zero_grads(&m[r]);
+        model_begin_step(&m[r]);
+        for (int mb = 0; mb < 2; mb++) {
+            model_forward(&m[r], tok + mb * N, tgt + mb * N, 3 + mb);
+            model_backward(&m[r], 1.0f / (2 * N), 0.5f);
+        }
+        if (!r) continue;
+        int same = 1;
+        for (int i = 0; i < m[0].store.table.n && same; i++) {
+            float *a = grads_host(&m[0], i), *b = grads_host(&m[r], i);
+            same = !memcmp(a, b, m[0].store.table.entries[i].numel * sizeof(float));
+            if (!same) printf("      %s: grads of %s differ with recompute %s\n", tag(tc), m[0].store.table.entries[i].name,
+                              names[r]);
+            free(a); free(b);
+        }
+        int ok = same && m[r].arena_bytes < m[0].arena_bytes;
+        printf("%s %s: recompute %s grads bit-identical over 2 micro-batches, arena %.2f vs %.2f MiB\n",
+               ok ? "ok  " : "FAIL", tag(tc), names[r], m[r].arena_bytes / 1048576.0, m[0].arena_bytes / 1048576.0);
+        if (ok) gt_pass++; else gt_fail++;
+        model_free(&m[r]);
+    }
+    model_free(&m[0]);
+    free(tok); free(tgt);
+}
+
+// two dense blocks and a shared expert: every SwiGLU kind
+static const TestConfig dense_shared_config = {
+    "tiny + dense + shared", {{"vocab_size", "257"}, {"d_model", "128"}, {"n_layers", "4"}, {"n_heads", "4"},
+                              {"n_experts", "8"}, {"top_k", "2"}, {"expert_hidden", "256"}, {"seq_len", "128"},
+                              {"norm", "pre"}, {"qk_norm", "head"}, {"dense_layers", "2"}, {"dense_hidden", "384"},
+                              {"n_shared", "1"}, {"shared_hidden", "128"}, {NULL, NULL}}};
+
 static void fp8_tests(void);
 
-// argument "fp8": part 6 alone
+// argument "fp8": part 6 alone; "recompute": the recompute checks alone
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "fp8")) {
         fp8_tests();
+        return gt_finish();
+    }
+    if (argc > 1 && !strcmp(argv[1], "recompute")) {
+        routing = "random";
+        for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+            recompute_step(&configs[i]);
+            selective_recompute_step(&configs[i]);
+        }
+        selective_recompute_step(&dense_shared_config);
+        doc_eos = 256;
+        selective_recompute_step(&doc_config);
+        doc_eos = -1;
+        fp8 = 1;
+        selective_recompute_step(&fp8_config);
+        fp8 = 0;
         return gt_finish();
     }
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
@@ -480,7 +551,9 @@ int main(int argc, char **argv) {
         graph_capture(&configs[i]);
         lb_global_graph(&configs[i]);
         recompute_step(&configs[i]);
+        selective_recompute_step(&configs[i]);
     }
+    selective_recompute_step(&dense_shared_config);
     doc_eos = 256;
     routing = "random";
     compare_step(&doc_config);
