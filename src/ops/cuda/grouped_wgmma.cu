@@ -734,7 +734,7 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
                     // last expert those rows are whatever follows in the
                     // allocation, and 0 x Inf or 0 x NaN is NaN. The two
                     // consumer warpgroups then wait for each other (named barrier
-                    // 3), as each reads all of B.
+                    // 5), as each reads all of B.
                     int ct = threadIdx.x & 127, per = (WG_BK - valid) * 8; // 16-byte chunks per box
                     for (int i = ct; i < 3 * per; i += 128) {
                         int box = i / per, r = i - box * per, kr = valid + (r >> 3);
@@ -743,7 +743,7 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
                         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
                     }
                     fence_proxy_async(); // generic writes before the async-proxy reads
-                    asm volatile("bar.sync 3, 256;\n" ::: "memory");
+                    named_barrier(5, 256); // 5: tma_epilogue takes 3 and 4
                 }
             }
             wgmma_fence();
