@@ -519,27 +519,7 @@ static const TestConfig dense_shared_config = {
 
 static void fp8_tests(void);
 
-// argument "fp8": part 6 alone; "recompute": the recompute checks alone
-int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "fp8")) {
-        fp8_tests();
-        return gt_finish();
-    }
-    if (argc > 1 && !strcmp(argv[1], "recompute")) {
-        routing = "random";
-        for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
-            recompute_step(&configs[i]);
-            selective_recompute_step(&configs[i]);
-        }
-        selective_recompute_step(&dense_shared_config);
-        doc_eos = 256;
-        selective_recompute_step(&doc_config);
-        doc_eos = -1;
-        fp8 = 1;
-        selective_recompute_step(&fp8_config);
-        fp8 = 0;
-        return gt_finish();
-    }
+static void models_part(void) { // both configs: steps, curves, graphs, recompute
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         routing = "random";
         compare_step(&configs[i]);
@@ -554,12 +534,16 @@ int main(int argc, char **argv) {
         selective_recompute_step(&configs[i]);
     }
     selective_recompute_step(&dense_shared_config);
+}
+static void docs_part(void) {
     doc_eos = 256;
     routing = "random";
     compare_step(&doc_config);
     compare_curves(&doc_config);
     graph_capture(&doc_config);
     doc_eos = -1;
+}
+static void capacity_part(void) {
     const char *factors[] = {"1.0", "0.5"};
     for (int i = 0; i < 2; i++) {
         capacity = factors[i];
@@ -572,7 +556,44 @@ int main(int argc, char **argv) {
         graph_capture(&configs[0]);
     }
     capacity = "0";
-    fp8_tests();
+}
+static void recompute_part(void) { // the recompute checks alone
+    routing = "random";
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        recompute_step(&configs[i]);
+        selective_recompute_step(&configs[i]);
+    }
+    selective_recompute_step(&dense_shared_config);
+    doc_eos = 256;
+    selective_recompute_step(&doc_config);
+    doc_eos = -1;
+    fp8 = 1;
+    selective_recompute_step(&fp8_config);
+    fp8 = 0;
+}
+
+// Arguments: the parts to run, in order (default: models docs capacity
+// fp8, the whole program, which takes minutes on an H200 machine, most of
+// it in the CPU references); "recompute" runs the recompute checks alone.
+// Parts let a GPU call with a time limit run the program in pieces.
+int main(int argc, char **argv) {
+    static const struct { const char *name; void (*fn)(void); } parts[] = {
+        {"models", models_part}, {"docs", docs_part}, {"capacity", capacity_part},
+        {"fp8", fp8_tests},      {"recompute", recompute_part}};
+    const int nparts = (int)(sizeof parts / sizeof parts[0]), ndefault = 4;
+    for (int a = 1; a < argc; a++) {
+        int found = 0;
+        for (int i = 0; i < nparts; i++) found |= !strcmp(argv[a], parts[i].name);
+        if (!found) {
+            fprintf(stderr, "test_cuda_model: unknown part '%s' (models, docs, capacity, fp8, recompute)\n", argv[a]);
+            return 2;
+        }
+    }
+    if (argc == 1)
+        for (int i = 0; i < ndefault; i++) parts[i].fn();
+    for (int a = 1; a < argc; a++)
+        for (int i = 0; i < nparts; i++)
+            if (!strcmp(argv[a], parts[i].name)) parts[i].fn();
     return gt_finish();
 }
 
