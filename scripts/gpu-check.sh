@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the GPU tests (in parallel: their CPU reference
-# halves dominate) and optionally a training run. Logs go to $OUT (or
-# build/gpu-logs). Usage: bash scripts/gpu-check.sh [tests] [olmoe STEPS] [tiny STEPS]
+# halves dominate; test_cuda_model as its four parts) and optionally a
+# training run. Logs go to build/gpu-logs; where $OUT is set (the lent
+# machines, which return at most 8 files) they are also packed into
+# $OUT/gpu-logs.tar.gz at exit.
+# Usage: bash scripts/gpu-check.sh [tests] [kernels] [olmoe STEPS] [tiny STEPS]
 set -u
 cd "$(dirname "$0")/.."
-out=${OUT:-build/gpu-logs}
+out=build/gpu-logs
 mkdir -p "$out"
+[ -n "${OUT:-}" ] && trap 'tar czf "$OUT/gpu-logs.tar.gz" -C build gpu-logs' EXIT
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 # cuBLASLt and NCCL from the CUDA toolkit, or from PyTorch's nvidia wheels
 cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)
@@ -23,16 +27,20 @@ while [ $# -gt 0 ]; do
   case $1 in
     tests)
       # test_backend_ops also times its OLMoE-shape cases (--perf)
-      pids=()
+      pids=() logs=()
       for t in build/tests/gpu/test_*; do
         n=$(basename "$t")
-        perf=""; [ "$n" = test_backend_ops ] && perf=--perf
-        (OMP_NUM_THREADS=8 timeout 400 "$t" $perf > "$out/$n.log" 2>&1; echo "exit $?" >> "$out/$n.log") &
-        pids+=($!)
+        args=("")
+        [ "$n" = test_backend_ops ] && args=(--perf)
+        [ "$n" = test_cuda_model ] && args=(models docs capacity fp8) # one process each
+        for a in "${args[@]}"; do
+          log=$n${a:+.${a#--}}
+          (OMP_NUM_THREADS=8 timeout 400 "$t" $a > "$out/$log.log" 2>&1; echo "exit $?" >> "$out/$log.log") &
+          pids+=($!) logs+=("$log")
+        done
       done
       wait "${pids[@]}"
-      for t in build/tests/gpu/test_*; do
-        n=$(basename "$t")
+      for n in "${logs[@]}"; do
         echo "== $n: $(grep -cE '^FAIL' "$out/$n.log") FAIL lines; $(tail -n 2 "$out/$n.log" | tr '\n' ' ')"
         grep -E "^FAIL|TFLOP|GB/s|captured|worst|error" "$out/$n.log" | head -n 80
       done
