@@ -415,6 +415,51 @@ START_TEST(test_quantize_pair) {
 }
 END_TEST
 
+// fp8.wgrad: fp8's operands: 128 x 1 tiles along the rows inside each
+// segment, quantised and dequantised in place; against the scalar rules
+// (the amax rule here, the independent oracle encoder) tile by tile. A
+// spike in each segment's first row would change the scale of the previous
+// segment's last tile if a tile crossed the boundary.
+START_TEST(test_fake_quantize_128x1) {
+    static const int counts[] = {0, 1, 127, 128, 129, 300, 0, 5};
+    enum { E = 8, C = 70 };
+    int off[E + 1] = {0};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+    int R = off[E];
+    float *x = malloc((size_t)R * C * 4), *y = malloc((size_t)R * C * 4);
+    fill_tiles(x, R, C, 8);
+    for (int e = 0; e < E; e++)
+        if (counts[e]) x[(size_t)off[e] * C + 3] = 1e6f; // column 3's spike in the segment's first row
+    memcpy(y, x, (size_t)R * C * 4);
+    fp8_fake_quantize_128x1(y, off, E, C);
+    long tiles = 0;
+    for (int e = 0; e < E; e++)
+        for (int r0 = off[e]; r0 < off[e + 1]; r0 += 128) {
+            int r1 = r0 + 128 < off[e + 1] ? r0 + 128 : off[e + 1];
+            for (int c = 0; c < C; c++, tiles++) {
+                float amax = 0.0f;
+                for (int r = r0; r < r1; r++) {
+                    float v = x[(size_t)r * C + c];
+                    if (!isnan(v) && fabsf(v) > amax) amax = fabsf(v);
+                }
+                if (amax > FLT_MAX) amax = FLT_MAX;
+                if (amax < FP8_AMAX_FLOOR) amax = FP8_AMAX_FLOOR;
+                float sc = amax / 448.0f;
+                for (int r = r0; r < r1; r++) {
+                    float v = x[(size_t)r * C + c], got = y[(size_t)r * C + c];
+                    float want = fp8_e4m3_to_float((uint8_t)oracle_encode(v / sc)) * sc;
+                    ck_assert_msg(f_bits(got) == f_bits(want) || (isnan(got) && isnan(want)),
+                                  "expert %d rows %d..%d column %d row %d: x %.9g -> %.9g, want %.9g (scale %.9g)", e,
+                                  r0, r1, c, r, v, got, want, sc);
+                }
+            }
+        }
+    ck_assert_int_eq(tiles, (long)C * (0 + 1 + 1 + 1 + 2 + 3 + 0 + 1));
+    free(x);
+    free(y);
+}
+END_TEST
+
 int main(void) {
     init_values();
     Suite *s = suite_create("fp8");
@@ -430,6 +475,7 @@ int main(void) {
     tcase_add_test(tc, test_grouped_matmul_ref);
     tcase_add_test(tc, test_dgrad_ref);
     tcase_add_test(tc, test_quantize_pair);
+    tcase_add_test(tc, test_fake_quantize_128x1);
     suite_add_tcase(s, tc);
     return check_run(s);
 }

@@ -16,8 +16,12 @@
 #     bit (they redo the same quantisers on the same values);
 #  3. the memory line reports the FP8 weight copies (what fp8 saves shows on
 #     GPUs, where they replace the BF16 copies: bench/results);
+#  1b. fp8.wgrad: fp8 (the weight-grads' operands quantised per 128 x 1 tile
+#     along each expert's tokens; CPU only) trains under the same bound and
+#     its losses differ from fp8.wgrad: bf16's;
 #  4. the configs it refuses name the key: mxfp8, experts_dense, ep > 1, a
-#     dense model, an expert width not a multiple of 128.
+#     dense model, an expert width not a multiple of 128, fp8.wgrad: fp8 on
+#     a GPU.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -54,6 +58,25 @@ assert rel < 0.02, rel
 PY
 grep -q "precision: fp8" "$tmp/fp8.log" && ok "fp8 run says its precision" || bad "no precision line"
 
+# ---- 1b. fp8.wgrad: fp8 (CPU only): the weight-grads' operands quantised along the tokens ----------
+train --train.precision=fp8 --fp8.wgrad=fp8 --logging.run_dir="$tmp/fp8w" >"$tmp/fp8w.log" 2>&1 \
+  || { cat "$tmp/fp8w.log"; bad "fp8.wgrad=fp8 run failed"; }
+$py - "$tmp/bf16/metrics.jsonl" "$tmp/fp8/metrics.jsonl" "$tmp/fp8w/metrics.jsonl" <<'PY' \
+  && ok "fp8.wgrad=fp8 trains, tracks bf16 and differs from fp8.wgrad=bf16" || bad "fp8.wgrad=fp8 losses"
+import json, sys
+b, f, w = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:4])
+assert len(w) == 40, len(w)
+tail_b, tail_w = sum(b[-5:]) / 5, sum(w[-5:]) / 5
+rel = abs(tail_w - tail_b) / tail_b
+print(f"losses: fp8.wgrad=fp8 {w[0]:.4f} -> {tail_w:.4f} (mean of the last 5); rel diff from bf16 {rel:.2e}; "
+      f"worst step {max(abs(x - y) / y for x, y in zip(w, b)):.2e}")
+assert w[0] - tail_w > 0.5, "loss did not fall"
+assert rel < 0.02, rel       # the bound and its reason: part 1
+assert w[1:] != f[1:], "fp8.wgrad=fp8 gave fp8.wgrad=bf16's losses: the weight-grads were not quantised"
+PY
+grep -q "and their weight-grads (fp8.wgrad: fp8" "$tmp/fp8w.log" && ok "fp8.wgrad=fp8 run says so" \
+  || bad "no fp8.wgrad line"
+
 # ---- 2. recompute modes: the same fp8 numbers ------------------------------------
 for mode in experts gather layers; do
   train --train.precision=fp8 --train.recompute=$mode --logging.run_dir="$tmp/fp8-$mode" >"$tmp/fp8-$mode.log" 2>&1 \
@@ -77,6 +100,7 @@ refused "fp8.gemms: experts_dense" --train.precision=fp8 --fp8.gemms=experts_den
 refused "needs MoE layers" --train.precision=fp8 --model.n_experts=0
 refused "parallel.ep = 1" --train.precision=fp8 --parallel.ep=2 --parallel.dp=2
 refused "multiples of 128" --train.precision=fp8 --model.expert_hidden=192
+refused "fp8.wgrad: fp8 runs on the CPU backend only" --train.precision=fp8 --fp8.wgrad=fp8 --device.type=cuda
 refused "unknown value\|expected one of\|bf16" --train.precision=fp4
 
 echo "$fails failed"

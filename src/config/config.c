@@ -31,6 +31,7 @@ static const char *const recompute_names[] = {"none", "experts", "gather", "laye
 static const char *const precision_names[] = {"bf16", "fp8", NULL};            // Precision
 static const char *const fp8_recipe_names[] = {"block128", "mxfp8", NULL};     // Fp8Recipe
 static const char *const fp8_gemms_names[] = {"experts", "experts_dense", NULL}; // Fp8Gemms
+static const char *const fp8_wgrad_names[] = {"bf16", "fp8", NULL};              // Fp8Wgrad
 // parallel.ep_backend, in EpBackend's order (model.h)
 static const char *const ep_backend_names[] = {"auto", "a2a", "symmetric", NULL};
 // parallel.pp_schedule, in the order of dist/pp_schedule.h's PPScheduleKind
@@ -52,7 +53,7 @@ static const Key table[] = {
     F(train.recompute_every, T_INT), F(train.recompute_first, T_INT), F(train.recompute_norms, T_BOOL),
     F(train.recompute_attention, T_BOOL), F(train.recompute_swiglu, T_BOOL),
     FE(train.decay_shape, decay_shape_names), FE(train.precision, precision_names),
-    FE(fp8.recipe, fp8_recipe_names), FE(fp8.gemms, fp8_gemms_names),
+    FE(fp8.recipe, fp8_recipe_names), FE(fp8.gemms, fp8_gemms_names), FE(fp8.wgrad, fp8_wgrad_names),
     F(optim.lr, T_FLOAT), F(optim.beta1, T_FLOAT), F(optim.beta2, T_FLOAT), F(optim.eps, T_FLOAT),
     F(optim.weight_decay, T_FLOAT), F(optim.decay_norms, T_BOOL), F(optim.decay_embeddings, T_BOOL),
     {"optim.sharded", T_BOOL, offsetof(RunConfig, optim_sharded), NULL},
@@ -672,6 +673,9 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
             FAIL("fp8.gemms: experts_dense is not implemented yet (the dense GEMMs stay BF16); use fp8.gemms: experts");
         if (c->model.n_experts <= 0)
             FAIL("train.precision: fp8 with fp8.gemms: experts needs MoE layers (model.n_experts > 0)");
+        if (c->fp8.wgrad == FP8_WGRAD_FP8 && c->device.type == 1)
+            FAIL("fp8.wgrad: fp8 runs on the CPU backend only for now (no CUDA kernel quantises the weight-grads' "
+                 "operands along the tokens yet); use fp8.wgrad: bf16 on GPUs");
         if (p->ep > 1) FAIL("train.precision: fp8 runs with parallel.ep = 1 only for now (the FP8 dispatch is not built)");
         if (p->pp > 1) FAIL("train.precision: fp8 with parallel.pp > 1 is not supported yet");
         if (c->optim_sharded && p->dp > 1 && c->device.type == 1)

@@ -69,9 +69,11 @@ typedef struct {
 typedef enum { PRECISION_BF16 = 0, PRECISION_FP8 = 1 } Precision;
 typedef enum { FP8_RECIPE_BLOCK128 = 0, FP8_RECIPE_MXFP8 = 1 } Fp8Recipe;
 typedef enum { FP8_GEMMS_EXPERTS = 0, FP8_GEMMS_EXPERTS_DENSE = 1 } Fp8Gemms;
+typedef enum { FP8_WGRAD_BF16 = 0, FP8_WGRAD_FP8 = 1 } Fp8Wgrad;
 typedef struct {
     int recipe;              // Fp8Recipe
     int gemms;               // Fp8Gemms: the experts' grouped GEMMs, or also the dense ones
+    int wgrad;               // Fp8Wgrad: the experts' weight-grads in the compute dtype, or FP8 (CPU only)
 } Fp8Section;
 
 typedef struct {

@@ -1135,12 +1135,21 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     ops->fp8_grouped_matmul_forward(m->dea, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 2), fp8_scales_t(m, li, 2), lo,
                                     El, D, Fe);
     ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
+    if (m->fp8_wgrad) { // dey's last use is this weight-grad: quantised in place
+        ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, Fe);
+        ops->fp8_fake_quantize_tokens(m->dey, lo, El, D);
+    }
     ops->grouped_matmul_backward(NULL, G(L->exp_down), m->dey, m->fp8_deq, P(L->exp_down), lo, El, Fe, D, accw);
     ops->fp8_swiglu_backward_quantize(m->deg, m->deu, m->fp8_dq, m->fp8_ds, m->dea, a->eg, a->eu, R, Fe);
     ops->fp8_grouped_matmul_forward(m->dxp, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 0), fp8_scales_t(m, li, 0), lo,
                                     El, 2 * Fe, D);
     if (m->recompute == 1 || m->recompute == 2) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
     ops->fp8_dequantize_rows(m->fp8_deq, a->xq, a->xs, R, D);
+    if (m->fp8_wgrad) { // deg and deu are used by these two weight-grads alone (the pair's data-grad read fp8_dq)
+        ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, D);
+        ops->fp8_fake_quantize_tokens(m->deg, lo, El, Fe);
+        ops->fp8_fake_quantize_tokens(m->deu, lo, El, Fe);
+    }
     ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, m->fp8_deq, P(L->exp_gate), lo, El, D, Fe, accw);
     ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, m->fp8_deq, P(L->exp_up), lo, El, D, Fe, accw);
 }

@@ -158,8 +158,12 @@ typedef struct {
     // forward's; fp8_wt: per MoE layer [Wg^T | Wu^T] [E_local, d_model,
     // 2 expert_hidden], then Wd^T [E_local, expert_hidden, d_model]). The
     // weight-grads run in the compute dtype from the dequantised FP8 inputs
-    // (what the forward multiplied) and the unquantised output grads.
-    int fp8;
+    // (what the forward multiplied) and the unquantised output grads, or,
+    // with fp8_wgrad (fp8.wgrad: fp8, CPU only for now), from both operands
+    // quantised and dequantised per 128 x 1 tile along the tokens of each
+    // expert segment (fp8_fake_quantize_tokens: the reference of an FP8
+    // weight-grad GEMM, whose K is the tokens).
+    int fp8, fp8_wgrad;
     uint8_t *fp8_w;                   // [n_moe * 3][E_local * d_model * expert_hidden]
     float *fp8_ws;                    // [n_moe * 3][fp8_ws_per]
     uint8_t *fp8_wt;                  // [n_moe][3 * E_local * d_model * expert_hidden]: the transposed copies

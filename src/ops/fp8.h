@@ -68,6 +68,15 @@ void fp8_transpose_128x128(uint8_t *qt, float *st, int ldt, int col0, const uint
 // (a, b [R, F]) -> q [R, 2F], scale [R, 2F/128] (fp8_quantize_1x128 of the
 // concatenation; F % 128 == 0, so no tile straddles a and b).
 void fp8_quantize_1x128_pair(uint8_t *q, float *scale, const float *a, const float *b, int R, int F);
+// block128 along the rows, for the weight-grads (fp8.wgrad: fp8, whose K
+// is the tokens): x [R, C] quantised and dequantised in place with one
+// scale per 128 x 1 tile: within each segment offsets[e]..offsets[e+1]
+// (host offsets), column by column, in runs of 128 rows from the
+// segment's first (the last run of a segment may be shorter; no tile
+// crosses a segment). The same amax, scale and encoding rules as 1 x 128.
+// The FP8 weight-grad reference is then the FP32 grouped weight-grad of
+// the two operands so treated.
+void fp8_fake_quantize_128x1(float *x, const int *offsets, int E, int C);
 // MXFP8: x [R, C] -> q [R, C], scale bytes [R, ceil(C/32)]; and back.
 void fp8_quantize_mx(uint8_t *q, uint8_t *scale, const float *x, int R, int C);
 void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, int C);

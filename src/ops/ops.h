@@ -264,6 +264,11 @@ typedef struct Ops {
                                          const void *gate, const void *up, int R, int F);
     // x[R,C] (act) = the dequantised q, s.
     void (*fp8_dequantize_rows)(void *x, const uint8_t *q, const float *s, int R, int C);
+    // fp8.wgrad: fp8: x [R,C] act quantised and dequantised in place per
+    // 128 x 1 tile along the rows of each expert segment (the offsets, where
+    // they live): the weight-grads' operands (fp8_fake_quantize_128x1 of
+    // ops/fp8.h). CPU only for now: NULL on CUDA, which validation refuses.
+    void (*fp8_fake_quantize_tokens)(void *x, const int *offsets, int E, int C);
     // The FP8 grouped matmul forward: out[R,OC] (act) = deq(qa) deq(qw[e])^T
     // over the segments offsets[e]..offsets[e+1] (read where they live), qa
     // [R,C] from fp8_quantize_rows / fp8_swiglu_quantize, qw [E,OC,C] from

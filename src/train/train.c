@@ -326,10 +326,19 @@ static int setup_model(Trainer *tr) {
     m->doc_eos = doc_eos_id(cfg);
     if (t->precision == PRECISION_FP8) {
         if (model_set_fp8(m, err, sizeof err)) return fatal("%s", err);
+        if (cfg->fp8.wgrad == FP8_WGRAD_FP8) {
+            if (!m->ops->fp8_fake_quantize_tokens)
+                return fatal("fp8.wgrad: fp8: the %s backend cannot quantise the weight-grads' operands along the "
+                             "tokens (the CPU backend can); use fp8.wgrad: bf16", m->ops->name);
+            m->fp8_wgrad = 1;
+        }
         SAY("precision: fp8 (block128: E4M3, FP32 scales per 1x128 activation tile and 128x128 weight block) in the "
-            "experts' grouped GEMMs' forward and data-grads; their weight-grads, the dense GEMMs, attention and the router in "
+            "experts' grouped GEMMs' forward and data-grads%s; %sthe dense GEMMs, attention and the router in "
             "the compute dtype (BF16 on GPUs); "
-            "MFU stays against the dense BF16 peak\n");
+            "MFU stays against the dense BF16 peak\n",
+            m->fp8_wgrad ? ", and their weight-grads (fp8.wgrad: fp8, one scale per 128 x 1 tile along each expert's "
+                           "tokens)" : "",
+            m->fp8_wgrad ? "" : "their weight-grads, ");
     }
     // DDP and the optimizer before the activations: the distributed
     // optimizer frees the whole FP32 main weights for its shard first, so

@@ -87,6 +87,24 @@ void fp8_quantize_1x128(uint8_t *q, float *scale, const float *x, int R, int C) 
     }
 }
 
+void fp8_fake_quantize_128x1(float *x, const int *offsets, int E, int C) {
+#pragma omp parallel for schedule(dynamic)
+    for (int e = 0; e < E; e++) {
+        for (int r0 = offsets[e]; r0 < offsets[e + 1]; r0 += FP8_BLOCK) {
+            int r1 = r0 + FP8_BLOCK < offsets[e + 1] ? r0 + FP8_BLOCK : offsets[e + 1];
+            for (int c = 0; c < C; c++) {
+                float amax = 0.0f;
+                for (int r = r0; r < r1; r++) amax = amax_acc(amax, x[(size_t)r * C + c]);
+                float s = fp8_block_scale(amax);
+                for (int r = r0; r < r1; r++) {
+                    float *v = x + (size_t)r * C + c;
+                    *v = fp8_e4m3_to_float(fp8_e4m3_from_float(*v / s)) * s;
+                }
+            }
+        }
+    }
+}
+
 void fp8_dequantize_1x128(float *x, const uint8_t *q, const float *scale, int R, int C) {
     int nt = (C + FP8_BLOCK - 1) / FP8_BLOCK;
 #pragma omp parallel for schedule(static)

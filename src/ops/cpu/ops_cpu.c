@@ -186,6 +186,9 @@ static void c_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_t *q, f
 static void c_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
     fp8_dequantize_1x128(F(x), q, s, R, C);
 }
+static void c_fp8_fake_quantize_tokens(void *x, const int *offsets, int E, int C) {
+    fp8_fake_quantize_128x1(F(x), offsets, E, C);
+}
 static void c_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                                   const int *offsets, int E, int C, int OC) {
     fp8_grouped_matmul_ref(F(out), qa, sa, qw, sw, offsets, E, C, OC);
@@ -271,6 +274,7 @@ const Ops ops_cpu = {
     .fp8_swiglu_quantize = c_fp8_swiglu_quantize,
     .fp8_swiglu_backward_quantize = c_fp8_swiglu_backward_quantize,
     .fp8_dequantize_rows = c_fp8_dequantize_rows,
+    .fp8_fake_quantize_tokens = c_fp8_fake_quantize_tokens,
     .fp8_grouped_matmul_forward = c_fp8_grouped_matmul_forward,
     .crossentropy_forward = c_crossentropy_forward,
     .crossentropy_backward = c_crossentropy_backward,
