@@ -89,50 +89,7 @@ static __device__ void ce_row_stats(const bf16 *row, int V, bool vec, float *m_o
     *s_out = ss[0];
 }
 
-static __global__ void __launch_bounds__(CE_THREADS)
-    crossentropy_forward_kernel(float *losses, const bf16 *logits, const int *targets, int V, bool vec) {
-    int n = blockIdx.x, t = targets[n];
-    if (t < 0) {
-        if (threadIdx.x == 0) losses[n] = 0.f;
-        return;
-    }
-    const bf16 *row = logits + (size_t)n * V;
-    float m, s;
-    ce_row_stats(row, V, vec, &m, &s);
-    if (threadIdx.x == 0) losses[n] = m + logf(s) - __bfloat162float(row[t]);
-}
-
-static __global__ void __launch_bounds__(CE_THREADS)
-    crossentropy_backward_kernel(bf16 *dlogits, const bf16 *logits, const int *targets, float dloss, int V,
-                                 bool vec) {
-    int n = blockIdx.x, t = targets[n];
-    const bf16 *row = logits + (size_t)n * V;
-    bf16 *d = dlogits + (size_t)n * V;
-    const int step = CE_THREADS * 8;
-    if (t < 0) {
-        float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int c = threadIdx.x * 8; c < V; c += step) store8(d, c, V, vec, z);
-        return;
-    }
-    float m, s;
-    ce_row_stats(row, V, vec, &m, &s);
-    float scale = dloss / s;
-    for (int c0 = threadIdx.x * 8; c0 < V; c0 += step * CE_UNROLL) {
-        float f[CE_UNROLL][8];
-#pragma unroll
-        for (int u = 0; u < CE_UNROLL; u++) load8(row, c0 + u * step, V, vec, f[u]);
-#pragma unroll
-        for (int u = 0; u < CE_UNROLL; u++) {
-            int c = c0 + u * step;
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[u][j] = fast_exp(f[u][j] - m) * scale - (c + j == t ? dloss : 0.f);
-            if (c < V) store8(d, c, V, vec, f[u]);
-        }
-    }
-}
-
-// The shared-memory kernels: the row (2 V bytes) copied in by one bulk copy,
-// then the streaming kernels' arithmetic on it.
+// The row (2 V bytes) into shared memory by one bulk copy (the SMEM kernels).
 __device__ __forceinline__ const bf16 *ce_row_to_smem(const bf16 *row, int V) {
     extern __shared__ __align__(16) unsigned char ce_smem[];
     __shared__ __align__(8) uint64_t bar;
@@ -149,43 +106,52 @@ __device__ __forceinline__ const bf16 *ce_row_to_smem(const bf16 *row, int V) {
     return (const bf16 *)ce_smem;
 }
 
+// SMEM: the row is read from shared memory (ce_row_to_smem; the 16-byte
+// path always), else streamed from the logits.
+template <bool SMEM>
 static __global__ void __launch_bounds__(CE_THREADS)
-    crossentropy_forward_smem_kernel(float *losses, const bf16 *logits, const int *targets, int V) {
+    crossentropy_forward_kernel(float *losses, const bf16 *logits, const int *targets, int V, bool vec) {
     int n = blockIdx.x, t = targets[n];
     if (t < 0) {
         if (threadIdx.x == 0) losses[n] = 0.f;
         return;
     }
-    const bf16 *row = ce_row_to_smem(logits + (size_t)n * V, V);
+    const bf16 *row = logits + (size_t)n * V;
+    if constexpr (SMEM) row = ce_row_to_smem(row, V);
+    if constexpr (SMEM) vec = true; // a compile-time constant there
     float m, s;
-    ce_row_stats(row, V, true, &m, &s);
+    ce_row_stats(row, V, vec, &m, &s);
     if (threadIdx.x == 0) losses[n] = m + logf(s) - __bfloat162float(row[t]);
 }
 
+template <bool SMEM>
 static __global__ void __launch_bounds__(CE_THREADS)
-    crossentropy_backward_smem_kernel(bf16 *dlogits, const bf16 *logits, const int *targets, float dloss, int V) {
+    crossentropy_backward_kernel(bf16 *dlogits, const bf16 *logits, const int *targets, float dloss, int V,
+                                 bool vec) {
     int n = blockIdx.x, t = targets[n];
+    const bf16 *row = logits + (size_t)n * V;
     bf16 *d = dlogits + (size_t)n * V;
+    if constexpr (SMEM) vec = true; // a compile-time constant there
     const int step = CE_THREADS * 8;
     if (t < 0) {
         float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int c = threadIdx.x * 8; c < V; c += step) store8(d, c, V, true, z);
+        for (int c = threadIdx.x * 8; c < V; c += step) store8(d, c, V, vec, z);
         return;
     }
-    const bf16 *row = ce_row_to_smem(logits + (size_t)n * V, V); // whole row in before any write (d may alias it)
+    if constexpr (SMEM) row = ce_row_to_smem(row, V); // the whole row in before any write (d may alias it)
     float m, s;
-    ce_row_stats(row, V, true, &m, &s);
+    ce_row_stats(row, V, vec, &m, &s);
     float scale = dloss / s;
     for (int c0 = threadIdx.x * 8; c0 < V; c0 += step * CE_UNROLL) {
         float f[CE_UNROLL][8];
 #pragma unroll
-        for (int u = 0; u < CE_UNROLL; u++) load8(row, c0 + u * step, V, true, f[u]);
+        for (int u = 0; u < CE_UNROLL; u++) load8(row, c0 + u * step, V, vec, f[u]);
 #pragma unroll
         for (int u = 0; u < CE_UNROLL; u++) {
             int c = c0 + u * step;
 #pragma unroll
             for (int j = 0; j < 8; j++) f[u][j] = fast_exp(f[u][j] - m) * scale - (c + j == t ? dloss : 0.f);
-            if (c < V) store8(d, c, V, true, f[u]);
+            if (c < V) store8(d, c, V, vec, f[u]);
         }
     }
 }
@@ -208,33 +174,31 @@ static bool ce_smem_ok(const void *a, const void *b, int V) {
 
 extern "C" void cuda_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V) {
     if (N <= 0) return;
+    const bf16 *l = (const bf16 *)logits;
     if (ce_smem_ok(logits, logits, V)) {
         static int set;
-        cuda_allow_smem((const void *)crossentropy_forward_smem_kernel, &set, V * 2);
-        crossentropy_forward_smem_kernel<<<N, CE_THREADS, V * 2, cuda_stream()>>>(losses, (const bf16 *)logits,
-                                                                                  targets, V);
-        cudaLaunchCheck();
-        return;
+        cuda_allow_smem((const void *)crossentropy_forward_kernel<true>, &set, V * 2);
+        crossentropy_forward_kernel<true><<<N, CE_THREADS, V * 2, cuda_stream()>>>(losses, l, targets, V, true);
+    } else {
+        bool vec = V % 8 == 0 && aligned16(logits);
+        crossentropy_forward_kernel<false><<<N, CE_THREADS, 0, cuda_stream()>>>(losses, l, targets, V, vec);
     }
-    bool vec = V % 8 == 0 && aligned16(logits);
-    crossentropy_forward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>(losses, (const bf16 *)logits, targets, V, vec);
     cudaLaunchCheck();
 }
 
 extern "C" void cuda_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N,
                                            int V) {
     if (N <= 0) return;
+    bf16 *d = (bf16 *)dlogits;
+    const bf16 *l = (const bf16 *)logits;
     if (ce_smem_ok(logits, dlogits, V)) {
         static int set;
-        cuda_allow_smem((const void *)crossentropy_backward_smem_kernel, &set, V * 2);
-        crossentropy_backward_smem_kernel<<<N, CE_THREADS, V * 2, cuda_stream()>>>(
-            (bf16 *)dlogits, (const bf16 *)logits, targets, dloss, V);
-        cudaLaunchCheck();
-        return;
+        cuda_allow_smem((const void *)crossentropy_backward_kernel<true>, &set, V * 2);
+        crossentropy_backward_kernel<true><<<N, CE_THREADS, V * 2, cuda_stream()>>>(d, l, targets, dloss, V, true);
+    } else {
+        bool vec = V % 8 == 0 && aligned16(logits) && aligned16(dlogits);
+        crossentropy_backward_kernel<false><<<N, CE_THREADS, 0, cuda_stream()>>>(d, l, targets, dloss, V, vec);
     }
-    bool vec = V % 8 == 0 && aligned16(logits) && aligned16(dlogits);
-    crossentropy_backward_kernel<<<N, CE_THREADS, 0, cuda_stream()>>>((bf16 *)dlogits, (const bf16 *)logits, targets,
-                                                                      dloss, V, vec);
     cudaLaunchCheck();
 }
 
