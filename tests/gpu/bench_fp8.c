@@ -42,27 +42,7 @@ static void row(const char *fmt, ...) {
 }
 
 typedef void (*RunFn)(void *ctx);
-static double time_ms(RunFn f, void *ctx) {
-    cudaStream_t st = cuda_stream();
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float ms[RUNS];
-    for (int i = -WARMUP; i < RUNS; i++) {
-        cudaEventRecord(e0, st);
-        f(ctx);
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        if (i >= 0) cudaEventElapsedTime(&ms[i], e0, e1);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    if (cudaGetLastError() != cudaSuccess) {
-        printf("FAIL CUDA error while timing\n");
-        gt_count(0);
-    }
-    return gt_median(ms, RUNS);
-}
+static double time_ms(RunFn f, void *ctx) { return gt_time_ms(f, ctx, WARMUP, RUNS); }
 
 typedef struct {
     int E, C, OC, R;

@@ -85,27 +85,8 @@ static void run_case(Case *c) {
 
 static void set_variant(int v) { cuda_grouped_set_variant(v); }
 
-static double time_ms(Case *c) {
-    cudaStream_t st = cuda_stream();
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float ms[RUNS];
-    for (int i = -WARMUP; i < RUNS; i++) {
-        cudaEventRecord(e0, st);
-        run_case(c);
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        if (i >= 0) cudaEventElapsedTime(&ms[i], e0, e1);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    if (cudaGetLastError() != cudaSuccess) {
-        printf("FAIL CUDA error while timing\n");
-        gt_count(0);
-    }
-    return gt_median(ms, RUNS);
-}
+static void run_case_v(void *c) { run_case((Case *)c); }
+static double time_ms(Case *c) { return gt_time_ms(run_case_v, c, WARMUP, RUNS); }
 
 // The output of one run of variant v, on the host (raw bytes).
 static void *run_output(Case *c, int v, size_t *bytes) {

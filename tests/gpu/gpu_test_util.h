@@ -304,3 +304,29 @@ static inline double gt_median(float *ms, int n) {
         for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { float t = ms[j]; ms[j] = ms[j - 1]; ms[j - 1] = t; }
     return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
 }
+
+// Median ms of `runs` runs of f(ctx) after `warmup` more, each bracketed by
+// CUDA events on the backend's stream (runs <= 64); a CUDA error while
+// timing is a failed check.
+static inline double gt_time_ms(void (*f)(void *), void *ctx, int warmup, int runs) {
+    cudaStream_t st = cuda_stream();
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float ms[64];
+    if (runs > 64) runs = 64;
+    for (int i = -warmup; i < runs; i++) {
+        cudaEventRecord(e0, st);
+        f(ctx);
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        if (i >= 0) cudaEventElapsedTime(&ms[i], e0, e1);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (cudaGetLastError() != cudaSuccess) {
+        printf("FAIL CUDA error while timing\n");
+        gt_count(0);
+    }
+    return gt_median(ms, runs);
+}
