@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Selective recompute of attention and SwiGLU (train.recompute_attention,
-# train.recompute_swiglu, issue 20), the sibling of test_recompute_norms.sh:
-# on the CPU, bit-identical to keeping the activations — every step's loss
-# and the final weights equal exactly (tolerance 0) — each alone and all
-# three selective keys together, beside each recompute mode, with QK-norm
-# per head and none, doc masking, a shared expert, FP8 experts, under pp 2 (1F1B and
-# interleaved) and dp 2 x ep 2 (symmetric dispatch); the arena is smaller
-# (the memory line); zb1 with attention is refused by name, zb1 with SwiGLU
-# runs bit-identical. The planner's arena for these keys against the
-# allocation: tests/test_memory.c and tests/test_memory_ranks.sh.
+# Selective recompute (train.recompute_norms, train.recompute_attention,
+# train.recompute_swiglu; issue 20): on the CPU, bit-identical to keeping
+# the activations — every step's loss and the final weights equal exactly
+# (tolerance 0) — each key alone and all three together, beside each
+# recompute mode, with QK-norm per head and none, doc masking, a shared
+# expert, FP8 experts, under pp 2 (1F1B and interleaved) and dp 2 x ep 2
+# (symmetric dispatch); the arena is smaller (the memory line); zb1 with
+# norms or attention is refused by name, zb1 with SwiGLU runs bit-identical.
+# The planner's arena for these keys against the allocation:
+# tests/test_memory.c and tests/test_memory_ranks.sh.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -33,7 +33,7 @@ for spec in "none 1" "experts 1" "gather 1" "layers 1" "none 1 --model.qk_norm=h
   tag="${rc}_np${np}_$(echo "$*" | tr -dc 'a-z0-9' | cut -c1-24)"
   run "keep_$tag" "$np" --train.recompute=$rc "$@" || { tail -n 5 "$tmp/keep_$tag.log"; bad "$tag: run failed"; continue; }
   a=$(arena "keep_$tag")
-  for sel in attention swiglu all; do
+  for sel in norms attention swiglu all; do
     keys="--train.recompute_$sel=true"; [ $sel = all ] && keys=$all3
     run "${sel}_$tag" "$np" --train.recompute=$rc $keys "$@" || { tail -n 5 "$tmp/${sel}_$tag.log"; bad "$tag $sel: run failed"; continue; }
     if out=$(compare "keep_$tag" "${sel}_$tag" 0 0); then ok "recompute $rc $* + $sel bit-identical: $out"
@@ -49,8 +49,11 @@ for spec in "none 1" "experts 1" "gather 1" "layers 1" "none 1 --model.qk_norm=h
     fi
   done
 done
-out=$($bin train configs/tiny.yaml "${base[@]}" --train.recompute_attention=true --parallel.pp=2 --parallel.pp_schedule=zb1 2>&1); rc=$?
-[ $rc -eq 2 ] && grep -q "train.recompute_attention with parallel.pp_schedule: zb1" <<<"$out" && ok "zb1 with attention refused: exit 2" || bad "zb1: exit $rc, $out"
+for sel in norms attention; do
+  out=$($bin train configs/tiny.yaml "${base[@]}" --train.recompute_$sel=true --parallel.pp=2 --parallel.pp_schedule=zb1 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q "train.recompute_$sel with parallel.pp_schedule: zb1" <<<"$out" && ok "zb1 with $sel refused: exit 2" \
+    || bad "zb1 with $sel: exit $rc, $out"
+done
 run "zb1_swiglu" 2 --parallel.pp=2 --parallel.pp_schedule=zb1 --train.recompute_swiglu=true && run "zb1_keep" 2 --parallel.pp=2 --parallel.pp_schedule=zb1 \
   && out=$(compare zb1_keep zb1_swiglu 0 0) && ok "zb1 + swiglu bit-identical: $out" || bad "zb1 + swiglu: $out"
 echo
