@@ -5,6 +5,7 @@
 # machines, which return at most 8 files) they are also packed into
 # $OUT/gpu-logs.tar.gz at exit.
 # Usage: bash scripts/gpu-check.sh [tests] [kernels] [olmoe STEPS] [tiny STEPS]
+# (env: GPU_TEST_TIMEOUT=400, the seconds each test process may run)
 set -u
 cd "$(dirname "$0")/.."
 out=build/gpu-logs
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
         [ "$n" = test_cuda_model ] && args=(models docs capacity fp8) # one process each
         for a in "${args[@]}"; do
           log=$n${a:+.${a#--}}
-          (OMP_NUM_THREADS=8 timeout 400 "$t" $a > "$out/$log.log" 2>&1; echo "exit $?" >> "$out/$log.log") &
+          (OMP_NUM_THREADS=8 timeout "${GPU_TEST_TIMEOUT:-400}" "$t" $a > "$out/$log.log" 2>&1; echo "exit $?" >> "$out/$log.log") &
           pids+=($!) logs+=("$log")
         done
       done
