@@ -953,15 +953,12 @@ static void block_forward(Model *m, int l) {
     const void *in = maybe_norm(m, a->ln1, a->ln1_rstd, x, L->attn_norm, N);
     attention_forward(m, L, a, in);
     const void *add = maybe_norm(m, a->on, a->o_rstd, a->o, L->attn_post_norm, N);
-    ops->copy_act(a->h, x, (size_t)N * D);
-    ops->add_act(a->h, add, (size_t)N * D);
+    ops->sum_act(a->h, x, add, (size_t)N * D);
     in = maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N);
     if (L->moe_index >= 0) moe_forward(m, l, L, a, in);
     else swiglu_mlp_forward(m, a->f, a->g, a->u, a->a, in, L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden);
     add = maybe_norm(m, a->fn, a->f_rstd, a->f, L->ffn_post_norm, N);
-    void *y = m->resid[l + 1];
-    ops->copy_act(y, a->h, (size_t)N * D);
-    ops->add_act(y, add, (size_t)N * D);
+    ops->sum_act(m->resid[l + 1], a->h, add, (size_t)N * D);
 }
 
 // The MoE layers of chunk ch: [*first, *first + *n) by moe_index.
@@ -997,7 +994,12 @@ void model_forward_chunk(Model *m, int ch, uint64_t route_seed) {
     if (!head) return;
     ops->rmsnorm_forward(m->xf, m->xf_rstd, m->resid[c->n_layers], P(m->final_norm), N, D, c->norm_eps);
     ops->matmul_forward(m->logits, m->xf, P(m->lm_head), N, D, c->padded_vocab);
-    ops->crossentropy_forward(m->losses, m->logits, m->targets, N, c->padded_vocab);
+    if (m->ce_fused_scale != 0 && ops->crossentropy_fused) { // dlogits over the logits, for the backward
+        ops->crossentropy_fused(m->losses, m->logits, m->logits, m->targets, m->ce_fused_scale, N, c->padded_vocab);
+        m->ce_dlogits_ready = 1;
+    } else {
+        ops->crossentropy_forward(m->losses, m->logits, m->targets, N, c->padded_vocab);
+    }
     ops->zero(m->ce_acc, sizeof(double));
     ops->loss_sum(m->ce_acc, m->losses, m->targets, N);      // this micro-batch
     ops->loss_sum(m->ce_acc + 1, m->losses, m->targets, N);  // the step
@@ -1244,8 +1246,15 @@ void model_backward_chunk(Model *m, int ch, float ce_scale, float aux_scale) {
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, Vp = c->padded_vocab;
     if (m->stage.head && ch == m->stage.n_chunks - 1) {
-        // classifier: dlogits overwrite the logits in place
-        ops->crossentropy_backward(m->logits, m->logits, m->targets, ce_scale, N, Vp);
+        // classifier: dlogits overwrite the logits in place (or did in the forward)
+        if (m->ce_dlogits_ready) {
+            if (ce_scale != m->ce_fused_scale)
+                die("model_backward: ce_scale %g differs from the %g the forward's fused cross-entropy used",
+                    (double)ce_scale, (double)m->ce_fused_scale);
+            m->ce_dlogits_ready = 0;
+        } else {
+            ops->crossentropy_backward(m->logits, m->logits, m->targets, ce_scale, N, Vp);
+        }
         ops->matmul_backward(m->d1, m->defer_wgrad ? NULL : G(m->lm_head), m->logits, m->xf, P(m->lm_head), N, D, Vp, 0);
         ops->rmsnorm_backward(m->dres, G(m->final_norm), m->d1, m->resid[c->n_layers],
                               P(m->final_norm), m->xf_rstd, N, D, 0);

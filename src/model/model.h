@@ -147,6 +147,13 @@ typedef struct {
     // backward redoes SwiGLU from the kept gate and up projections.
     int recompute_norms, recompute_attention, recompute_swiglu;
     int recomputing;                  // set while backward recomputes a block
+    // ce_fused_scale != 0 (the trainer, around one micro-batch's forward and
+    // backward): the forward's cross-entropy also writes the dlogits for the
+    // backward's ce_scale, which must equal it (ops->crossentropy_fused: one
+    // read of the logits instead of two; the same bits); ce_dlogits_ready
+    // tells the backward the logits hold them.
+    float ce_fused_scale;
+    int ce_dlogits_ready;
     // train.precision: fp8 (model_set_fp8, before model_alloc_acts): the
     // experts' grouped GEMMs run their forward in FP8 (block128: E4M3, 1 x 128
     // activation tiles, 128 x 128 weight blocks, FP32 accumulation). The

@@ -285,11 +285,17 @@ typedef struct Ops {
     // dlogits may alias logits (the fused classifier case).
     void (*crossentropy_backward)(void *dlogits, const void *logits, const int *targets,
                                   float dloss, int N, int V);
+    // Both at once, from one read of the logits (the training step's
+    // forward, when the backward's dloss is known): losses as
+    // crossentropy_forward, dlogits as crossentropy_backward, the same bits.
+    void (*crossentropy_fused)(float *losses, void *dlogits, const void *logits, const int *targets,
+                               float dloss, int N, int V);
     // acc[0] += sum of losses[n] over n with targets[n] >= 0
     void (*loss_sum)(double *acc, const float *losses, const int *targets, int N);
 
     // --- elementwise --------------------------------------------------------
     void (*add_act)(void *y, const void *x, size_t n);     // y += x
+    void (*sum_act)(void *out, const void *a, const void *b, size_t n); // out = a + b (as copy + add_act)
     void (*copy_act)(void *dst, const void *src, size_t n);
     void (*add_f32)(float *y, const float *x, size_t n);   // y += x
     void (*copy_f32)(float *dst, const float *src, size_t n);

@@ -577,6 +577,7 @@ static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
     char err[512];
     int g = m->batch_docs;
     model_set_route_seed(m, route_seed); // before a capture or replay, which only read it
+    m->ce_fused_scale = ce_scale;        // the forward writes the dlogits (model.h)
     if (tr->use_graph && tr->graph[g] && ce_scale == tr->graph_scale[g]) {
         ops->graph_launch(tr->graph[g]);
     } else if (tr->use_graph && tr->graph_tries[g] == 1) {
@@ -599,6 +600,7 @@ static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
         model_forward_async(m, route_seed);
         model_backward(m, ce_scale, 1.0f / tr->M_total);
     }
+    m->ce_fused_scale = 0;
     model_count_micro_batch(m);
 }
 

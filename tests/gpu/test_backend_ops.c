@@ -518,6 +518,7 @@ static void run_case(const Case *c) {
 static void run_cast(const Case *c, const Ops *o, void *const *b) { o->cast_to_act(b[1], b[0], c->n); }
 static void run_add_act(const Case *c, const Ops *o, void *const *b) { o->add_act(b[1], b[0], c->n); }
 static void run_copy_act(const Case *c, const Ops *o, void *const *b) { o->copy_act(b[1], b[0], c->n); }
+static void run_sum_act(const Case *c, const Ops *o, void *const *b) { o->sum_act(b[2], b[0], b[1], c->n); }
 static void run_add_f32(const Case *c, const Ops *o, void *const *b) { o->add_f32(b[1], b[0], c->n); }
 static void run_copy_f32(const Case *c, const Ops *o, void *const *b) { o->copy_f32(b[1], b[0], c->n); }
 static void run_zero(const Case *c, const Ops *o, void *const *b) { o->zero(b[0], c->n * 4); }
@@ -537,6 +538,11 @@ static void add_elementwise(size_t n, int mis) {
     c->n = n;
     tin(c, "x", ACT, n, G_UNIFORM, 1);
     tacc(c, "y", ACT, n, G_UNIFORM, 1, &B_BF16)->flags |= mis ? MIS : 0;
+    c = new_case("sum_act", run_sum_act, "n=%zu%s", n, MIS_(mis));
+    c->n = n;
+    tin(c, "a", ACT, n, G_UNIFORM, 1);
+    tin(c, "b", ACT, n, G_UNIFORM, 1)->flags |= mis ? MIS : 0;
+    tout(c, "out", ACT, n, &B_BF16);
     c = new_case("copy_act", run_copy_act, "n=%zu%s", n, MIS_(mis));
     c->n = n;
     tin(c, "src", ACT, n, G_UNIFORM, 1);
@@ -961,22 +967,28 @@ static void run_ce_fwd(const Case *c, const Ops *o, void *const *b) {
 static void run_ce_bwd(const Case *c, const Ops *o, void *const *b) {
     o->crossentropy_backward(c->inplace ? b[1] : b[2], b[1], b[0], 0.37f, c->N, c->V);
 }
+static void run_ce_fused(const Case *c, const Ops *o, void *const *b) {
+    o->crossentropy_fused(b[2], b[1], b[1], b[0], 0.37f, c->N, c->V);
+}
 static void init_targets(const Case *c, void *const *h) { make_targets(h[0], c->N, c->V); }
 // which: 1 forward, 2 backward, 4 backward in place (as the model calls it;
-// masked rows must come back zero)
+// masked rows must come back zero), 8 both fused, in place (as the
+// training step's forward calls it)
 static void add_crossentropy(int N, int V, int mis, int which, int flags) {
     size_t nv = (size_t)N * V;
-    for (int w = 1; w <= 4; w *= 2) {
+    for (int w = 1; w <= 8; w *= 2) {
         if (!(which & w)) continue;
-        Case *c = w == 1 ? new_case("crossentropy_forward", run_ce_fwd, "N=%d V=%d%s", N, V, MIS_(mis))
-                         : new_case("crossentropy_backward", run_ce_bwd, "%sN=%d V=%d%s", w == 4 ? "in place " : "",
-                                    N, V, MIS_(mis));
-        c->N = N, c->V = V, c->inplace = w == 4;
+        Case *c = w == 1   ? new_case("crossentropy_forward", run_ce_fwd, "N=%d V=%d%s", N, V, MIS_(mis))
+                  : w == 8 ? new_case("crossentropy_fused", run_ce_fused, "in place N=%d V=%d%s", N, V, MIS_(mis))
+                           : new_case("crossentropy_backward", run_ce_bwd, "%sN=%d V=%d%s",
+                                      w == 4 ? "in place " : "", N, V, MIS_(mis));
+        c->N = N, c->V = V, c->inplace = w >= 4;
         c->flags = flags;
         c->init = init_targets;
         tin(c, "targets", I32, N, G_CUSTOM, 0);
-        if (w == 4) {
+        if (w >= 4) {
             dims2(tacc(c, "logits -> dlogits", ACT, nv, G_UNIFORM, 4, &B_BF16), N, V)->flags |= mis ? MIS : 0;
+            if (w == 8) tout(c, "losses", F32, N, &B_F32);
             continue;
         }
         tin(c, "logits", ACT, nv, G_UNIFORM, 4)->flags |= mis ? MIS : 0;
@@ -1521,12 +1533,12 @@ static void make_cases(void) {
     add_segment_sizes(5, 3);
     add_segment_sizes(1536, 4);
     section = "loss";
-    add_crossentropy(1024, 50304, 0, 7, 0);
-    add_crossentropy(7, 1001, 0, 7, 0);
-    add_crossentropy(64, 50257, 0, 7, 0);
-    add_crossentropy(3, 8, 0, 7, 0);
-    add_crossentropy(16, 4104, 1, 7, 0);
-    add_crossentropy(4096, 50304, 0, 1 | 4, PERF);
+    add_crossentropy(1024, 50304, 0, 15, 0);
+    add_crossentropy(7, 1001, 0, 15, 0);
+    add_crossentropy(64, 50257, 0, 15, 0);
+    add_crossentropy(3, 8, 0, 15, 0);
+    add_crossentropy(16, 4104, 1, 15, 0);
+    add_crossentropy(4096, 50304, 0, 1 | 4 | 8, PERF);
     add_loss_sum(4096, RERUN);
     add_loss_sum(3, 0);
 
@@ -2044,25 +2056,32 @@ static void special_docs(void) {
 // ones (cuda_crossentropy_set_streaming), bit for bit: losses, dlogits out of place and
 // in place (as the model calls it), masked rows included; and the widest
 // row the shared-memory path takes next to the first one it leaves to the
-// streaming kernels.
+// streaming kernels. On each path the fused kernel (crossentropy_fused, in
+// place) must give the forward's losses and the in-place backward's dlogits
+// bit for bit.
 
 static void ce_paths_case(int N, int V) {
     size_t nv = (size_t)N * V;
     int *t = gt_malloc(N * 4);
     make_targets(t, N, V);
     void *tgt = dev_copy(t, N * 4), *logits = dev_act(nv, G_UNIFORM, 0, 4);
-    void *h[2][3];
+    void *h[2][5];
     for (int path = 0; path < 2; path++) { // 0: shared memory (the default), 1: streaming
         cuda_crossentropy_set_streaming(path);
         void *loss = dev_poison(N * 4), *dl = dev_poison(nv * 2), *inpl = dkeep(gpu->alloc(nv * 2));
+        void *floss = dev_poison(N * 4), *fused = dkeep(gpu->alloc(nv * 2));
         gpu->copy_act(inpl, logits, nv);
+        gpu->copy_act(fused, logits, nv);
         gpu->crossentropy_forward(loss, logits, tgt, N, V);
         gpu->crossentropy_backward(dl, logits, tgt, 0.37f, N, V);
         gpu->crossentropy_backward(inpl, inpl, tgt, 0.37f, N, V);
+        gpu->crossentropy_fused(floss, fused, fused, tgt, 0.37f, N, V);
         cuda_synchronize();
         h[path][0] = gt_host_bytes(loss, N * 4);
         h[path][1] = gt_host_bytes(dl, nv * 2);
         h[path][2] = gt_host_bytes(inpl, nv * 2);
+        h[path][3] = gt_host_bytes(floss, N * 4);
+        h[path][4] = gt_host_bytes(fused, nv * 2);
     }
     cuda_crossentropy_set_streaming(0);
     const char *nm[3] = {"losses", "dlogits", "dlogits in place"};
@@ -2071,9 +2090,16 @@ static void ce_paths_case(int N, int V) {
         int same = !memcmp(h[0][i], h[1][i], bytes[i]);
         gt_ok(same, "%-48s N=%d V=%d: %s %s", "crossentropy shared memory = streaming", N, V, nm[i],
               same ? "bit-identical" : "DIFFER");
-        free(h[0][i]);
-        free(h[1][i]);
     }
+    for (int path = 0; path < 2; path++)
+        for (int i = 0; i < 2; i++) { // fused losses = forward's, fused dlogits = in-place backward's
+            int same = !memcmp(h[path][3 + i], h[path][2 * i], bytes[2 * i]);
+            gt_ok(same, "%-48s N=%d V=%d: %s %s", path ? "crossentropy fused = separate (streaming)"
+                                                       : "crossentropy fused = separate (shared memory)",
+                  N, V, i ? "dlogits" : "losses", same ? "bit-identical" : "DIFFER");
+        }
+    for (int path = 0; path < 2; path++)
+        for (int i = 0; i < 5; i++) free(h[path][i]);
     free(t);
     dev_release();
 }
@@ -2158,7 +2184,7 @@ static const char *const compute_ops[] = {
     "router_weights_backward", "router_count", "router_bias_update", "lb_loss_forward", "lb_loss_backward", "zloss_forward",
     "zloss_backward", "moe_route_index", "permute_forward", "permute_backward", "unpermute_forward",
     "unpermute_backward", "moe_capacity_drop", "moe_segment_sizes", "grouped_matmul_forward", "grouped_matmul_backward", "grouped_dgrad_pair",
-    "crossentropy_forward", "crossentropy_backward", "loss_sum", "add_act", "copy_act", "add_f32", "copy_f32",
+    "crossentropy_forward", "crossentropy_backward", "crossentropy_fused", "loss_sum", "add_act", "sum_act", "copy_act", "add_f32", "copy_f32",
     "zero", "adamw_update", "sum_squares"};
 static void special_coverage(void) {
     int n = (int)(sizeof compute_ops / sizeof compute_ops[0]), missing = 0;

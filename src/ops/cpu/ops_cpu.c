@@ -199,6 +199,11 @@ static void c_crossentropy_forward(float *losses, const void *logits, const int 
 static void c_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N, int V) {
     cpu_crossentropy_backward(F(dlogits), CF(logits), targets, dloss, N, V);
 }
+static void c_crossentropy_fused(float *losses, void *dlogits, const void *logits, const int *targets, float dloss,
+                                 int N, int V) {
+    cpu_crossentropy_forward(losses, CF(logits), targets, N, V);
+    cpu_crossentropy_backward(F(dlogits), CF(logits), targets, dloss, N, V);
+}
 static void c_loss_sum(double *acc, const float *losses, const int *targets, int N) {
     double s = 0;
     for (int n = 0; n < N; n++)
@@ -206,6 +211,11 @@ static void c_loss_sum(double *acc, const float *losses, const int *targets, int
     acc[0] += s;
 }
 static void c_add_act(void *y, const void *x, size_t n) { cpu_add_inplace(F(y), CF(x), n); }
+static void c_sum_act(void *out, const void *a, const void *b, size_t n) {
+    float *o = F(out);
+    const float *x = CF(a), *y = CF(b);
+    for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
+}
 static void c_copy_act(void *dst, const void *src, size_t n) { cpu_copy(F(dst), CF(src), n); }
 static void c_zero(void *x, size_t bytes) { memset(x, 0, bytes); }
 static void c_adamw_update(float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr,
@@ -278,8 +288,10 @@ const Ops ops_cpu = {
     .fp8_grouped_matmul_forward = c_fp8_grouped_matmul_forward,
     .crossentropy_forward = c_crossentropy_forward,
     .crossentropy_backward = c_crossentropy_backward,
+    .crossentropy_fused = c_crossentropy_fused,
     .loss_sum = c_loss_sum,
     .add_act = c_add_act,
+    .sum_act = c_sum_act,
     .copy_act = c_copy_act,
     .add_f32 = cpu_add_inplace,
     .copy_f32 = cpu_copy,

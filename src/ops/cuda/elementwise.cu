@@ -104,8 +104,8 @@ extern "C" void cuda_swiglu_backward_rows(void *dgate, void *dup, const void *do
     cudaLaunchCheck();
 }
 
-// y += x, for BF16 act and FP32 buffers alike
-template <typename T> static __global__ void add_kernel(T *y, const T *x, size_t n, bool vec) {
+// out = y + x (out may be y: y += x), for BF16 act and FP32 buffers alike
+template <typename T> static __global__ void add_kernel(T *out, const T *y, const T *x, size_t n, bool vec) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i >= n) return;
     float a[8], b[8];
@@ -113,19 +113,29 @@ template <typename T> static __global__ void add_kernel(T *y, const T *x, size_t
     load8(x, i, n, vec, b);
 #pragma unroll
     for (int j = 0; j < 8; j++) a[j] += b[j];
-    store8(y, i, n, vec, a);
+    store8(out, i, n, vec, a);
 }
 
 extern "C" void cuda_add_act(void *y, const void *x, size_t n) {
     if (!n) return;
     bool vec = aligned16(y) && aligned16(x);
-    add_kernel<bf16><<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>((bf16 *)y, (const bf16 *)x, n, vec);
+    add_kernel<bf16><<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>((bf16 *)y, (const bf16 *)y, (const bf16 *)x, n,
+                                                                     vec);
+    cudaLaunchCheck();
+}
+// out = a + b in one pass (the residual adds: 3 passes over memory where a
+// copy and an add made 5); the same FP32 sum and rounding as copy + add_act
+extern "C" void cuda_sum_act(void *out, const void *a, const void *b, size_t n) {
+    if (!n) return;
+    bool vec = aligned16(out) && aligned16(a) && aligned16(b);
+    add_kernel<bf16><<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n,
+                                                                     vec);
     cudaLaunchCheck();
 }
 extern "C" void cuda_add_f32(float *y, const float *x, size_t n) {
     if (!n) return;
     bool vec = aligned16(y) && aligned16(x);
-    add_kernel<float><<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(y, x, n, vec);
+    add_kernel<float><<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(y, y, x, n, vec);
     cudaLaunchCheck();
 }
 extern "C" void cuda_copy_act(void *dst, const void *src, size_t n) {

@@ -22,6 +22,12 @@
 // rows of V = 50304 (98 KB each) fit on a multiprocessor, so one block's
 // copy runs under the other's arithmetic.
 //
+// The fused kernel (crossentropy_fused: the training step's forward, when
+// the backward's scale is known) is the backward kernel that also writes the
+// row's loss from the statistics it has computed: one read of the logits
+// where forward + backward made two (three without shared memory), the
+// same values and bits as the two kernels.
+//
 // Numerics: FP32 with fast_exp (exp2f(x log2 e)), the (max, sum) pairs
 // combined in a fixed tree (lane butterflies, then the block's warps);
 // loss_sum is one block of 1024 threads in FP64, fixed order. The 16-byte
@@ -124,23 +130,28 @@ static __global__ void __launch_bounds__(CE_THREADS)
     if (threadIdx.x == 0) losses[n] = m + logf(s) - __bfloat162float(row[t]);
 }
 
+// losses: NULL, or the forward's losses[n] as well (the fused kernel)
 template <bool SMEM>
 static __global__ void __launch_bounds__(CE_THREADS)
-    crossentropy_backward_kernel(bf16 *dlogits, const bf16 *logits, const int *targets, float dloss, int V,
-                                 bool vec) {
+    crossentropy_backward_kernel(bf16 *dlogits, float *losses, const bf16 *logits, const int *targets, float dloss,
+                                 int V, bool vec) {
     int n = blockIdx.x, t = targets[n];
     const bf16 *row = logits + (size_t)n * V;
     bf16 *d = dlogits + (size_t)n * V;
     if constexpr (SMEM) vec = true; // a compile-time constant there
     const int step = CE_THREADS * 8;
     if (t < 0) {
+        if (losses && threadIdx.x == 0) losses[n] = 0.f;
         float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int c = threadIdx.x * 8; c < V; c += step) store8(d, c, V, vec, z);
         return;
     }
     if constexpr (SMEM) row = ce_row_to_smem(row, V); // the whole row in before any write (d may alias it)
+    // the target's logit before anyone writes (ce_row_stats ends with a barrier)
+    float lt = losses && threadIdx.x == 0 ? __bfloat162float(row[t]) : 0.f;
     float m, s;
     ce_row_stats(row, V, vec, &m, &s);
+    if (losses && threadIdx.x == 0) losses[n] = m + logf(s) - lt;
     float scale = dloss / s;
     for (int c0 = threadIdx.x * 8; c0 < V; c0 += step * CE_UNROLL) {
         float f[CE_UNROLL][8];
@@ -186,20 +197,29 @@ extern "C" void cuda_crossentropy_forward(float *losses, const void *logits, con
     cudaLaunchCheck();
 }
 
-extern "C" void cuda_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N,
-                                           int V) {
+static void ce_backward(float *losses, void *dlogits, const void *logits, const int *targets, float dloss, int N,
+                        int V) {
     if (N <= 0) return;
     bf16 *d = (bf16 *)dlogits;
     const bf16 *l = (const bf16 *)logits;
     if (ce_smem_ok(logits, dlogits, V)) {
         static int set;
         cuda_allow_smem((const void *)crossentropy_backward_kernel<true>, &set, V * 2);
-        crossentropy_backward_kernel<true><<<N, CE_THREADS, V * 2, cuda_stream()>>>(d, l, targets, dloss, V, true);
+        crossentropy_backward_kernel<true>
+            <<<N, CE_THREADS, V * 2, cuda_stream()>>>(d, losses, l, targets, dloss, V, true);
     } else {
         bool vec = V % 8 == 0 && aligned16(logits) && aligned16(dlogits);
-        crossentropy_backward_kernel<false><<<N, CE_THREADS, 0, cuda_stream()>>>(d, l, targets, dloss, V, vec);
+        crossentropy_backward_kernel<false><<<N, CE_THREADS, 0, cuda_stream()>>>(d, losses, l, targets, dloss, V, vec);
     }
     cudaLaunchCheck();
+}
+extern "C" void cuda_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N,
+                                           int V) {
+    ce_backward(NULL, dlogits, logits, targets, dloss, N, V);
+}
+extern "C" void cuda_crossentropy_fused(float *losses, void *dlogits, const void *logits, const int *targets,
+                                        float dloss, int N, int V) {
+    ce_backward(losses, dlogits, logits, targets, dloss, N, V);
 }
 
 // one block, FP64, fixed order

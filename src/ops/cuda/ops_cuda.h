@@ -44,6 +44,7 @@ void cuda_swiglu_forward_rows(void *out, const void *gate, const void *up, const
 void cuda_swiglu_backward_rows(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                                const int *rows, int max_rows, int F);
 void cuda_add_act(void *y, const void *x, size_t n);
+void cuda_sum_act(void *out, const void *a, const void *b, size_t n);
 void cuda_copy_act(void *dst, const void *src, size_t n);
 void cuda_add_f32(float *y, const float *x, size_t n);
 void cuda_copy_f32(float *dst, const float *src, size_t n);
@@ -91,6 +92,8 @@ void cuda_embedding_backward(float *dwte, const void *dout, const int *tokens, i
 // loss.cu: cross-entropy and the loss sum
 void cuda_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V);
 void cuda_crossentropy_backward(void *dlogits, const void *logits, const int *targets, float dloss, int N, int V);
+void cuda_crossentropy_fused(float *losses, void *dlogits, const void *logits, const int *targets, float dloss, int N,
+                             int V);
 void cuda_loss_sum(double *acc, const float *losses, const int *targets, int N);
 
 // optim.cu: AdamW and the sum of squares (gradient norm)

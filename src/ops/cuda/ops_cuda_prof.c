@@ -180,9 +180,13 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
     X(crossentropy_backward, C_OTHER,                                                                        \
       (void *dlogits, const void *logits, const int *targets, float dloss, int N, int V),                    \
       (dlogits, logits, targets, dloss, N, V))                                                               \
+    X(crossentropy_fused, C_OTHER,                                                                           \
+      (float *losses, void *dlogits, const void *logits, const int *targets, float dloss, int N, int V),     \
+      (losses, dlogits, logits, targets, dloss, N, V))                                                       \
     X(loss_sum, C_OTHER, (double *acc, const float *losses, const int *targets, int N),                      \
       (acc, losses, targets, N))                                                                             \
     X(add_act, C_OTHER, (void *y, const void *x, size_t n), (y, x, n))                                       \
+    X(sum_act, C_OTHER, (void *out, const void *a, const void *b, size_t n), (out, a, b, n))                 \
     X(copy_act, C_OTHER, (void *dst, const void *src, size_t n), (dst, src, n))                              \
     X(add_f32, C_OTHER, (float *y, const float *x, size_t n), (y, x, n))                                     \
     X(copy_f32, C_OTHER, (float *dst, const float *src, size_t n), (dst, src, n))                            \
