@@ -37,17 +37,18 @@
 enum { TOKENS = 8192, N_EXP = 64, TOP_K = 8, D_MODEL = 2048, HIDDEN = 1024 };
 enum { WARMUP = 3, RUNS = 10, ROUNDS = 5 };
 
-static const int variants[] = {0, 1, 65, 193, 321, 4, 132, 260};
+static const int variants[] = {0, 1, 65, 193, 321, 577, 4, 132, 260};
 #define N_VAR ((int)(sizeof variants / sizeof variants[0]))
 static const char *variant_name[] = {"0: 4-byte stores (before)",
-                                     "1: 16-byte stores (default)",
+                                     "1: 16-byte stores (the default before e396024)",
                                      "65: TMA epilogue by mode (EPI3 BF16, EPI4 FP32)",
                                      "193: 65 + weight-grad ping-pong 64x256",
                                      "321: 65 + weight-grad ping-pong 128x128",
+                                     "577: 65 + ping-pong 128x128 for += (default)",
                                      "4: no epilogue (main loop alone)",
                                      "132: no epilogue, ping-pong 64x256",
                                      "260: no epilogue, ping-pong 128x128"};
-static const int checked[] = {1, 65, 193, 321}; // compared with variant 0 bit for bit
+static const int checked[] = {1, 65, 193, 321, 577}; // compared with variant 0 bit for bit
 static int quick; // argv[2] "quick": the last two checked only, 3 rounds
 // how often a micro-batch of one MoE layer runs each case (bench_case's
 // order): forward gate and up, down; down data-grad; the pair; weight-grads

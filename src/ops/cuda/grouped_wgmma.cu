@@ -544,10 +544,31 @@ enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3 };
 // EPI4 for the weight-grads, the faster of the two for each (one call,
 // 3 rounds: forward and data-grads 1.00-1.03x WS_STORE16 with EPI3,
 // weight-grad += 1.05-1.08x with EPI4, bit-identical outputs at the OLMoE
-// shapes; not the default until test_backend_ops has run under it).
+// shapes).
+// WS_PINGPONG / WS_PINGPONG_128 run every weight-grad on
+// grouped_wgrad_pingpong_kernel (64 x 256 / 128 x 128 tiles per consumer
+// warpgroup, which take turns), WS_PINGPONG_ADD only the += ones (128 x
+// 128). Measured at e396024 (bench/results/2026-12-01-h200-issue19-wgrad-
+// pingpong.md; one call, 5 interleaved rounds, TFLOP/s at the OLMoE shapes,
+// gate/up | down, ratios against variant 0 in the same rounds):
+//   weight-grad +=: WS_STORE16 409 | 405 (1.00x), TMA EPI4 427 | 418 (1.05x),
+//     ping-pong 64 x 256 425 | 430 (1.05x), 128 x 128 474 | 480 (1.16x |
+//     1.18x); main loops alone (WS_NO_EPILOGUE): 608 | 613, 539 | 560,
+//     546 | 558: the ping-pong hides most of the FP32 epilogue but its main
+//     loop is ~10% slower (1.33x / 1.67x the L2 bytes per FLOP).
+//   weight-grad =: WS_STORE16 479 | 476, EPI4 480 | 477, ping-pong 417 |
+//     450 and 469 | 467 (0.87-0.98x): the plain stores cost less than the
+//     slower main loop.
+//   forward / data-grads: EPI3 1.02-1.04x WS_STORE16 (590 | 568, 582, 590
+//     against 573 | 542, 568, 576).
+// test_backend_ops -o grouped --grouped-variant 65,193,321 passed (814
+// checks; every variant bit for bit equal to the default), and
+// bench_grouped's 40 bit-for-bit checks. So the default takes each call's
+// fastest: EPI3 for the BF16 outputs, EPI4 for dw =, the 128 x 128
+// ping-pong for dw += (variant 577).
 enum { WS_STORE16 = 1, WS_PREFETCH_DW = 2, WS_NO_EPILOGUE = 4, WS_STAGGER = 8, WS_TMA_EPI4 = 16, WS_TMA_EPI3 = 32,
-       WS_TMA_BY_MODE = 64, WS_PINGPONG = 128, WS_PINGPONG_128 = 256 };
-enum { WS_DEFAULT_VARIANT = WS_STORE16 };
+       WS_TMA_BY_MODE = 64, WS_PINGPONG = 128, WS_PINGPONG_128 = 256, WS_PINGPONG_ADD = 512 };
+enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_TMA_BY_MODE | WS_PINGPONG_ADD };
 
 // The TMA epilogue (kernels with STG > 0, variants WS_TMA_EPI4 / _EPI3):
 // a consumer warpgroup's 64 x 256 half of the tile goes through its own
@@ -803,7 +824,8 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
 
 // ---------------------------------------------------------------------------
 // Weight-grad ping-pong (variants WS_PINGPONG: TM x TN = 64 x 256, 5 stages;
-// WS_PINGPONG_128: 128 x 128, 6 stages): the producer and the ring of
+// WS_PINGPONG_128 and, for += only, WS_PINGPONG_ADD: 128 x 128, 6 stages;
+// the default for +=): the producer and the ring of
 // grouped_ws_kernel, but each consumer warpgroup owns whole TM x TN tiles
 // of dw (128 FP32 accumulators a thread either way), warpgroup w taking the
 // block's tiles w, w + 2, ... (skipping the stages of the other's tiles in
@@ -1020,11 +1042,11 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
 // The epilogue variant: WS_DEFAULT_VARIANT unless a benchmark or test has
-// set another (cuda_grouped_set_variant, a number 0-511 of the WS_* bits;
+// set another (cuda_grouped_set_variant, a number 0-1023 of the WS_* bits;
 // tests/gpu/bench_grouped.c interleaves them). Not configuration: the
 // variants other than the default are measured, not supported.
 static int ws_variant_override = -1;
-extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 511 ? v : -1; }
+extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 1023 ? v : -1; }
 static int ws_variant(void) { return ws_variant_override >= 0 ? ws_variant_override : WS_DEFAULT_VARIANT; }
 
 // dw = A_e^T B_e leaves the experts without rows (no tiles) to this.
@@ -1079,9 +1101,11 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
         }
     }
     int variant = ws_variant();
-    if (mode == WS_WGRAD && (variant & (WS_PINGPONG | WS_PINGPONG_128)))
-        return launch_wgrad_pingpong(variant & WS_PINGPONG ? 0 : 1, (float *)out, maps, offsets, E, C, OC, set,
-                                     variant);
+    int pingpong = variant & WS_PINGPONG                                     ? 0
+                   : variant & WS_PINGPONG_128 || (variant & WS_PINGPONG_ADD && !set) ? 1
+                                                                                       : -1;
+    if (mode == WS_WGRAD && pingpong >= 0)
+        return launch_wgrad_pingpong(pingpong, (float *)out, maps, offsets, E, C, OC, set, variant);
     // the epilogue: 0 = from registers; 1 = TMA, 4 stages and 16 KB of staging
     // per warpgroup; 2 = TMA, 3 stages and 32 KB (when the output map and
     // shared memory allow)
