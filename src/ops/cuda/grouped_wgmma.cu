@@ -5,7 +5,9 @@
 //   - grouped_ws_kernel (further down, the default where N >= 256): warp-
 //     specialised, TMA loads into an mbarrier ring, one producer and two
 //     consumer warpgroups; forward, data-grad (alone or as a pair) and
-//     weight-grad;
+//     weight-grad; its ping-pong twin grouped_wgrad_pingpong_kernel (the
+//     default for the weight-grad's +=: each consumer warpgroup on its own
+//     tiles, one's epilogue under the other's wgmma);
 //   - the cp.async kernels described here (grouped_wgmma_kernel,
 //     grouped_wgmma_bwd_kernel): every thread loads and computes; they run
 //     the shapes the TMA kernel does not take and device.cuda.gemm_tma: false.
