@@ -12,8 +12,8 @@
 // rounds, each entry the median of RUNS runs after WARMUP (CUDA events
 // around the call alone); a row gives the median over rounds (min..max) and
 // the median of the rounds' paired ratios against variant 0 (the epilogue
-// before issue 19), so that a drift of the card's clock cancels. Variant 4
-// stores nothing (the main loop alone): it is timed, not checked.
+// before issue 19), so that a drift of the card's clock cancels. Variants
+// with bit 4 store nothing (the main loop alone): they are timed, not checked.
 // Validation: every other variant's output must equal variant 0's bit for
 // bit (outputs poisoned with NaN first; accumulated dw restored from the
 // same random start), and be finite; test_backend_ops compares the kernels
@@ -37,14 +37,18 @@
 enum { TOKENS = 8192, N_EXP = 64, TOP_K = 8, D_MODEL = 2048, HIDDEN = 1024 };
 enum { WARMUP = 3, RUNS = 10, ROUNDS = 5 };
 
-static const int variants[] = {0, 1, 17, 33, 4};
+static const int variants[] = {0, 1, 65, 193, 321, 577, 4, 132, 260};
 #define N_VAR ((int)(sizeof variants / sizeof variants[0]))
 static const char *variant_name[] = {"0: 4-byte stores (before)",
-                                     "1: 16-byte stores (default)",
-                                     "17: TMA epilogue, 4 stages + 2 x 16 KB staging",
-                                     "33: TMA epilogue, 3 stages + 2 x 32 KB staging",
-                                     "4: no epilogue (main loop alone)"};
-static const int checked[] = {1, 17, 33}; // compared with variant 0 bit for bit
+                                     "1: 16-byte stores (the default before e396024)",
+                                     "65: TMA epilogue by mode (EPI3 BF16, EPI4 FP32)",
+                                     "193: 65 + weight-grad ping-pong 64x256",
+                                     "321: 65 + weight-grad ping-pong 128x128",
+                                     "577: 65 + ping-pong 128x128 for += (default)",
+                                     "4: no epilogue (main loop alone)",
+                                     "132: no epilogue, ping-pong 64x256",
+                                     "260: no epilogue, ping-pong 128x128"};
+static const int checked[] = {1, 65, 193, 321, 577}; // compared with variant 0 bit for bit
 static int quick; // argv[2] "quick": the last two checked only, 3 rounds
 // how often a micro-batch of one MoE layer runs each case (bench_case's
 // order): forward gate and up, down; down data-grad; the pair; weight-grads

@@ -43,8 +43,12 @@
 // read and written; embedding_backward counts only the rows of dwte that
 // its tokens touch), as bench_kernels counts them.
 //
-// Usage: test_backend_ops [--perf] [-o PREFIX[,PREFIX...]] [--list]
+// Usage: test_backend_ops [--perf] [-o PREFIX[,PREFIX...]] [--grouped-variant N[,N...]] [--list]
 //   -o: only the cases (and special checks) whose op starts with a prefix;
+//   --grouped-variant: the grouped cases (and grouped_wgrad_tail) also run
+//     under these epilogue variants of the warp-specialised kernels
+//     (grouped_wgmma.cu's WS_* bits, up to 4), each a kernel choice that is
+//     compared with the CPU like the others and with the default bit for bit;
 //   --list: print the cases with their outputs and bounds, run nothing.
 #include <math.h>
 #include <stdarg.h>
@@ -86,7 +90,8 @@ static const Bound B_EXACT = {0, "gathers, copies, integer outputs and the BF16 
 // ---- cases -----------------------------------------------------------------------
 
 #define MAXT 12
-#define MAXCHOICE 4
+#define MAXCHOICE 8
+#define MAX_GROUPED_VARIANTS 4
 
 enum { ACT, F32, I32, F64 };                 // element types: ops.h's act, f32, i32; f64 accumulators
 static const size_t dev_elem[] = {2, 4, 4, 8}; // bytes on the GPU (act: BF16); on the host act is float
@@ -110,7 +115,10 @@ typedef struct {
 typedef struct Case Case;
 typedef struct Run Run;
 typedef void (*RunFn)(const Case *c, const Ops *o, void *const *b);
-typedef struct { const char *label; CudaSettings s; } Choice;
+// variant: the grouped kernels' epilogue variant (cuda_grouped_set_variant)
+// this choice runs under, -1 the default; a choice with one must give the
+// default's bits
+typedef struct { const char *label; CudaSettings s; int variant; } Choice;
 
 struct Case {
     char name[192];
@@ -154,7 +162,7 @@ static Case *new_case(const char *op, RunFn run, const char *fmt, ...) {
     c->op = op;
     c->section = section;
     c->run = run;
-    c->choice[0] = (Choice){NULL, cuda_settings_default()};
+    c->choice[0] = (Choice){NULL, cuda_settings_default(), -1};
     c->nchoice = 1;
     if (ncases % 64 == 0) cases = realloc(cases, (ncases + 64) * sizeof *cases);
     cases[ncases++] = c;
@@ -198,7 +206,18 @@ static Tensor *dims4(Tensor *t, int d0, int d1, int d2, int d3) {
     t->dims[0] = d0; t->dims[1] = d1; t->dims[2] = d2; t->dims[3] = d3;
     return t;
 }
-static void add_choice(Case *c, const char *label, CudaSettings s) { c->choice[c->nchoice++] = (Choice){label, s}; }
+static void add_choice(Case *c, const char *label, CudaSettings s) {
+    if (c->nchoice == MAXCHOICE) { fprintf(stderr, "%s: more than %d kernel choices\n", c->name, MAXCHOICE); exit(2); }
+    c->choice[c->nchoice++] = (Choice){label, s, -1};
+}
+// --grouped-variant N[,N...]: the grouped cases also run under these epilogue variants
+static int grouped_variants[MAX_GROUPED_VARIANTS], n_grouped_variants;
+static char grouped_variant_label[MAX_GROUPED_VARIANTS][24];
+// Runs choice ch's settings and variant.
+static void configure_choice(const Choice *ch) {
+    cuda_configure(&ch->s);
+    cuda_grouped_set_variant(ch->variant);
+}
 
 #define MIS_(m) ((m) ? " misaligned" : "")
 static const char *gname(Gating g) { return g == GATING_SIGMOID ? "sigmoid" : "softmax"; }
@@ -389,14 +408,15 @@ static void check_written(const Run *r, const char *label) {
     }
 }
 // this choice's outputs against the primary's
-static void compare_choice(const Run *r, void *const *prim, const char *label) {
+static void compare_choice(const Run *r, void *const *prim, const char *label, int exact) {
     const Case *c = r->c;
     char nm[64];
     for (int i = 0; i < c->nt; i++) {
         const Tensor *t = &c->t[i];
         if (!is_output(t) || r->ngpu[i] == 0) continue;
-        snprintf(nm, sizeof nm, "%s vs [%s]", t->name, c->choice[0].label);
+        snprintf(nm, sizeof nm, "%s vs [%s]%s", t->name, c->choice[0].label, exact ? ", bit for bit" : "");
         if (t->type == I32) gt_check_int(check_name(c, label, nm), r->got[i], prim[i], r->ngpu[i]);
+        else if (exact) gt_check_bits(check_name(c, label, nm), r->got[i], prim[i], r->ngpu[i], t->type == F64 ? 8 : 4);
         else if (t->type == F64) gt_check_bits(check_name(c, label, nm), r->got[i], prim[i], r->ngpu[i], 8);
         else gt_agree(check_name(c, label, nm), r->got[i], prim[i], r->ngpu[i], t->row, t->bound ? t->bound->tol : 0);
     }
@@ -443,7 +463,7 @@ static void time_choice(const Case *c, Run *r, int ch, int fallback) {
         flush_buf = cuda_alloc(L2_FLUSH_FLOATS * 4);
         flush_acc = cuda_alloc(8);
     }
-    cuda_configure(&c->choice[ch].s);
+    configure_choice(&c->choice[ch]);
     for (int i = 0; i < WARMUP; i++) c->run(c, &ops_cuda, r->dev);
     float ms[RUNS];
     for (int i = 0; i < RUNS; i++) {
@@ -478,7 +498,7 @@ static void run_case(const Case *c) {
     for (int i = 0; i < c->nt; i++) outputs += is_output(&c->t[i]) && r.ngpu[i] > 0;
     for (int ch = 0; ch < c->nchoice; ch++) {
         const char *label = c->choice[ch].label;
-        cuda_configure(&c->choice[ch].s);
+        configure_choice(&c->choice[ch]);
         if (ch == 0 && c->prep) c->prep(c, &ops_cuda, r.dev);
         if (c->takes && c->choice[ch].s.grouped_gemm == CUDA_KERNELS_WGMMA && !c->takes(c, r.dev)) {
             fallback[ch] = 1;
@@ -497,7 +517,7 @@ static void run_case(const Case *c) {
             memset(r.got, 0, sizeof r.got);
             if (c->flags & RERUN) rerun(&r);
         } else {
-            compare_choice(&r, prim, label);
+            compare_choice(&r, prim, label, c->choice[ch].variant >= 0);
         }
     }
     if (timed)
@@ -506,6 +526,7 @@ static void run_case(const Case *c) {
     teardown(&r);
     CudaSettings d = cuda_settings_default();
     cuda_configure(&d);
+    cuda_grouped_set_variant(-1);
     fflush(stdout);
 }
 
@@ -1179,6 +1200,10 @@ static Case *grouped_case(const char *op, RunFn run, const char *label, int E, i
     s = cuda_settings_default();
     s.gemm_tma = 0;
     add_choice(c, "wgmma cp.async", s);
+    for (int v = 0; v < n_grouped_variants; v++) {
+        add_choice(c, grouped_variant_label[v], cuda_settings_default());
+        c->choice[c->nchoice - 1].variant = grouped_variants[v];
+    }
     tin(c, "offsets", I32, E + 1, G_CUSTOM, 0);
     return c;
 }
@@ -2140,24 +2165,33 @@ static void wgrad_tail_case(int E, int C, int OC, const int *counts) {
     gt_upload_bf16(a_tail, ha, na);
     gt_upload_bf16(b_tail, hb, nb);
     for (int acc = 0; acc < 2; acc++) {
-        float *dw_exact = dkeep(gpu->alloc(nw * 4)), *dw_tail = dkeep(gpu->alloc(nw * 4));
-        gpu->zero(dw_exact, nw * 4);
-        gpu->zero(dw_tail, nw * 4);
-        int r1 = cuda_grouped_wgrad_wgmma(dw_exact, a_exact, b_exact, doff, E, C, OC, acc);
-        int r2 = cuda_grouped_wgrad_wgmma(dw_tail, a_tail, b_tail, doff, E, C, OC, acc);
-        cuda_synchronize();
-        float *h1 = gt_host_f32(dw_exact, nw), *h2 = gt_host_f32(dw_tail, nw);
-        size_t bad = 0, nonfinite = 0;
-        for (size_t i = 0; i < nw; i++) {
-            bad += memcmp(&h1[i], &h2[i], 4) != 0;
-            nonfinite += !isfinite(h2[i]);
+        float *first = NULL; // the default's dw (tail buffers), which every variant must give bit for bit
+        for (int k = -1; k < n_grouped_variants; k++) {
+            cuda_grouped_set_variant(k < 0 ? -1 : grouped_variants[k]);
+            float *dw_exact = dkeep(gpu->alloc(nw * 4)), *dw_tail = dkeep(gpu->alloc(nw * 4));
+            gpu->zero(dw_exact, nw * 4);
+            gpu->zero(dw_tail, nw * 4);
+            int r1 = cuda_grouped_wgrad_wgmma(dw_exact, a_exact, b_exact, doff, E, C, OC, acc);
+            int r2 = cuda_grouped_wgrad_wgmma(dw_tail, a_tail, b_tail, doff, E, C, OC, acc);
+            cuda_synchronize();
+            cuda_grouped_set_variant(-1);
+            float *h1 = gt_host_f32(dw_exact, nw), *h2 = gt_host_f32(dw_tail, nw);
+            size_t bad = 0, nonfinite = 0, other = 0;
+            for (size_t i = 0; i < nw; i++) {
+                bad += memcmp(&h1[i], &h2[i], 4) != 0;
+                nonfinite += !isfinite(h2[i]);
+                other += first && memcmp(&first[i], &h2[i], 4) != 0;
+            }
+            gt_ok(r1 == 0 && r2 == 0 && !bad && !nonfinite && !other,
+                  "%-48s E=%d C=%d OC=%d R=%d dw %s%s%s: %zu of %zu differ, %zu not finite, %zu differ from the "
+                  "default (ran: %d %d)",
+                  "grouped weight-grad, NaN rows after the last segment", E, C, OC, R, acc ? "+=" : "=",
+                  k < 0 ? "" : ", ", k < 0 ? "" : grouped_variant_label[k], bad, nw, nonfinite, other, r1, r2);
+            free(h1);
+            if (first) free(h2);
+            else first = h2;
         }
-        gt_ok(r1 == 0 && r2 == 0 && !bad && !nonfinite,
-              "%-48s E=%d C=%d OC=%d R=%d dw %s: %zu of %zu differ, %zu not finite (ran: %d %d)",
-              "grouped weight-grad, NaN rows after the last segment", E, C, OC, R, acc ? "+=" : "=", bad, nw,
-              nonfinite, r1, r2);
-        free(h1);
-        free(h2);
+        free(first);
     }
     free(ha);
     free(hb);
@@ -2250,14 +2284,30 @@ static void list_cases(void) {
         if (selected(specials[i].name)) printf("  special check %s\n", specials[i].name);
 }
 
+// --grouped-variant's list (up to MAX_GROUPED_VARIANTS numbers 0-1023): 0, or -1 when malformed
+static int parse_variants(const char *arg) {
+    for (const char *p = arg; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 1023 || n_grouped_variants == MAX_GROUPED_VARIANTS || (*end && *end != ','))
+            return -1;
+        snprintf(grouped_variant_label[n_grouped_variants], sizeof grouped_variant_label[0], "variant %ld", v);
+        grouped_variants[n_grouped_variants++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return n_grouped_variants ? 0 : -1;
+}
+
 int main(int argc, char **argv) {
     int list = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--perf")) perf_mode = 1;
         else if (!strcmp(argv[i], "--list")) list = 1;
         else if (!strcmp(argv[i], "-o") && i + 1 < argc) filter = argv[++i];
+        else if (!strcmp(argv[i], "--grouped-variant") && i + 1 < argc && parse_variants(argv[++i]) == 0) continue;
         else {
-            fprintf(stderr, "usage: %s [--perf] [-o PREFIX[,PREFIX...]] [--list]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--perf] [-o PREFIX[,PREFIX...]] [--grouped-variant N[,N...]] [--list]\n",
+                    argv[0]);
             return 2;
         }
     }

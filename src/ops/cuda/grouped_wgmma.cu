@@ -5,7 +5,9 @@
 //   - grouped_ws_kernel (further down, the default where N >= 256): warp-
 //     specialised, TMA loads into an mbarrier ring, one producer and two
 //     consumer warpgroups; forward, data-grad (alone or as a pair) and
-//     weight-grad;
+//     weight-grad; its ping-pong twin grouped_wgrad_pingpong_kernel (the
+//     default for the weight-grad's +=: each consumer warpgroup on its own
+//     tiles, one's epilogue under the other's wgmma);
 //   - the cp.async kernels described here (grouped_wgmma_kernel,
 //     grouped_wgmma_bwd_kernel): every thread loads and computes; they run
 //     the shapes the TMA kernel does not take and device.cuda.gemm_tma: false.
@@ -347,11 +349,12 @@ __device__ __forceinline__ void bwd_wgmma(float (&d)[BN / 2], uint64_t a, uint64
 
 // Weight-grad tile t of E x row_tiles x col_tiles (expert-major: one
 // expert's tiles run together, sharing its rows in L2).
-__host__ __device__ __forceinline__ Tile wgrad_locate(int t, const int *s_off, int per_e, int col_tiles, int bn) {
+__host__ __device__ __forceinline__ Tile wgrad_locate(int t, const int *s_off, int per_e, int col_tiles, int bn,
+                                                     int bm = WG_BM) {
     Tile tl;
     tl.e = t / per_e;
     int local = t - tl.e * per_e;
-    tl.m0 = local / col_tiles * WG_BM;
+    tl.m0 = local / col_tiles * bm;
     tl.n0 = local % col_tiles * bn;
     tl.r0 = s_off[tl.e];
     tl.rows = s_off[tl.e + 1] - tl.r0;
@@ -543,10 +546,31 @@ enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3 };
 // EPI4 for the weight-grads, the faster of the two for each (one call,
 // 3 rounds: forward and data-grads 1.00-1.03x WS_STORE16 with EPI3,
 // weight-grad += 1.05-1.08x with EPI4, bit-identical outputs at the OLMoE
-// shapes; not the default until test_backend_ops has run under it).
+// shapes).
+// WS_PINGPONG / WS_PINGPONG_128 run every weight-grad on
+// grouped_wgrad_pingpong_kernel (64 x 256 / 128 x 128 tiles per consumer
+// warpgroup, which take turns), WS_PINGPONG_ADD only the += ones (128 x
+// 128). Measured at e396024 (bench/results/2026-12-01-h200-issue19-wgrad-
+// pingpong.md; one call, 5 interleaved rounds, TFLOP/s at the OLMoE shapes,
+// gate/up | down, ratios against variant 0 in the same rounds):
+//   weight-grad +=: WS_STORE16 409 | 405 (1.00x), TMA EPI4 427 | 418 (1.05x),
+//     ping-pong 64 x 256 425 | 430 (1.05x), 128 x 128 474 | 480 (1.16x |
+//     1.18x); main loops alone (WS_NO_EPILOGUE): 608 | 613, 539 | 560,
+//     546 | 558: the ping-pong hides most of the FP32 epilogue but its main
+//     loop is ~10% slower (1.33x / 1.67x the L2 bytes per FLOP).
+//   weight-grad =: WS_STORE16 479 | 476, EPI4 480 | 477, ping-pong 417 |
+//     450 and 469 | 467 (0.87-0.98x): the plain stores cost less than the
+//     slower main loop.
+//   forward / data-grads: EPI3 1.02-1.04x WS_STORE16 (590 | 568, 582, 590
+//     against 573 | 542, 568, 576).
+// test_backend_ops -o grouped --grouped-variant 65,193,321 passed (814
+// checks; every variant bit for bit equal to the default), and
+// bench_grouped's 40 bit-for-bit checks. So the default takes each call's
+// fastest: EPI3 for the BF16 outputs, EPI4 for dw =, the 128 x 128
+// ping-pong for dw += (variant 577).
 enum { WS_STORE16 = 1, WS_PREFETCH_DW = 2, WS_NO_EPILOGUE = 4, WS_STAGGER = 8, WS_TMA_EPI4 = 16, WS_TMA_EPI3 = 32,
-       WS_TMA_BY_MODE = 64 };
-enum { WS_DEFAULT_VARIANT = WS_STORE16 };
+       WS_TMA_BY_MODE = 64, WS_PINGPONG = 128, WS_PINGPONG_128 = 256, WS_PINGPONG_ADD = 512 };
+enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_TMA_BY_MODE | WS_PINGPONG_ADD };
 
 // The TMA epilogue (kernels with STG > 0, variants WS_TMA_EPI4 / _EPI3):
 // a consumer warpgroup's 64 x 256 half of the tile goes through its own
@@ -800,6 +824,156 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
     if (STG > 0 && (threadIdx.x & 127) == 0) bulk_wait<0>(); // the last stores out of shared memory
 }
 
+// ---------------------------------------------------------------------------
+// Weight-grad ping-pong (variants WS_PINGPONG: TM x TN = 64 x 256, 5 stages;
+// WS_PINGPONG_128 and, for += only, WS_PINGPONG_ADD: 128 x 128, 6 stages;
+// the default for +=): the producer and the ring of
+// grouped_ws_kernel, but each consumer warpgroup owns whole TM x TN tiles
+// of dw (128 FP32 accumulators a thread either way), warpgroup w taking the
+// block's tiles w, w + 2, ... (skipping the stages of the other's tiles in
+// the ring). Two ordering barriers make their main loops take turns:
+// warpgroup w issues a tile's first wgmma only after the other has issued
+// its previous tile's last (order[w], one arrival per tile), so that one
+// warpgroup's epilogue (the same red_add_quad or store from registers)
+// runs under the other's wgmma instead of idling the tensor cores. Each dw
+// element still has one writer per call, and its K is summed in the same
+// k16 steps in the same order, so the sum is the default's: 64 x 256 is the
+// same m64n256k16 instruction on the same rows; 128 x 128 issues m64n128k16
+// instead (the same per-element products; bench_grouped and
+// test_backend_ops check the bits). Shared memory: S stages of TM + TN
+// rows of 64 K (one 64 x 64 box per 64 of them, A's then B's), so a tile
+// moves (TM + TN) / (TM TN) bytes from L2 per FLOP: 1.67x (64 x 256) and
+// 1.33x (128 x 128) what grouped_ws_kernel's 128 x 256 tiles move. A partial last
+// K step is zeroed past the segment in all the warpgroup's boxes (its own
+// stage: no wait for the other warpgroup).
+template <int TM, int S>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, const int *offsets, int E, int M, int N,
+                              int vec4, int variant) {
+    constexpr int TN = 16384 / TM, NA = TM / 64, NB = TN / 64;
+    constexpr int A_BYTES = NA * MN_LBO, STAGE = (NA + NB) * MN_LBO;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    uint32_t tiles = (raw + 1023) & ~1023u;
+    uint32_t full0 = tiles + S * STAGE, empty0 = full0 + 8 * S, order0 = empty0 + 8 * S; // order[w] at order0 + 8 w
+    int *s_off = (int *)(smem_raw + (tiles - raw) + S * STAGE + 16 * S + 16);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 128); // one consumer warpgroup a stage
+        }
+        mbar_init(order0, 1);
+        mbar_init(order0 + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    grouped_load_offsets<WS_THREADS>(offsets, E, s_off); // ends with a barrier
+    const int col_tiles = (N + TN - 1) / TN, per_e = (M + TM - 1) / TM * col_tiles, total = E * per_e;
+    const int first = wgrad_skip_empty(blockIdx.x, total, gridDim.x, s_off, per_e);
+    int wg = threadIdx.x >> 7;
+
+    if (wg == 0) { // producer: one thread issues every load
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x != 0) return;
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int t = first; t < total; t = wgrad_skip_empty(t + gridDim.x, total, gridDim.x, s_off, per_e)) {
+            Tile tl = wgrad_locate(t, s_off, per_e, col_tiles, TN, TM);
+            int ktiles = (tl.rows + WG_BK - 1) / WG_BK;
+            for (int kt = 0; kt < ktiles; kt++) {
+                mbar_wait(empty0 + 8 * slot, phase ^ 1);
+                uint32_t st = tiles + slot * STAGE, fb = full0 + 8 * slot;
+                mbar_expect_tx(fb, STAGE);
+                int k = tl.r0 + kt * WG_BK;
+#pragma unroll
+                for (int a = 0; a < NA; a++) tma_load_2d(st + a * MN_LBO, &maps.a, tl.m0 + 64 * a, k, fb);
+#pragma unroll
+                for (int b = 0; b < NB; b++) tma_load_2d(st + A_BYTES + b * MN_LBO, &maps.b, tl.n0 + 64 * b, k, fb);
+                if (++slot == S) {
+                    slot = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    // consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    int slot = 0, mine = 0; // mine: tiles this warpgroup has taken
+    uint32_t phase = 0;
+    float acc[NA][TN / 2];
+    int i = 0; // the tile's place in the block's list
+    for (int t = first; t < total; t = wgrad_skip_empty(t + gridDim.x, total, gridDim.x, s_off, per_e), i++) {
+        Tile tl = wgrad_locate(t, s_off, per_e, col_tiles, TN, TM);
+        int ktiles = (tl.rows + WG_BK - 1) / WG_BK;
+        if ((i & 1) != cw) { // the other warpgroup's: pass over its stages
+            slot += ktiles;
+            phase ^= (uint32_t)(slot / S) & 1;
+            slot %= S;
+            continue;
+        }
+        // warpgroup 0's tile j waits for the other's tile j - 1 (j > 0),
+        // warpgroup 1's tile j for warpgroup 0's tile j: arrival `need` on
+        // order[cw]. Before any full wait of the tile: every stage before it
+        // has landed then, so no full barrier is two phases behind the
+        // parity waited for (which would pass it early).
+        int need = mine - 1 + cw;
+        if (need >= 0) mbar_wait(order0 + 8 * cw, (uint32_t)need & 1);
+        mine++;
+        int prev = 0;
+        for (int kt = 0; kt < ktiles; kt++) {
+            mbar_wait(full0 + 8 * slot, phase);
+            uint32_t st = tiles + slot * STAGE;
+            int valid = tl.rows - kt * WG_BK; // K rows of this step inside the segment
+            if (valid < WG_BK) {
+                // zero K rows valid..63 (128 bytes each) of every box of the
+                // stage, A's and B's (0 x NaN is NaN: both operands)
+                int ct = threadIdx.x & 127, per = (WG_BK - valid) * 8; // 16-byte chunks a box
+                for (int z = ct; z < (NA + NB) * per; z += 128) {
+                    int box = z / per, r = z - box * per, kr = valid + (r >> 3);
+                    uint32_t addr = st + box * MN_LBO + (kr >> 3) * MN_SBO + (kr & 7) * 128 + (r & 7) * 16;
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+                }
+                fence_proxy_async();        // generic writes before the async-proxy reads
+                named_barrier(6 + cw, 128); // the warpgroup's four warps
+            }
+            wgmma_fence();
+            uint64_t db = smem_desc_mn(st + A_BYTES);
+#pragma unroll
+            for (int h = 0; h < NA; h++) {
+                uint64_t da = smem_desc_mn(st + h * MN_LBO);
+#pragma unroll
+                for (int kk = 0; kk < WG_BK / 16; kk++)
+                    bwd_wgmma<TN, true>(acc[h], da + (uint64_t)MN_KSTEP_DESC * kk, db + (uint64_t)MN_KSTEP_DESC * kk,
+                                        kt > 0 || kk > 0);
+            }
+            wgmma_commit();
+            // the tile's last wgmma are issued: the other warpgroup's turn
+            if (kt == ktiles - 1 && (threadIdx.x & 127) == 0) mbar_arrive(order0 + 8 * (1 - cw));
+            wgmma_wait<1>(); // the previous step's wgmma are done: release its stage
+            if (kt > 0) mbar_arrive(empty0 + 8 * prev);
+            prev = slot;
+            if (++slot == S) {
+                slot = 0;
+                phase ^= 1;
+            }
+        }
+        wgmma_wait<0>();
+        mbar_arrive(empty0 + 8 * prev);
+
+        if (variant & WS_NO_EPILOGUE) continue; // timing only: nothing stored
+        float *o = dw + (size_t)tl.e * M * N;
+        int c0 = tl.n0 + 2 * (lane & 3);
+#pragma unroll
+        for (int h = 0; h < NA; h++) {
+            int r = tl.m0 + 64 * h + warp * 16 + (lane >> 2);
+            if (vec4 & 2) add_acc_f32<TN, true>(acc[h], o, M, N, r, c0, vec4 & 1);
+            else add_acc_f32<TN>(acc[h], o, M, N, r, c0, vec4 & 1);
+        }
+    }
+}
+
 // dw[e] = 0 for the experts without rows (grid.y = expert).
 __global__ void zero_empty_experts(float *dw, const int *offsets, size_t per_expert) {
     int e = blockIdx.y;
@@ -870,12 +1044,39 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
 // The epilogue variant: WS_DEFAULT_VARIANT unless a benchmark or test has
-// set another (cuda_grouped_set_variant, a number 0-127 of the WS_* bits;
+// set another (cuda_grouped_set_variant, a number 0-1023 of the WS_* bits;
 // tests/gpu/bench_grouped.c interleaves them). Not configuration: the
 // variants other than the default are measured, not supported.
 static int ws_variant_override = -1;
-extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 127 ? v : -1; }
+extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 1023 ? v : -1; }
 static int ws_variant(void) { return ws_variant_override >= 0 ? ws_variant_override : WS_DEFAULT_VARIANT; }
+
+// dw = A_e^T B_e leaves the experts without rows (no tiles) to this.
+static void zero_empty(void *dw, const int *offsets, int E, int C, int OC) {
+    size_t per = (size_t)OC * C;
+    zero_empty_experts<<<dim3(ceil_div(per, 4 * 256) < 32 ? ceil_div(per, 4 * 256) : 32, E), 256, 0, cuda_stream()>>>(
+        (float *)dw, offsets, per);
+    cudaLaunchCheck();
+}
+
+// The weight-grad on grouped_wgrad_pingpong_kernel: shape 0 = 64 x 256
+// tiles, 5 stages; 1 = 128 x 128, 6 stages. 0, or -1 (nothing launched)
+// when shared memory does not allow it.
+static int launch_wgrad_pingpong(int shape, float *dw, const WsMaps &maps, const int *offsets, int E, int C, int OC,
+                                 int set, int variant) {
+    typedef void (*Kernel)(float *, const WsMaps, const int *, int, int, int, int, int);
+    static const Kernel kernels[2] = {grouped_wgrad_pingpong_kernel<64, 5>, grouped_wgrad_pingpong_kernel<128, 6>};
+    static const int stages[2] = {5, 6}, stage_bytes[2] = {5 * MN_LBO, 4 * MN_LBO};
+    static int smem_set[2];
+    int smem = stages[shape] * (stage_bytes[shape] + 16) + 16 + 1024 + (E + 1) * (int)sizeof(int);
+    if (smem > WG_SMEM_LIMIT) return -1;
+    cuda_allow_smem((const void *)kernels[shape], &smem_set[shape], smem);
+    if (set) zero_empty(dw, offsets, E, C, OC);
+    kernels[shape]<<<cuda_num_sms(), WS_THREADS, smem, cuda_stream()>>>(dw, maps, offsets, E, OC, C,
+                                                                         wgrad_vec4(dw) | (set << 1), variant);
+    cudaLaunchCheck();
+    return 0;
+}
 
 // Forward (WS_FWD: out[R, OC] = inp w_e^T, A = inp [., C], B = w [E*OC, C]),
 // data-grad (WS_DGRAD: out[R, C] = A w_e (+ A2 w2_e), A = dout [., OC], B =
@@ -902,6 +1103,11 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
         }
     }
     int variant = ws_variant();
+    int pingpong = variant & WS_PINGPONG                                     ? 0
+                   : variant & WS_PINGPONG_128 || (variant & WS_PINGPONG_ADD && !set) ? 1
+                                                                                       : -1;
+    if (mode == WS_WGRAD && pingpong >= 0)
+        return launch_wgrad_pingpong(pingpong, (float *)out, maps, offsets, E, C, OC, set, variant);
     // the epilogue: 0 = from registers; 1 = TMA, 4 stages and 16 KB of staging
     // per warpgroup; 2 = TMA, 3 stages and 32 KB (when the output map and
     // shared memory allow)
@@ -932,12 +1138,7 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
     cuda_allow_smem((const void *)kernel, &smem_set[mode][epi], smem);
     int grid = cuda_num_sms(), pair = A2 != NULL;
     if (mode == WS_WGRAD) {
-        if (set) {
-            size_t per = (size_t)OC * C;
-            zero_empty_experts<<<dim3(ceil_div(per, 4 * 256) < 32 ? ceil_div(per, 4 * 256) : 32, E), 256, 0,
-                                 cuda_stream()>>>((float *)out, offsets, per);
-            cudaLaunchCheck();
-        }
+        if (set) zero_empty(out, offsets, E, C, OC);
         kernel<<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, 0, offsets, E, OC, C, 0,
                                                           wgrad_vec4((const float *)out) | (set << 1), variant);
     } else {
