@@ -581,6 +581,7 @@ int main(int argc, char **argv) {
         {"models", models_part}, {"docs", docs_part}, {"capacity", capacity_part},
         {"fp8", fp8_tests},      {"recompute", recompute_part}};
     const int nparts = (int)(sizeof parts / sizeof parts[0]), ndefault = 4;
+    setvbuf(stdout, NULL, _IOLBF, 0); // a time-limited call's log shows how far it got
     for (int a = 1; a < argc; a++) {
         int found = 0;
         for (int i = 0; i < nparts; i++) found |= !strcmp(argv[a], parts[i].name);
