@@ -673,9 +673,6 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
             FAIL("fp8.gemms: experts_dense is not implemented yet (the dense GEMMs stay BF16); use fp8.gemms: experts");
         if (c->model.n_experts <= 0)
             FAIL("train.precision: fp8 with fp8.gemms: experts needs MoE layers (model.n_experts > 0)");
-        if (c->fp8.wgrad == FP8_WGRAD_FP8 && c->device.type == 1)
-            FAIL("fp8.wgrad: fp8 runs on the CPU backend only for now (no CUDA kernel quantises the weight-grads' "
-                 "operands along the tokens yet); use fp8.wgrad: bf16 on GPUs");
         if (p->ep > 1) FAIL("train.precision: fp8 runs with parallel.ep = 1 only for now (the FP8 dispatch is not built)");
         if (p->pp > 1) FAIL("train.precision: fp8 with parallel.pp > 1 is not supported yet");
         if (c->optim_sharded && p->dp > 1 && c->device.type == 1)

@@ -159,7 +159,7 @@ typedef struct {
     // 2 expert_hidden], then Wd^T [E_local, expert_hidden, d_model]). The
     // weight-grads run in the compute dtype from the dequantised FP8 inputs
     // (what the forward multiplied) and the unquantised output grads, or,
-    // with fp8_wgrad (fp8.wgrad: fp8, CPU only for now), from both operands
+    // with fp8_wgrad (fp8.wgrad: fp8), from both operands
     // quantised and dequantised per 128 x 1 tile along the tokens of each
     // expert segment (fp8_fake_quantize_tokens: the reference of an FP8
     // weight-grad GEMM, whose K is the tokens).

@@ -267,7 +267,8 @@ typedef struct Ops {
     // fp8.wgrad: fp8: x [R,C] act quantised and dequantised in place per
     // 128 x 1 tile along the rows of each expert segment (the offsets, where
     // they live): the weight-grads' operands (fp8_fake_quantize_128x1 of
-    // ops/fp8.h). CPU only for now: NULL on CUDA, which validation refuses.
+    // ops/fp8.h; on CUDA the dequantised values rounded to BF16). A backend
+    // without it leaves it NULL, and train refuses fp8.wgrad: fp8 there.
     void (*fp8_fake_quantize_tokens)(void *x, const int *offsets, int E, int C);
     // The FP8 grouped matmul forward: out[R,OC] (act) = deq(qa) deq(qw[e])^T
     // over the segments offsets[e]..offsets[e+1] (read where they live), qa

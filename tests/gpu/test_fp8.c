@@ -16,6 +16,8 @@
 //   cuda_swiglu_backward + the CPU quantiser), and the FP8 data-grad GEMMs
 //   (the forward kernel with the transposed weights) against the CPU FP8
 //   reference, outputs poisoned first.
+// - fp8.wgrad: fp8's operands (test_fake_quantize_128x1): the 128 x 1
+//   fake quantiser against the CPU's, bit for bit after BF16 rounding.
 // Argument "dgrad": the data-grad checks and the small GEMM check only.
 // Ends with "N passed, N failed".
 #include <math.h>
@@ -407,6 +409,52 @@ static void test_swiglu_backward_quantize(void) {
     cuda_free(dq); cuda_free(ds);
 }
 
+// fp8.wgrad: fp8's operands (cuda_fp8_fake_quantize_128x1, the op
+// fp8_fake_quantize_tokens): against fp8_fake_quantize_128x1 on the same
+// BF16 values, each result rounded to BF16 (NaN for NaN), bit for bit.
+// Segments of 0, 1, 127, 128, 129 and longer rows (tiles that end inside a
+// segment, empty experts), a spike in each segment's first row (it would
+// move the previous segment's last tile's scale if a tile crossed the
+// boundary), per 8-row run a kind of fill_tiles (zeros, NaN, +-inf, BF16
+// subnormals, amax under the floor, spikes), and column blocks of 256 with
+// a partial last one. Rows past offsets[E] stay as they were.
+static void test_fake_quantize_128x1(const char *name, const int *off, int E, int C, int extra) {
+    int R = off[E] + extra;
+    size_t n = (size_t)R * C;
+    float *x = gt_malloc(n * 4), *col = gt_malloc((size_t)8 * C * 4);
+    for (int r0 = 0; r0 < R; r0 += 8) { // a kind per 8 rows x 8 columns, so that tiles along the rows vary
+        fill_tiles(col, C / 8, 64, 64, 1);
+        for (int i = 0; i < 8 && r0 + i < R; i++)
+            for (int c = 0; c < C; c++) x[(size_t)(r0 + i) * C + c] = col[(size_t)(c / 8) * 64 + i * 8 + c % 8];
+    }
+    for (int e = 0; e < E; e++)
+        if (off[e + 1] > off[e]) x[(size_t)off[e] * C + 3] = bf2f(f2bf(3e4f));
+    float *ref = gt_malloc(n * 4);
+    memcpy(ref, x, n * 4);
+    fp8_fake_quantize_128x1(ref, off, E, C);
+    void *dx = gt_dev_bf16(x, n);
+    int *doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
+    check_rc(cuda_fp8_fake_quantize_128x1(dx, doff, E, C), "fake_quantize_128x1");
+    uint16_t *got = gt_host_bytes(dx, n * 2);
+    size_t differ = 0, nan = 0, first = (size_t)-1;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t want = f2bf(ref[i]);
+        int both_nan = isnan(ref[i]) && isnan(bf2f(got[i]));
+        nan += both_nan;
+        if (!both_nan && got[i] != want) {
+            if (first == (size_t)-1) first = i;
+            differ++;
+        }
+    }
+    if (differ)
+        printf("      first at row %zu column %zu: x %.9g -> gpu %.9g, cpu %.9g\n", first / C, first % C, x[first],
+               bf2f(got[first]), ref[first]);
+    gt_ok(differ == 0, "fake quantise 128x1 %s [%d, %d], %d experts: %zu of %zu differ from the CPU's (rounded to "
+          "BF16; %zu NaN)", name, R, C, E, differ, n, nan);
+    free(x); free(col); free(ref); free(got);
+    cuda_free(dx); cuda_free(doff);
+}
+
 // The FP8 data-grad: dX [R, C] = deq(dY) deq(W_e) for the forward weights W
 // [E, OC, C] (pair: dY = [dY1 | dY2] [R, 2 OC] against [W1; W2], the
 // gate/up data-grad) on the forward kernel with the transposed copy from
@@ -470,12 +518,16 @@ int main(int argc, char **argv) {
     test_gemm("uneven", small, 6, 384, 512);
     test_dgrad("uneven", small, 6, 512, 256, 0);
     test_dgrad("uneven pair", small, 6, 512, 256, 1);
+    int edges[9] = {0, 0, 1, 128, 256, 385, 512, 512, 900}; // empty, 1, 127, 128, 129, 127, empty, 388 rows
+    test_fake_quantize_128x1("edges", edges, 8, 328, 37);
     int *off = malloc(65 * sizeof(int));
     random_offsets(off, 2048, 64, 8);
     if (!dgrad_only) {
         test_gemm("OLMoE up", off, 64, 2048, 1024);
         test_gemm("OLMoE down", off, 64, 1024, 2048);
     }
+    test_fake_quantize_128x1("OLMoE d_model", off, 64, 2048, 0);
+    test_fake_quantize_128x1("OLMoE expert hidden", off, 64, 1024, 0);
     test_dgrad("OLMoE down (dY [R, 2048] x Wd)", off, 64, 1024, 2048, 0);
     test_dgrad("OLMoE gate/up pair ([dG | dU] [R, 2048] x [Wg; Wu])", off, 64, 2048, 1024, 1);
     free(off);

@@ -315,6 +315,80 @@ __global__ void quantize_mx_kernel(uint8_t *q, uint8_t *scale, const bf16 *x, si
     if ((threadIdx.x & 3) == 0) scale[e0 / 32] = nan ? FP8_E8M0_NAN : (uint8_t)sb;
 }
 
+// fp8.wgrad: fp8's operands (fp8_fake_quantize_128x1 of fp8.h): x [R, C]
+// BF16 quantised and dequantised in place per 128 x 1 tile along the rows
+// of each expert segment, the result rounded to BF16. A block of 512
+// threads takes one block tile of 128 rows (from the segment's first row
+// in steps of 128, fewer at its end) by 256 columns: lane l of warp w holds
+// columns 8 l .. 8 l + 7 of rows w, w + 16, .., w + 112 (16 bytes a row),
+// the column amax meets across the 16 warps in shared memory, and the
+// second pass reads the tile again (from L1 or L2: 64 KB a block; keeping
+// it in registers spilled at 512 threads). Block
+// tiles come from the device offsets (grouped_sched.cuh), the grid strides
+// over them.
+constexpr int FQ_ROWS = 128, FQ_COLS = 256, FQ_THREADS = 512, FQ_WARPS = FQ_THREADS / 32, FQ_PER = FQ_ROWS / FQ_WARPS;
+__global__ void __launch_bounds__(FQ_THREADS, 1) fake_quantize_128x1_kernel(bf16 *x, const int *offsets, int E, int C) {
+    extern __shared__ int fq_smem[];
+    float *s_amax = (float *)fq_smem; // [FQ_WARPS][FQ_COLS]
+    int *s_off = fq_smem + FQ_WARPS * FQ_COLS, *s_tile = s_off + E + 1;
+    grouped_load_offsets<FQ_THREADS>(offsets, E, s_off);
+    int col_tiles = (C + FQ_COLS - 1) / FQ_COLS;
+    int total = grouped_tile_prefix<FQ_ROWS>(s_off, E, col_tiles, s_tile);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int e = grouped_tile_expert(t, s_tile, E), local = t - s_tile[e];
+        int r0 = s_off[e] + local / col_tiles * FQ_ROWS, r1 = min(r0 + FQ_ROWS, s_off[e + 1]);
+        int c = local % col_tiles * FQ_COLS + 8 * lane;
+        bool live_c = c < C;
+        float amax[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) amax[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < FQ_PER; i++) {
+            int r = r0 + warp + FQ_WARPS * i;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (live_c && r < r1) v = *(const uint4 *)(x + (size_t)r * C + c);
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 f = __bfloat1622float2(h[j]);
+                amax[2 * j] = fmaxf(amax[2 * j], fabsf(f.x));
+                amax[2 * j + 1] = fmaxf(amax[2 * j + 1], fabsf(f.y));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) s_amax[warp * FQ_COLS + 8 * lane + j] = amax[j];
+        __syncthreads();
+        float s[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float a = s_amax[8 * lane + j];
+#pragma unroll
+            for (int w = 1; w < FQ_WARPS; w++) a = fmaxf(a, s_amax[w * FQ_COLS + 8 * lane + j]);
+            s[j] = block_scale(a);
+        }
+        __syncthreads(); // s_amax is free for the next tile
+        if (!live_c) continue;
+#pragma unroll
+        for (int i = 0; i < FQ_PER; i++) {
+            int r = r0 + warp + FQ_WARPS * i;
+            if (r >= r1) continue;
+            uint4 v = *(const uint4 *)(x + (size_t)r * C + c); // again: from L1 or L2
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+            uint32_t o[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 f = __bfloat1622float2(h[j]);
+                __nv_fp8_e4m3 lo, hi;
+                lo.__x = e4m3(__fdiv_rn(f.x, s[2 * j]));
+                hi.__x = e4m3(__fdiv_rn(f.y, s[2 * j + 1]));
+                o[j] = pack_bf16x2(__fmul_rn((float)lo, s[2 * j]), __fmul_rn((float)hi, s[2 * j + 1]));
+            }
+            *(uint4 *)(x + (size_t)r * C + c) = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    }
+}
+
 // ---- the grouped GEMM forward ----------------------------------------------------
 
 constexpr int F8_BM = 128, F8_BN = 256, F8_BK = 128; // BK in elements = bytes
@@ -598,6 +672,19 @@ extern "C" int cuda_fp8_quantize_mx(uint8_t *q, uint8_t *scale, const void *x, i
     return 0;
 }
 
+extern "C" int cuda_fp8_fake_quantize_128x1(void *x, const int *offsets, int E, int C) {
+    if (E == 0) return 0;
+    if (E < 0 || C <= 0 || C % 8 || ((uintptr_t)x & 15)) return -1;
+    int smem = (FQ_WARPS * FQ_COLS + 2 * (E + 1)) * (int)sizeof(int);
+    if (smem > 227 * 1024) return -1;
+    static int smem_set;
+    cuda_allow_smem((const void *)fake_quantize_128x1_kernel, &smem_set, smem);
+    // the tiles are known on the device only: a grid that fills the GPU strides over them
+    fake_quantize_128x1_kernel<<<cuda_num_sms() * 4, FQ_THREADS, smem, cuda_stream()>>>((bf16 *)x, offsets, E, C);
+    cudaLaunchCheck();
+    return 0;
+}
+
 extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw,
                                         const float *sw, const int *offsets, int E, int C, int OC) {
     if (!cuda_wgmma_device_ok() || !cuda_tma_available()) return -1;
@@ -672,6 +759,9 @@ extern "C" void cuda_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_
 }
 extern "C" void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
     fp8_ok(cuda_fp8_dequantize_1x128(x, q, s, R, C), "fp8_dequantize_rows", R, C);
+}
+extern "C" void cuda_fp8_fake_quantize_tokens(void *x, const int *offsets, int E, int C) {
+    fp8_ok(cuda_fp8_fake_quantize_128x1(x, offsets, E, C), "fp8_fake_quantize_tokens", E, C);
 }
 extern "C" void cuda_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw,
                                             const float *sw, const int *offsets, int E, int C, int OC) {

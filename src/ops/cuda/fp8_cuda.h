@@ -47,6 +47,12 @@ int cuda_fp8_dequantize_1x128(void *x, const uint8_t *q, const float *scale, int
 int cuda_fp8_dequantize_128x128(void *w, const uint8_t *q, const float *scale, int E, int M, int K);
 // MXFP8: x [R, C] (BF16) -> q [R, C], E8M0 scale bytes [R, C/32]. C % 32 == 0.
 int cuda_fp8_quantize_mx(uint8_t *q, uint8_t *scale, const void *x, int R, int C);
+// fp8.wgrad: fp8's operands: x [R, C] (BF16) quantised and dequantised in
+// place per 128 x 1 tile along the rows of each segment offsets[e]..
+// offsets[e+1] (device offsets), each value float(q) * scale rounded to
+// BF16: fp8_fake_quantize_128x1 of fp8.h on the BF16 values, rounded.
+// C % 8 == 0, x 16-byte aligned.
+int cuda_fp8_fake_quantize_128x1(void *x, const int *offsets, int E, int C);
 // The FP8 grouped GEMM forward: out[R, OC] (BF16) = dequant(qa) dequant(qw_e)^T
 // over the expert segments offsets[e]..offsets[e+1] (device offsets; the
 // host never reads them), qa/sa from cuda_fp8_quantize_1x128 ([R, C]), qw/sw

@@ -78,6 +78,7 @@ const Ops ops_cuda = {
     .fp8_swiglu_quantize = cuda_fp8_swiglu_quantize,
     .fp8_swiglu_backward_quantize = cuda_fp8_swiglu_backward_quantize,
     .fp8_dequantize_rows = cuda_fp8_dequantize_rows,
+    .fp8_fake_quantize_tokens = cuda_fp8_fake_quantize_tokens,
     .fp8_grouped_matmul_forward = cuda_fp8_grouped_matmul_forward,
     .crossentropy_forward = cuda_crossentropy_forward,
     .crossentropy_backward = cuda_crossentropy_backward,
