@@ -65,7 +65,7 @@ static const Key table[] = {
     FE(parallel.pp_schedule, pp_schedule_names), F(parallel.pp_virtual, T_INT), F(parallel.pp_layers, T_LIST),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
-    F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT),
+    F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT), F(device.cuda.fp8_wgrad_gemm, T_BOOL),
     FE(device.cuda.attention_fwd, gemm_kernel_names), FE(device.cuda.attention_bwd, gemm_kernel_names),
 };
 #define NTABLE ((int)(sizeof(table) / sizeof(table[0])))

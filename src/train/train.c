@@ -336,8 +336,11 @@ static int setup_model(Trainer *tr) {
             "experts' grouped GEMMs' forward and data-grads%s; %sthe dense GEMMs, attention and the router in "
             "the compute dtype (BF16 on GPUs); "
             "MFU stays against the dense BF16 peak\n",
-            m->fp8_wgrad ? ", and their weight-grads (fp8.wgrad: fp8, one scale per 128 x 1 tile along each expert's "
-                           "tokens)" : "",
+            !m->fp8_wgrad ? "" : model_fp8_wgrad_gemm(m) ?
+                           ", and their weight-grads (fp8.wgrad: fp8, one scale per 128 x 1 tile along each expert's "
+                           "tokens, on the FP8 weight-grad GEMM)" :
+                           ", and their weight-grads (fp8.wgrad: fp8, one scale per 128 x 1 tile along each expert's "
+                           "tokens, fake-quantised for the compute-dtype weight-grad)",
             m->fp8_wgrad ? "" : "their weight-grads, ");
     }
     // DDP and the optimizer before the activations: the distributed

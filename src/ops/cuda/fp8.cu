@@ -581,6 +581,229 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
     }
 }
 
+// ---- fp8.wgrad: fp8, the speed path ------------------------------------------------
+// The weight-grad dw[e] = dout_e^T inp_e has the tokens as K, and FP8 wgmma
+// reads both operands K-major, so each operand is quantised into its
+// transpose: qt [C, ldk] E4M3, expert e's tokens at columns P_e .. P_e +
+// n_e of every row, P_e = 128 * (the 128-blocks of the experts before it),
+// the rest of its last block zero; st [ldk / 128, C] FP32, row P_e / 128 +
+// kb the scales of block kb of expert e (its rows offsets[e] + 128 kb ..),
+// one per column: fp8_fake_quantize_128x1's tiles, codes and scales.
+
+// The transposing quantiser: a block of 256 threads takes 128 tokens x 128
+// columns; thread (g = tid / 16, cc = tid % 16) loads rows 8 g .. 8 g + 7 at
+// columns 8 cc .. 8 cc + 7 (16 bytes a row), the column amax meets by a
+// shuffle (two g per warp) and across the 8 warps in shared memory, and
+// each column's 8 codes go as one 8-byte word into the transposed tile in
+// shared memory (row = column, 128 token bytes; the 8-byte chunk g at
+// position g ^ 2 ((row / 8) % 8), so that a warp's stores meet no bank
+// conflict), which goes out as 64 bytes per thread.
+constexpr int QT_THREADS = 256;
+__global__ void __launch_bounds__(QT_THREADS) quantize_tokens_t_kernel(uint8_t *qt, float *st, const bf16 *x,
+                                                                       const int *offsets, int E, int C, int ldk) {
+    __shared__ __align__(16) uint8_t s_q[128 * 128];
+    __shared__ float s_amax[QT_THREADS / 32][128];
+    extern __shared__ int qt_smem[];
+    int *s_off = qt_smem, *s_tile = s_off + E + 1;
+    grouped_load_offsets<QT_THREADS>(offsets, E, s_off);
+    int col_tiles = C / 128;
+    int total = grouped_tile_prefix<128>(s_off, E, col_tiles, s_tile);
+    int g = threadIdx.x >> 4, cc = threadIdx.x & 15, warp = threadIdx.x >> 5;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int e = grouped_tile_expert(t, s_tile, E), local = t - s_tile[e];
+        int kb = s_tile[e] / col_tiles + local / col_tiles; // the block's row of st, its 128 columns of qt
+        int r0 = s_off[e] + local / col_tiles * 128, r1 = min(r0 + 128, s_off[e + 1]);
+        int c0 = local % col_tiles * 128;
+        float v[8][8], amax[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) amax[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int r = r0 + 8 * g + i;
+            uint4 raw = make_uint4(0, 0, 0, 0); // rows past the segment: zeros, which quantise to 0
+            if (r < r1) raw = *(const uint4 *)(x + (size_t)r * C + c0 + 8 * cc);
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 f = __bfloat1622float2(h[j]);
+                v[i][2 * j] = f.x, v[i][2 * j + 1] = f.y;
+                amax[2 * j] = fmaxf(amax[2 * j], fabsf(f.x));
+                amax[2 * j + 1] = fmaxf(amax[2 * j + 1], fabsf(f.y));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));
+            if ((threadIdx.x & 16) == 0) s_amax[warp][8 * cc + j] = amax[j];
+        }
+        __syncthreads();
+        float s[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float a = s_amax[0][8 * cc + j];
+#pragma unroll
+            for (int w = 1; w < QT_THREADS / 32; w++) a = fmaxf(a, s_amax[w][8 * cc + j]);
+            s[j] = block_scale(a);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int row = 8 * cc + j; // the column, a row of the transposed tile
+            uint32_t lo = 0, hi = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lo |= (uint32_t)e4m3(__fdiv_rn(v[i][j], s[j])) << (8 * i);
+                hi |= (uint32_t)e4m3(__fdiv_rn(v[4 + i][j], s[j])) << (8 * i);
+            }
+            *(uint2 *)(s_q + row * 128 + 8 * (g ^ (2 * (cc & 7)))) = make_uint2(lo, hi);
+        }
+        if (g == 0) {
+            float4 *o = (float4 *)(st + (size_t)kb * C + c0 + 8 * cc);
+            o[0] = make_float4(s[0], s[1], s[2], s[3]);
+            o[1] = make_float4(s[4], s[5], s[6], s[7]);
+        }
+        __syncthreads();
+        int row = threadIdx.x >> 1, half = threadIdx.x & 1, key = (row >> 3) & 7;
+        uint8_t *dst = qt + (size_t)(c0 + row) * ldk + (size_t)kb * 128 + 64 * half;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int k = 4 * half + i; // logical 16-byte chunk: token bytes 16 k .. 16 k + 15
+            *(uint4 *)(dst + 16 * i) = *(const uint4 *)(s_q + row * 128 + 16 * (k ^ key));
+        }
+        __syncthreads(); // s_q and s_amax are free for the next tile
+    }
+}
+
+// The FP8 grouped weight-grad: dw[e] [M, N] (=|+=) sum over expert e's
+// token blocks kb of (A_kb B_kb^T) * sa[kb][m] * sb[kb][n], A = qa [M, ldk]
+// (dout^T), B = qb [N, ldk] (inp^T), from quantize_tokens_t. The forward
+// kernel's layout (warpgroup 0 loads, 1 and 2 each own 64 rows of a 128 x
+// 256 tile; a stage is one token block: a 128 x 128 A box, a 256 x 128 B box,
+// and by 1D bulk copies the block's 128 row and 256 column scales), but the
+// scales vary along both output axes, so each half's partial is promoted
+// elementwise: acc += part * (sa[row] * sb[col]), the column scales read
+// from the stage in shared memory. Tiles: experts x (M / 128) x (N / 256),
+// each over its expert's blocks (none for an empty expert: zeros, or dw
+// left as it is when accumulating). Each element is one thread's, summed in
+// a fixed order: deterministic.
+constexpr int W8_SCALE_BYTES = (F8_BM + F8_BN) * 4;
+__device__ __forceinline__ void promote_cols(float (&acc)[64], const float (&part)[64], float a_lo, float a_hi,
+                                             const float *bcol) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        float2 b = *(const float2 *)(bcol + 8 * j);
+        acc[4 * j] = fmaf(part[4 * j], a_lo * b.x, acc[4 * j]);
+        acc[4 * j + 1] = fmaf(part[4 * j + 1], a_lo * b.y, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(part[4 * j + 2], a_hi * b.x, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(part[4 * j + 3], a_hi * b.y, acc[4 * j + 3]);
+    }
+}
+// rows r, r + 8, columns c .. c + 1 + 8 j of acc into o [.., N] (=|+=)
+__device__ __forceinline__ void store_acc_f32(const float (&acc)[64], float *o, int N, int r, int c, int accumulate) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float2 *p = (float2 *)(o + (size_t)(r + 8 * hr) * N + c + 8 * j);
+            float2 v = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+            if (accumulate) {
+                float2 old = *p;
+                v.x += old.x, v.y += old.y;
+            }
+            *p = v;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(F8_THREADS, 1)
+fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ F8Maps maps, const float *sa, const float *sb,
+                         const int *offsets, int E, int M, int N, int accumulate) {
+    constexpr int S = F8_STAGES;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    uint32_t tiles = (raw + 1023) & ~1023u, scales = tiles + F8_TILE_BYTES;
+    uint32_t full0 = scales + S * W8_SCALE_BYTES, empty0 = full0 + 8 * S;
+    const float *s_sc = (const float *)(smem_raw + (scales - raw));
+    int *s_off = (int *)(smem_raw + (empty0 + 8 * S - raw));
+    int *s_blk = s_off + E + 1;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
+    grouped_tile_prefix<F8_BK>(s_off, E, 1, s_blk); // s_blk[e]: expert e's first token block
+    int n_tiles = N / F8_BN, per_e = M / F8_BM * n_tiles, total = E * per_e;
+    int wg = threadIdx.x >> 7;
+
+    if (wg == 0) { // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x != 0) return;
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            int e = t / per_e, loc = t % per_e, m0 = loc / n_tiles * F8_BM, n0 = loc % n_tiles * F8_BN;
+            for (int kb = s_blk[e]; kb < s_blk[e + 1]; kb++) {
+                mbar_wait(empty0 + 8 * slot, phase ^ 1);
+                uint32_t st = tiles + slot * F8_STAGE_BYTES, fb = full0 + 8 * slot, sc = scales + slot * W8_SCALE_BYTES;
+                mbar_expect_tx(fb, F8_STAGE_BYTES + W8_SCALE_BYTES);
+                tma_load_2d(st, &maps.a, kb * F8_BK, m0, fb);
+                tma_load_2d(st + F8_A_BYTES, &maps.b, kb * F8_BK, n0, fb);
+                bulk_load(sc, sa + (size_t)kb * M + m0, F8_BM * 4, fb);
+                bulk_load(sc + F8_BM * 4, sb + (size_t)kb * N + n0, F8_BN * 4, fb);
+                if (++slot == S) {
+                    slot = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    int rl = cw * 64 + warp * 16 + (lane >> 2), cl = 2 * (lane & 3); // this thread's first row and column in a tile
+    int slot = 0;
+    uint32_t phase = 0;
+    float acc0[64], acc1[64], part[64];
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int e = t / per_e, loc = t % per_e, m0 = loc / n_tiles * F8_BM, n0 = loc % n_tiles * F8_BN;
+        int kb0 = s_blk[e], kb1 = s_blk[e + 1];
+        if (kb0 == kb1 && accumulate) continue; // an empty expert adds nothing
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
+        for (int kb = kb0; kb < kb1; kb++) {
+            mbar_wait(full0 + 8 * slot, phase);
+            uint32_t st = tiles + slot * F8_STAGE_BYTES;
+            const float *sc = s_sc + slot * (W8_SCALE_BYTES / 4);
+            float a_lo = sc[rl], a_hi = sc[rl + 8];
+            uint64_t da = smem_desc(st + cw * 64 * 128);
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                int h = hh ^ cw; // the two warpgroups take the halves in opposite orders
+                uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < F8_BK / 32; kk++) wgmma_fp8_n128(part, da + 2 * kk, db + 2 * kk, kk > 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+                const float *bcol = sc + F8_BM + h * 128 + cl;
+                if (h == 0) promote_cols(acc0, part, a_lo, a_hi, bcol);
+                else promote_cols(acc1, part, a_lo, a_hi, bcol);
+            }
+            mbar_arrive(empty0 + 8 * slot); // both halves and the scales read: release the stage
+            if (++slot == S) {
+                slot = 0;
+                phase ^= 1;
+            }
+        }
+        float *o = dw + (size_t)e * M * N;
+        store_acc_f32(acc0, o, N, m0 + rl, n0 + cl, accumulate);
+        store_acc_f32(acc1, o, N, m0 + rl, n0 + 128 + cl, accumulate);
+    }
+}
+
 } // namespace
 
 extern "C" int cuda_fp8_encode_bits(uint8_t *q, uint32_t first, size_t n) {
@@ -716,6 +939,40 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     return 0;
 }
 
+extern "C" int cuda_fp8_quantize_tokens_t(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C,
+                                          int ldk) {
+    if (E == 0) return 0;
+    if (E < 0 || C <= 0 || C % 128 || ldk <= 0 || ldk % 128) return -1;
+    if (((uintptr_t)x | (uintptr_t)qt | (uintptr_t)st) & 15) return -1;
+    int smem = 2 * (E + 1) * (int)sizeof(int);
+    if (smem > 48 * 1024 - 128 * 128 - 8 * 128 * 4) return -1;
+    quantize_tokens_t_kernel<<<cuda_num_sms() * 8, QT_THREADS, smem, cuda_stream()>>>(qt, st, (const bf16 *)x, offsets,
+                                                                                     E, C, ldk);
+    cudaLaunchCheck();
+    return 0;
+}
+
+static int wgrad_smem(int E) { return F8_TILE_BYTES + 1024 + F8_STAGES * (W8_SCALE_BYTES + 16) + 2 * (E + 1) * 4; }
+
+extern "C" int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
+                                      const int *offsets, int E, int C, int OC, int ldk, int accumulate) {
+    if (!cuda_wgmma_device_ok() || !cuda_tma_available()) return -1;
+    if (E <= 0 || C <= 0 || OC <= 0 || OC % F8_BM || C % F8_BN || ldk <= 0 || ldk % F8_BK) return -1;
+    if (((uintptr_t)qa | (uintptr_t)qb | (uintptr_t)sa | (uintptr_t)sb) & 15 || ((uintptr_t)dw & 7)) return -1;
+    F8Maps maps;
+    memset(&maps, 0, sizeof maps);
+    if (cuda_tensor_map_2d(&maps.a, qa, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, OC, F8_BK, F8_BM)) return -1;
+    if (cuda_tensor_map_2d(&maps.b, qb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, C, F8_BK, F8_BN)) return -1;
+    int smem = wgrad_smem(E);
+    if (smem > 227 * 1024) return -1;
+    static int smem_set;
+    cuda_allow_smem((const void *)fp8_grouped_wgrad_kernel, &smem_set, smem);
+    int tiles = E * (OC / F8_BM) * (C / F8_BN), grid = cuda_num_sms() < tiles ? cuda_num_sms() : tiles;
+    fp8_grouped_wgrad_kernel<<<grid, F8_THREADS, smem, cuda_stream()>>>(dw, maps, sa, sb, offsets, E, OC, C, accumulate);
+    cudaLaunchCheck();
+    return 0;
+}
+
 // ---- the op table's FP8 entries (ops.h): the functions above, which must take the sizes ----
 
 // The sizes the FP8 ops of a model need (model_set_fp8 asks before it runs).
@@ -762,6 +1019,31 @@ extern "C" void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float 
 }
 extern "C" void cuda_fp8_fake_quantize_tokens(void *x, const int *offsets, int E, int C) {
     fp8_ok(cuda_fp8_fake_quantize_128x1(x, offsets, E, C), "fp8_fake_quantize_tokens", E, C);
+}
+extern "C" int cuda_fp8_wgrad_supports(int E, int C, int OC, char *why, size_t whylen) {
+    if (!cuda_settings()->fp8_wgrad_gemm) {
+        snprintf(why, whylen, "device.cuda.fp8_wgrad_gemm is false");
+        return 0;
+    }
+    if (!cuda_wgmma_device_ok() || !cuda_tma_available()) {
+        snprintf(why, whylen, "the FP8 weight-grad needs a Hopper GPU (sm_90a wgmma and TMA)");
+        return 0;
+    }
+    if (C % F8_BN || OC % F8_BM || wgrad_smem(E) > 227 * 1024) {
+        snprintf(why, whylen, "the FP8 weight-grad needs dw [E, OC, C] with OC a multiple of %d, C of %d and at most "
+                 "%d experts (got %d, %d, %d)", F8_BM, F8_BN, (227 * 1024 - wgrad_smem(0)) / 8, E, OC, C);
+        return 0;
+    }
+    return 1;
+}
+extern "C" void cuda_fp8_quantize_tokens_t_op(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C,
+                                              int ldk) {
+    fp8_ok(cuda_fp8_quantize_tokens_t(qt, st, x, offsets, E, C, ldk), "fp8_quantize_tokens_t", C, ldk);
+}
+extern "C" void cuda_fp8_grouped_wgrad_op(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb,
+                                          const float *sb, const int *offsets, int E, int C, int OC, int ldk,
+                                          int accumulate) {
+    fp8_ok(cuda_fp8_grouped_wgrad(dw, qa, sa, qb, sb, offsets, E, C, OC, ldk, accumulate), "fp8_grouped_wgrad", C, OC);
 }
 extern "C" void cuda_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw,
                                             const float *sw, const int *offsets, int E, int C, int OC) {
