@@ -210,7 +210,7 @@ void model_init_weights(Model *m, uint64_t seed) {
 }
 
 int model_fp8_wgrad_gemm(const Model *m) {
-    if (!m->fp8 || !m->fp8_wgrad || !m->ops->fp8_grouped_wgrad || !m->ops->fp8_quantize_tokens_t) return 0;
+    if (!m->fp8 || m->fp8_wgrad != 2 || !m->ops->fp8_grouped_wgrad || !m->ops->fp8_quantize_tokens_t) return 0;
     if (!m->ops->supports) return 1;
     const ModelConfig *c = &m->cfg;
     char why[300];

@@ -354,6 +354,14 @@ static void w_fp8(void *p) {
     WCase *c = p;
     cuda_fp8_grouped_wgrad(c->dw, c->qa, c->sa, c->qb, c->sb, c->doff, c->E, c->C, c->OC, c->ldk, 1);
 }
+static void w_fp8_set(void *p) { // = (a step's first micro-batch)
+    WCase *c = p;
+    cuda_fp8_grouped_wgrad(c->dw, c->qa, c->sa, c->qb, c->sb, c->doff, c->E, c->C, c->OC, c->ldk, 0);
+}
+static void w_bf16_set(void *p) {
+    WCase *c = p;
+    cuda_grouped_matmul_backward(NULL, c->dw, c->fdout, c->finp, NULL, c->doff, c->E, c->C, c->OC, 0);
+}
 static void w_quant_fp8(void *p) {
     w_quant_t(p);
     w_fp8(p);
@@ -397,30 +405,39 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
     gt_check("fp8 wgrad vs bf16 wgrad of the fake-quantised operands", got, ref, nw, 1e-2);
     free(got); free(ref);
 
-    double flops = 2.0 * R * C * OC, t[2][ROUNDS];
+    // ROUNDS interleaved rounds of {BF16, FP8 variant 0, FP8 variant 1 (default)}, all +=
+    double flops = 2.0 * R * C * OC, t[3][ROUNDS];
     for (int rd = 0; rd < ROUNDS; rd++) {
         t[0][rd] = time_ms(w_bf16, &c);
-        t[1][rd] = time_ms(w_fp8, &c);
+        for (int v = 0; v < 2; v++) {
+            setenv("MOECORE_FP8_WGRAD_VARIANT", v ? "1" : "0", 1);
+            t[1 + v][rd] = time_ms(w_fp8, &c);
+        }
+        unsetenv("MOECORE_FP8_WGRAD_VARIANT");
     }
-    double med[2];
-    float ratio[ROUNDS];
-    for (int k = 0; k < 2; k++) {
-        float v[ROUNDS];
+    static const char *label[3] = {"BF16 weight-grad (production, +=)",
+                                   "FP8 weight-grad, variant 0: stores from registers (+=)",
+                                   "FP8 weight-grad, variant 1 (default): TMA reduce-add from shared memory (+=)"};
+    double med[3];
+    for (int k = 0; k < 3; k++) {
+        float v[ROUNDS], ratio[ROUNDS];
         double lo = 1e30, hi = 0;
         for (int rd = 0; rd < ROUNDS; rd++) {
             v[rd] = (float)t[k][rd];
-            ratio[rd] = (float)(t[0][rd] / t[1][rd]);
+            ratio[rd] = (float)(t[0][rd] / t[k][rd]);
             lo = t[k][rd] < lo ? t[k][rd] : lo;
             hi = t[k][rd] > hi ? t[k][rd] : hi;
         }
         med[k] = gt_median(v, ROUNDS);
         if (k == 0)
-            row("| %s | BF16 weight-grad (production, +=) | %.3f (%.3f..%.3f) | %.0f TFLOP/s | |\n", name, med[0], lo,
-                hi, flops / med[0] / 1e9);
+            row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | |\n", name, label[k], med[0], lo, hi,
+                flops / med[0] / 1e9);
         else
-            row("| %s | FP8 weight-grad (+=) | %.3f (%.3f..%.3f) | %.0f TFLOP/s | %.2fx |\n", name, med[1], lo, hi,
-                flops / med[1] / 1e9, gt_median(ratio, ROUNDS));
+            row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | %.2fx |\n", name, label[k], med[k], lo, hi,
+                flops / med[k] / 1e9, gt_median(ratio, ROUNDS));
     }
+    double bs = time_ms(w_bf16_set, &c), fs = time_ms(w_fp8_set, &c);
+    row("| %s | = (a step's first micro-batch): BF16 / FP8 (default) | %.3f / %.3f | | %.2fx |\n", name, bs, fs, bs / fs);
     double fq = time_ms(w_fake, &c), fb = time_ms(w_fake_bf16, &c), qt = time_ms(w_quant_t, &c),
            qf = time_ms(w_quant_fp8, &c);
     row("| %s | fake quantise 128x1, both operands in place (BF16 [%d, %d] + [%d, %d]) | %.3f | %.0f GB/s | |\n", name,

@@ -598,8 +598,13 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
 // shared memory (row = column, 128 token bytes; the 8-byte chunk g at
 // position g ^ 2 ((row / 8) % 8), so that a warp's stores meet no bank
 // conflict), which goes out as 64 bytes per thread.
+// value j (0..7) of 8 BF16 in a 16-byte word, as a float
+__device__ __forceinline__ float bf16_at(const uint4 &w, int j) {
+    uint32_t u = j < 2 ? w.x : j < 4 ? w.y : j < 6 ? w.z : w.w;
+    return __uint_as_float(j & 1 ? u & 0xffff0000u : u << 16);
+}
 constexpr int QT_THREADS = 256;
-__global__ void __launch_bounds__(QT_THREADS) quantize_tokens_t_kernel(uint8_t *qt, float *st, const bf16 *x,
+__global__ void __launch_bounds__(QT_THREADS, 4) quantize_tokens_t_kernel(uint8_t *qt, float *st, const bf16 *x,
                                                                        const int *offsets, int E, int C, int ldk) {
     __shared__ __align__(16) uint8_t s_q[128 * 128];
     __shared__ float s_amax[QT_THREADS / 32][128];
@@ -614,19 +619,22 @@ __global__ void __launch_bounds__(QT_THREADS) quantize_tokens_t_kernel(uint8_t *
         int kb = s_tile[e] / col_tiles + local / col_tiles; // the block's row of st, its 128 columns of qt
         int r0 = s_off[e] + local / col_tiles * 128, r1 = min(r0 + 128, s_off[e + 1]);
         int c0 = local % col_tiles * 128;
-        float v[8][8], amax[8];
+        uint4 raw[8]; // the rows as loaded (BF16: half the registers of floats, for more blocks per SM)
+        float amax[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) amax[j] = 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             int r = r0 + 8 * g + i;
-            uint4 raw = make_uint4(0, 0, 0, 0); // rows past the segment: zeros, which quantise to 0
-            if (r < r1) raw = *(const uint4 *)(x + (size_t)r * C + c0 + 8 * cc);
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw;
+            raw[i] = make_uint4(0, 0, 0, 0); // rows past the segment: zeros, which quantise to 0
+            if (r < r1) raw[i] = *(const uint4 *)(x + (size_t)r * C + c0 + 8 * cc);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw[i];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 float2 f = __bfloat1622float2(h[j]);
-                v[i][2 * j] = f.x, v[i][2 * j + 1] = f.y;
                 amax[2 * j] = fmaxf(amax[2 * j], fabsf(f.x));
                 amax[2 * j + 1] = fmaxf(amax[2 * j + 1], fabsf(f.y));
             }
@@ -651,8 +659,8 @@ __global__ void __launch_bounds__(QT_THREADS) quantize_tokens_t_kernel(uint8_t *
             uint32_t lo = 0, hi = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                lo |= (uint32_t)e4m3(__fdiv_rn(v[i][j], s[j])) << (8 * i);
-                hi |= (uint32_t)e4m3(__fdiv_rn(v[4 + i][j], s[j])) << (8 * i);
+                lo |= (uint32_t)e4m3(__fdiv_rn(bf16_at(raw[i], j), s[j])) << (8 * i);
+                hi |= (uint32_t)e4m3(__fdiv_rn(bf16_at(raw[4 + i], j), s[j])) << (8 * i);
             }
             *(uint2 *)(s_q + row * 128 + 8 * (g ^ (2 * (cc & 7)))) = make_uint2(lo, hi);
         }
@@ -684,7 +692,7 @@ __global__ void __launch_bounds__(QT_THREADS) quantize_tokens_t_kernel(uint8_t *
 // from the stage in shared memory. Tiles: experts x (M / 128) x (N / 256),
 // each over its expert's blocks (none for an empty expert: zeros, or dw
 // left as it is when accumulating). Each element is one thread's, summed in
-// a fixed order: deterministic.
+// a fixed order and written once (a store, or one add into dw): deterministic.
 constexpr int W8_SCALE_BYTES = (F8_BM + F8_BN) * 4;
 __device__ __forceinline__ void promote_cols(float (&acc)[64], const float (&part)[64], float a_lo, float a_hi,
                                              const float *bcol) {
@@ -697,30 +705,64 @@ __device__ __forceinline__ void promote_cols(float (&acc)[64], const float (&par
         acc[4 * j + 3] = fmaf(part[4 * j + 3], a_hi * b.y, acc[4 * j + 3]);
     }
 }
-// rows r, r + 8, columns c .. c + 1 + 8 j of acc into o [.., N] (=|+=)
+// rows r, r + 8, columns c .. c + 1 + 8 j of acc into o [.., N] (=|+=):
+// the old values all loaded first, so that their latencies overlap
 __device__ __forceinline__ void store_acc_f32(const float (&acc)[64], float *o, int N, int r, int c, int accumulate) {
+    float2 old[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        old[i] = make_float2(0.0f, 0.0f);
+        if (accumulate) old[i] = *(const float2 *)(o + (size_t)(r + 8 * (i & 1)) * N + c + 8 * (i >> 1));
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        int j = i >> 1, hr = i & 1;
+        *(float2 *)(o + (size_t)(r + 8 * hr) * N + c + 8 * j) =
+            make_float2(acc[4 * j + 2 * hr] + old[i].x, acc[4 * j + 2 * hr + 1] + old[i].y);
+    }
+}
+// A consumer warpgroup's 64 x 128 half of the tile into its staging buffer
+// for TMA: 4 boxes of 64 rows x 32 columns (8 KB each, 128-byte rows,
+// 16-byte chunks swizzled by row % 8 as the tensor map's 128-byte swizzle
+// reads them). rl: the thread's row in the warpgroup's 64, q = lane % 4.
+__device__ __forceinline__ void stage_acc_f32(const float (&acc)[64], unsigned char *stg, int rl, int q) {
 #pragma unroll
     for (int j = 0; j < 16; j++) {
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            float2 *p = (float2 *)(o + (size_t)(r + 8 * hr) * N + c + 8 * j);
-            float2 v = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-            if (accumulate) {
-                float2 old = *p;
-                v.x += old.x, v.y += old.y;
-            }
-            *p = v;
+            int row = rl + 8 * hr, chunk = 2 * (j & 3) + (q >> 1);
+            *(float2 *)(stg + (j >> 2) * 8192 + row * 128 + ((chunk ^ (row & 7)) << 4) + 8 * (q & 1)) =
+                make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
         }
     }
 }
 
+struct W8Maps {
+    CUtensorMap a, b, dw; // dw: FP32 [E * M, N], boxes of 32 x 64
+};
+template <bool TMA_EPI> struct W8Smem {
+    static constexpr int STAGES = TMA_EPI ? 3 : 4;
+    static constexpr int TILES = STAGES * F8_STAGE_BYTES;
+    static constexpr int STAGING = TMA_EPI ? 2 * 64 * 128 * 4 : 0; // one 64 x 128 FP32 half per consumer warpgroup
+    static constexpr int FIXED = 1024 + TILES + STAGING + STAGES * (W8_SCALE_BYTES + 16);
+    static int bytes(int E) { return FIXED + 2 * (E + 1) * (int)sizeof(int); }
+};
+
+// TMA_EPI: the epilogue stages each half of a warpgroup's accumulators in
+// shared memory and one thread hands it to the copy engine (a TMA store,
+// or a TMA reduce-add into dw when accumulating), so that the warpgroup
+// goes on to its next tile while the copy engine writes (3 stages, to make
+// room for the staging); else each thread stores (or loads, adds and
+// stores) its accumulators itself (4 stages).
+template <bool TMA_EPI>
 __global__ void __launch_bounds__(F8_THREADS, 1)
-fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ F8Maps maps, const float *sa, const float *sb,
+fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const float *sa, const float *sb,
                          const int *offsets, int E, int M, int N, int accumulate) {
-    constexpr int S = F8_STAGES;
+    typedef W8Smem<TMA_EPI> L;
+    constexpr int S = L::STAGES;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
-    uint32_t tiles = (raw + 1023) & ~1023u, scales = tiles + F8_TILE_BYTES;
+    uint32_t tiles = (raw + 1023) & ~1023u, staging = tiles + L::TILES, scales = staging + L::STAGING;
     uint32_t full0 = scales + S * W8_SCALE_BYTES, empty0 = full0 + 8 * S;
     const float *s_sc = (const float *)(smem_raw + (scales - raw));
     int *s_off = (int *)(smem_raw + (empty0 + 8 * S - raw));
@@ -763,7 +805,10 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ F8Maps maps, const f
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    int rl = cw * 64 + warp * 16 + (lane >> 2), cl = 2 * (lane & 3); // this thread's first row and column in a tile
+    int rw = warp * 16 + (lane >> 2), rl = cw * 64 + rw, cl = 2 * (lane & 3); // this thread's first row, column
+    bool issuer = (threadIdx.x & 127) == 0; // the warpgroup's thread that hands its staging to the copy engine
+    unsigned char *stg = smem_raw + (staging - raw) + cw * (64 * 128 * 4);
+    uint32_t stg_s = staging + cw * (64 * 128 * 4);
     int slot = 0;
     uint32_t phase = 0;
     float acc0[64], acc1[64], part[64];
@@ -798,10 +843,31 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ F8Maps maps, const f
                 phase ^= 1;
             }
         }
-        float *o = dw + (size_t)e * M * N;
-        store_acc_f32(acc0, o, N, m0 + rl, n0 + cl, accumulate);
-        store_acc_f32(acc1, o, N, m0 + rl, n0 + 128 + cl, accumulate);
+        if (TMA_EPI) {
+            int row0 = e * M + m0 + cw * 64;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (issuer) bulk_wait_read<0>(); // the copy engine has read the staging's last contents
+                named_barrier(1 + cw, 128);
+                stage_acc_f32(h ? acc1 : acc0, stg, rw, lane & 3);
+                fence_proxy_async();
+                named_barrier(1 + cw, 128);
+                if (issuer) {
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        if (accumulate) tma_reduce_add_2d(&maps.dw, stg_s + b * 8192, n0 + h * 128 + 32 * b, row0);
+                        else tma_store_2d(&maps.dw, stg_s + b * 8192, n0 + h * 128 + 32 * b, row0);
+                    }
+                    bulk_commit();
+                }
+            }
+        } else {
+            float *o = dw + (size_t)e * M * N;
+            store_acc_f32(acc0, o, N, m0 + rl, n0 + cl, accumulate);
+            store_acc_f32(acc1, o, N, m0 + rl, n0 + 128 + cl, accumulate);
+        }
     }
+    if (TMA_EPI && issuer) bulk_wait<0>(); // the last writes done before the staging goes away
 }
 
 } // namespace
@@ -952,23 +1018,32 @@ extern "C" int cuda_fp8_quantize_tokens_t(uint8_t *qt, float *st, const void *x,
     return 0;
 }
 
-static int wgrad_smem(int E) { return F8_TILE_BYTES + 1024 + F8_STAGES * (W8_SCALE_BYTES + 16) + 2 * (E + 1) * 4; }
+static int wgrad_smem(int E) { return W8Smem<true>::bytes(E) > W8Smem<false>::bytes(E) ? W8Smem<true>::bytes(E) : W8Smem<false>::bytes(E); }
 
 extern "C" int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
                                       const int *offsets, int E, int C, int OC, int ldk, int accumulate) {
     if (!cuda_wgmma_device_ok() || !cuda_tma_available()) return -1;
     if (E <= 0 || C <= 0 || OC <= 0 || OC % F8_BM || C % F8_BN || ldk <= 0 || ldk % F8_BK) return -1;
     if (((uintptr_t)qa | (uintptr_t)qb | (uintptr_t)sa | (uintptr_t)sb) & 15 || ((uintptr_t)dw & 7)) return -1;
-    F8Maps maps;
+    int smem = wgrad_smem(E);
+    if (smem > 227 * 1024) return -1;
+    // MOECORE_FP8_WGRAD_VARIANT (benchmarks and tests only): 0 stores the
+    // accumulators from registers, 1 (the default, where dw is 16-byte
+    // aligned as TMA needs) by TMA from shared memory.
+    const char *v = getenv("MOECORE_FP8_WGRAD_VARIANT");
+    int variant = (v && *v == '0') || ((uintptr_t)dw & 15) ? 0 : 1;
+    W8Maps maps;
     memset(&maps, 0, sizeof maps);
     if (cuda_tensor_map_2d(&maps.a, qa, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, OC, F8_BK, F8_BM)) return -1;
     if (cuda_tensor_map_2d(&maps.b, qb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, C, F8_BK, F8_BN)) return -1;
-    int smem = wgrad_smem(E);
-    if (smem > 227 * 1024) return -1;
-    static int smem_set;
-    cuda_allow_smem((const void *)fp8_grouped_wgrad_kernel, &smem_set, smem);
+    if (variant && cuda_tensor_map_2d(&maps.dw, dw, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, C, (uint64_t)E * OC, 32, 64))
+        return -1;
+    typedef void (*Kernel)(float *, const W8Maps, const float *, const float *, const int *, int, int, int, int);
+    static const Kernel kernels[2] = {fp8_grouped_wgrad_kernel<false>, fp8_grouped_wgrad_kernel<true>};
+    static int smem_set[2];
+    cuda_allow_smem((const void *)kernels[variant], &smem_set[variant], smem);
     int tiles = E * (OC / F8_BM) * (C / F8_BN), grid = cuda_num_sms() < tiles ? cuda_num_sms() : tiles;
-    fp8_grouped_wgrad_kernel<<<grid, F8_THREADS, smem, cuda_stream()>>>(dw, maps, sa, sb, offsets, E, OC, C, accumulate);
+    kernels[variant]<<<grid, F8_THREADS, smem, cuda_stream()>>>(dw, maps, sa, sb, offsets, E, OC, C, accumulate);
     cudaLaunchCheck();
     return 0;
 }
@@ -1021,10 +1096,6 @@ extern "C" void cuda_fp8_fake_quantize_tokens(void *x, const int *offsets, int E
     fp8_ok(cuda_fp8_fake_quantize_128x1(x, offsets, E, C), "fp8_fake_quantize_tokens", E, C);
 }
 extern "C" int cuda_fp8_wgrad_supports(int E, int C, int OC, char *why, size_t whylen) {
-    if (!cuda_settings()->fp8_wgrad_gemm) {
-        snprintf(why, whylen, "device.cuda.fp8_wgrad_gemm is false");
-        return 0;
-    }
     if (!cuda_wgmma_device_ok() || !cuda_tma_available()) {
         snprintf(why, whylen, "the FP8 weight-grad needs a Hopper GPU (sm_90a wgmma and TMA)");
         return 0;
