@@ -29,6 +29,13 @@
 // partial accumulators over column quarters), not more bandwidth. Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
+//
+// fp8.wgrad: fp8 (its section below): the 128 x 1 fake quantiser along
+// each expert's tokens, and the speed path: a quantiser that writes both
+// weight-grad operands transposed (K-major, as FP8 wgmma reads them) and
+// the FP8 grouped weight-grad, whose block scales vary along both output
+// axes (H200, OLMoE shapes: 1.18-1.21x the BF16 weight-grad, 553 TFLOP/s;
+// bench/results/2026-12-01-h200-issue18-wgrad-gpu.md).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/fp8_cuda.h"
 #include "ops/cuda/grouped_sched.cuh"
@@ -326,6 +333,16 @@ __global__ void quantize_mx_kernel(uint8_t *q, uint8_t *scale, const bf16 *x, si
 // it in registers spilled at 512 threads). Block
 // tiles come from the device offsets (grouped_sched.cuh), the grid strides
 // over them.
+// amax[j] = max(amax[j], |value j|) over the 8 BF16 of a 16-byte word (NaN ignored)
+__device__ __forceinline__ void amax8_bf16(float (&amax)[8], const uint4 &w) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&w;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float2 f = __bfloat1622float2(h[j]);
+        amax[2 * j] = fmaxf(amax[2 * j], fabsf(f.x));
+        amax[2 * j + 1] = fmaxf(amax[2 * j + 1], fabsf(f.y));
+    }
+}
 constexpr int FQ_ROWS = 128, FQ_COLS = 256, FQ_THREADS = 512, FQ_WARPS = FQ_THREADS / 32, FQ_PER = FQ_ROWS / FQ_WARPS;
 __global__ void __launch_bounds__(FQ_THREADS, 1) fake_quantize_128x1_kernel(bf16 *x, const int *offsets, int E, int C) {
     extern __shared__ int fq_smem[];
@@ -348,13 +365,7 @@ __global__ void __launch_bounds__(FQ_THREADS, 1) fake_quantize_128x1_kernel(bf16
             int r = r0 + warp + FQ_WARPS * i;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (live_c && r < r1) v = *(const uint4 *)(x + (size_t)r * C + c);
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float2 f = __bfloat1622float2(h[j]);
-                amax[2 * j] = fmaxf(amax[2 * j], fabsf(f.x));
-                amax[2 * j + 1] = fmaxf(amax[2 * j + 1], fabsf(f.y));
-            }
+            amax8_bf16(amax, v);
         }
 #pragma unroll
         for (int j = 0; j < 8; j++) s_amax[warp * FQ_COLS + 8 * lane + j] = amax[j];
@@ -465,6 +476,33 @@ struct F8Maps {
     CUtensorMap a, b;
 };
 
+// The stage ring of the warp-specialised FP8 kernels: S full barriers (one
+// arrival: the producer's expect_tx) and S empty ones (the 256 consumer
+// threads), and the slot / phase step after each stage.
+__device__ __forceinline__ void f8_ring_init(uint32_t full0, uint32_t empty0, int S) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+}
+__device__ __forceinline__ void f8_ring_next(int &slot, uint32_t &phase, int S) {
+    if (++slot == S) {
+        slot = 0;
+        phase ^= 1;
+    }
+}
+// part = A B^T over one K = 128 stage: 4 wgmma m64n128k32 e4m3, waited for
+__device__ __forceinline__ void f8_mma_k128(float (&part)[64], uint64_t da, uint64_t db) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < F8_BK / 32; kk++) wgmma_fp8_n128(part, da + 2 * kk, db + 2 * kk, kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+}
+
 // out[R, N] = A[R, K] B_e^T with block scales sa [R, K/128], sb [E, N/128, K/128].
 // PREFETCH: each stage's four scales are loaded one stage ahead (else at
 // the stage's start, under its barrier wait only). VEC_STORE: the epilogue
@@ -483,13 +521,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
     int *s_off = (int *)(smem_raw + (tiles - raw) + F8_TILE_BYTES + 16 * S);
     int *s_tile = s_off + E + 1;
     int col_tiles = N / F8_BN, kb = K / F8_BK;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; s++) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    f8_ring_init(full0, empty0, S);
     grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
     int total = grouped_tile_prefix<F8_BM>(s_off, E, col_tiles, s_tile);
     int wg = threadIdx.x >> 7;
@@ -507,10 +539,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
                 mbar_expect_tx(fb, F8_STAGE_BYTES);
                 tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
                 tma_load_2d(st + F8_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
-                if (++slot == S) {
-                    slot = 0;
-                    phase ^= 1;
-                }
+                f8_ring_next(slot, phase, S);
             }
         }
         return;
@@ -554,20 +583,13 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
             for (int hh = 0; hh < 2; hh++) {
                 int h = STAGGER ? hh ^ cw : hh;
                 uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < F8_BK / 32; kk++) wgmma_fp8_n128(part, da + 2 * kk, db + 2 * kk, kk > 0);
-                wgmma_commit();
-                wgmma_wait<0>();
+                f8_mma_k128(part, da, db);
                 if (hh == 1) mbar_arrive(empty0 + 8 * slot); // both halves read: release the stage
                 float bs = h ? b1 : b0;
                 if (h == 0) promote(acc0, part, a_lo * bs, a_hi * bs);
                 else promote(acc1, part, a_lo * bs, a_hi * bs);
             }
-            if (++slot == S) {
-                slot = 0;
-                phase ^= 1;
-            }
+            f8_ring_next(slot, phase, S);
         }
         bf16 *o = out + (size_t)tl.r0 * N;
         if (VEC_STORE) {
@@ -630,15 +652,7 @@ __global__ void __launch_bounds__(QT_THREADS, 4) quantize_tokens_t_kernel(uint8_
             if (r < r1) raw[i] = *(const uint4 *)(x + (size_t)r * C + c0 + 8 * cc);
         }
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw[i];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float2 f = __bfloat1622float2(h[j]);
-                amax[2 * j] = fmaxf(amax[2 * j], fabsf(f.x));
-                amax[2 * j + 1] = fmaxf(amax[2 * j + 1], fabsf(f.y));
-            }
-        }
+        for (int i = 0; i < 8; i++) amax8_bf16(amax, raw[i]);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));
@@ -767,13 +781,7 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
     const float *s_sc = (const float *)(smem_raw + (scales - raw));
     int *s_off = (int *)(smem_raw + (empty0 + 8 * S - raw));
     int *s_blk = s_off + E + 1;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; s++) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    f8_ring_init(full0, empty0, S);
     grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
     grouped_tile_prefix<F8_BK>(s_off, E, 1, s_blk); // s_blk[e]: expert e's first token block
     int n_tiles = N / F8_BN, per_e = M / F8_BM * n_tiles, total = E * per_e;
@@ -794,10 +802,7 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
                 tma_load_2d(st + F8_A_BYTES, &maps.b, kb * F8_BK, n0, fb);
                 bulk_load(sc, sa + (size_t)kb * M + m0, F8_BM * 4, fb);
                 bulk_load(sc + F8_BM * 4, sb + (size_t)kb * N + n0, F8_BN * 4, fb);
-                if (++slot == S) {
-                    slot = 0;
-                    phase ^= 1;
-                }
+                f8_ring_next(slot, phase, S);
             }
         }
         return;
@@ -828,20 +833,13 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
             for (int hh = 0; hh < 2; hh++) {
                 int h = hh ^ cw; // the two warpgroups take the halves in opposite orders
                 uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < F8_BK / 32; kk++) wgmma_fp8_n128(part, da + 2 * kk, db + 2 * kk, kk > 0);
-                wgmma_commit();
-                wgmma_wait<0>();
+                f8_mma_k128(part, da, db);
                 const float *bcol = sc + F8_BM + h * 128 + cl;
                 if (h == 0) promote_cols(acc0, part, a_lo, a_hi, bcol);
                 else promote_cols(acc1, part, a_lo, a_hi, bcol);
             }
             mbar_arrive(empty0 + 8 * slot); // both halves and the scales read: release the stage
-            if (++slot == S) {
-                slot = 0;
-                phase ^= 1;
-            }
+            f8_ring_next(slot, phase, S);
         }
         if (TMA_EPI) {
             int row0 = e * M + m0 + cw * 64;
