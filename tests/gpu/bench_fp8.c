@@ -482,7 +482,7 @@ int main(int argc, char **argv) {
     row("- each entry the median of %d runs after %d warm-ups (CUDA events); GEMM rows: %d interleaved rounds of "
         "all %s, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
         "FLOPs 2 R C OC\n\n",
-        RUNS, WARMUP, ROUNDS, dgrad || wgrad ? "two" : "five");
+        RUNS, WARMUP, ROUNDS, dgrad ? "two" : wgrad ? "three" : "five");
     row("| layer | kernel | ms | rate | vs BF16 |\n|---|---|---:|---:|---:|\n");
     const char *out = argc > 1 + (dgrad || wgrad) ? argv[1 + (dgrad || wgrad)] : NULL;
     if (wgrad) {

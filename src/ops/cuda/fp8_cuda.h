@@ -64,7 +64,7 @@ int cuda_fp8_quantize_tokens_t(uint8_t *qt, float *st, const void *x, const int 
 // and qb/sb [C, ldk] from inp [R, C] (cuda_fp8_quantize_tokens_t): the
 // weight-grad of the two operands fake-quantised, with FP32 accumulation;
 // an empty expert's dw is zeros (or left as it is). OC % 128 == 0,
-// C % 256 == 0.
+// C % 256 == 0, dw 8-byte aligned (16 for the TMA epilogue, the default).
 int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
                            const int *offsets, int E, int C, int OC, int ldk, int accumulate);
 // The FP8 grouped GEMM forward: out[R, OC] (BF16) = dequant(qa) dequant(qw_e)^T
