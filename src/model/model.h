@@ -294,7 +294,7 @@ typedef struct {
     int recompute_norms, recompute_attention, recompute_swiglu;
     int defer_wgrad, doc_mask;
     int fp8;                          // train.precision: fp8 (its FP8 activation buffers)
-    int fp8_wgrad;                    // fp8.wgrad: fp8 (Model.fp8_wgrad: 2 gives the FP8 weight-grad's operand buffers)
+    int fp8_wgrad;                    // Model.fp8_wgrad's values (2: the FP8 weight-grad GEMM's operand buffers too)
     const ParamStage *stage;          // NULL: the whole model
 } ModelArenaSpec;
 typedef struct {
