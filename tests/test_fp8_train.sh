@@ -17,11 +17,10 @@
 #  3. the memory line reports the FP8 weight copies (what fp8 saves shows on
 #     GPUs, where they replace the BF16 copies: bench/results);
 #  1b. fp8.wgrad: fp8 (the weight-grads' operands quantised per 128 x 1 tile
-#     along each expert's tokens; CPU only) trains under the same bound and
+#     along each expert's tokens) trains under the same bound and
 #     its losses differ from fp8.wgrad: bf16's;
 #  4. the configs it refuses name the key: mxfp8, experts_dense, ep > 1, a
-#     dense model, an expert width not a multiple of 128, fp8.wgrad: fp8 on
-#     a GPU.
+#     dense model, an expert width not a multiple of 128.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -58,7 +57,7 @@ assert rel < 0.02, rel
 PY
 grep -q "precision: fp8" "$tmp/fp8.log" && ok "fp8 run says its precision" || bad "no precision line"
 
-# ---- 1b. fp8.wgrad: fp8 (CPU only): the weight-grads' operands quantised along the tokens ----------
+# ---- 1b. fp8.wgrad: fp8: the weight-grads' operands quantised along the tokens ----------
 train --train.precision=fp8 --fp8.wgrad=fp8 --logging.run_dir="$tmp/fp8w" >"$tmp/fp8w.log" 2>&1 \
   || { cat "$tmp/fp8w.log"; bad "fp8.wgrad=fp8 run failed"; }
 $py - "$tmp/bf16/metrics.jsonl" "$tmp/fp8/metrics.jsonl" "$tmp/fp8w/metrics.jsonl" <<'PY' \
@@ -100,7 +99,6 @@ refused "fp8.gemms: experts_dense" --train.precision=fp8 --fp8.gemms=experts_den
 refused "needs MoE layers" --train.precision=fp8 --model.n_experts=0
 refused "parallel.ep = 1" --train.precision=fp8 --parallel.ep=2 --parallel.dp=2
 refused "multiples of 128" --train.precision=fp8 --model.expert_hidden=192
-refused "fp8.wgrad: fp8 runs on the CPU backend only" --train.precision=fp8 --fp8.wgrad=fp8 --device.type=cuda
 refused "unknown value\|expected one of\|bf16" --train.precision=fp4
 
 echo "$fails failed"

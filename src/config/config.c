@@ -65,7 +65,7 @@ static const Key table[] = {
     FE(parallel.pp_schedule, pp_schedule_names), F(parallel.pp_virtual, T_INT), F(parallel.pp_layers, T_LIST),
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
-    F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT),
+    F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT), F(device.cuda.fp8_wgrad_gemm, T_BOOL),
     FE(device.cuda.attention_fwd, gemm_kernel_names), FE(device.cuda.attention_bwd, gemm_kernel_names),
 };
 #define NTABLE ((int)(sizeof(table) / sizeof(table[0])))
@@ -673,9 +673,6 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
             FAIL("fp8.gemms: experts_dense is not implemented yet (the dense GEMMs stay BF16); use fp8.gemms: experts");
         if (c->model.n_experts <= 0)
             FAIL("train.precision: fp8 with fp8.gemms: experts needs MoE layers (model.n_experts > 0)");
-        if (c->fp8.wgrad == FP8_WGRAD_FP8 && c->device.type == 1)
-            FAIL("fp8.wgrad: fp8 runs on the CPU backend only for now (no CUDA kernel quantises the weight-grads' "
-                 "operands along the tokens yet); use fp8.wgrad: bf16 on GPUs");
         if (p->ep > 1) FAIL("train.precision: fp8 runs with parallel.ep = 1 only for now (the FP8 dispatch is not built)");
         if (p->pp > 1) FAIL("train.precision: fp8 with parallel.pp > 1 is not supported yet");
         if (c->optim_sharded && p->dp > 1 && c->device.type == 1)

@@ -73,7 +73,7 @@ typedef enum { FP8_WGRAD_BF16 = 0, FP8_WGRAD_FP8 = 1 } Fp8Wgrad;
 typedef struct {
     int recipe;              // Fp8Recipe
     int gemms;               // Fp8Gemms: the experts' grouped GEMMs, or also the dense ones
-    int wgrad;               // Fp8Wgrad: the experts' weight-grads in the compute dtype, or FP8 (CPU only)
+    int wgrad;               // Fp8Wgrad: the experts' weight-grads in the compute dtype, or FP8
 } Fp8Section;
 
 typedef struct {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ops/ep_sym.h"
+#include "ops/fp8.h"
 #include "util/check.h"
 
 // the compute weights of entry i, and its FP32 grad
@@ -208,6 +209,16 @@ void model_init_weights(Model *m, uint64_t seed) {
     param_store_sync_weights(&m->store);
 }
 
+int model_fp8_wgrad_gemm(const Model *m) {
+    if (!m->fp8 || m->fp8_wgrad != 2 || !m->ops->fp8_grouped_wgrad || !m->ops->fp8_quantize_tokens_t) return 0;
+    if (!m->ops->supports) return 1;
+    const ModelConfig *c = &m->cfg;
+    char why[300];
+    OpDesc down = {.op = OP_FP8_WGRAD, .E = m->E_local, .C = c->expert_hidden, .OC = c->d_model};
+    OpDesc gate = {.op = OP_FP8_WGRAD, .E = m->E_local, .C = c->d_model, .OC = c->expert_hidden};
+    return m->ops->supports(&down, why, sizeof why) && m->ops->supports(&gate, why, sizeof why);
+}
+
 // ---- activations ----------------------------------------------------------------
 
 // Carves buffers out of one arena: act elements are act_bytes wide, f32
@@ -395,6 +406,14 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
         size_t dqw = D > 2 * Fe ? D : 2 * Fe; // the down's output grads [R, D], the gate/up pair's [R, 2 Fe]
         m->fp8_dq = m->fp8 ? take_bytes(cv, R * dqw) : NULL;
         m->fp8_ds = m->fp8 ? ftake(cv, R * fp8_blocks((int)dqw)) : NULL;
+        // the FP8 weight-grad's operands along the tokens (dout^T, inp^T) and their scales
+        int fw = model_fp8_wgrad_gemm(m);
+        size_t wide = D > Fe ? D : Fe, ldk = fw ? (size_t)fp8_tokens_ldk((int)R, m->E_local) : 0;
+        m->fp8_ldk = (int)ldk;
+        m->fp8_wqa = fw ? take_bytes(cv, wide * ldk) : NULL;
+        m->fp8_wqb = fw ? take_bytes(cv, wide * ldk) : NULL;
+        m->fp8_wsa = fw ? ftake(cv, wide * (ldk / 128)) : NULL;
+        m->fp8_wsb = fw ? ftake(cv, wide * (ldk / 128)) : NULL;
         m->ep_scratch = ep > 1 && !sym ? take(cv, Rl * D) : NULL;
         m->dweights = ftake(cv, N * k); m->dprobs = ftake(cv, N * E); m->dlogits = ftake(cv, N * E);
         if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
@@ -523,9 +542,11 @@ int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpe
     m->cfg = *cfg;
     if (model_config_validate(&m->cfg, err, errlen)) { free(m); return -1; }
     // the backend's sizes without its device: the symmetric receive
-    // buffers are the bound (or ep_recv_factor's), not what a device spares
+    // buffers are the bound (or ep_recv_factor's), not what a device spares,
+    // and the kernels are taken to run the shapes (a run asks the device)
     Ops o = *ops;
     o.device_memory_free = NULL;
+    o.supports = NULL;
     m->ops = &o;
     int ep = s->ep > 0 ? s->ep : 1;
     if (cfg->n_experts % ep) { free(m); return errorf(err, errlen, "ep %d does not divide model.n_experts %d", ep, cfg->n_experts); }
@@ -543,6 +564,7 @@ int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpe
     m->recompute_attention = s->recompute_attention;
     m->recompute_swiglu = s->recompute_swiglu;
     m->fp8 = s->fp8;
+    m->fp8_wgrad = s->fp8_wgrad;
     m->defer_wgrad = s->defer_wgrad;
     m->doc_mask = s->doc_mask;
     m->B = s->B;
@@ -1120,7 +1142,10 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
 // grads quantised 1 x 128 (the down's as they come, the gate/up pair's as
 // the SwiGLU backward writes them, side by side: one GEMM with K = 2 Fe),
 // times the weights' transposed FP8 copies. The weight-grads in the compute
-// dtype: the unquantised output grads times the dequantised FP8 inputs.
+// dtype: the unquantised output grads times the dequantised FP8 inputs; with
+// fp8.wgrad: fp8 both quantised per 128 x 1 tile along the tokens, on the
+// FP8 weight-grad GEMM where the backend has it, else fake-quantised in
+// place for the compute-dtype weight-grad.
 // Each output grad's data- and weight-grad read the same values (dey;
 // deg, deu), only the data-grad's quantised.
 static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
@@ -1137,16 +1162,31 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     ops->fp8_grouped_matmul_forward(m->dea, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 2), fp8_scales_t(m, li, 2), lo,
                                     El, D, Fe);
     ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
-    if (m->fp8_wgrad) { // dey's last use is this weight-grad: quantised in place
-        ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, Fe);
-        ops->fp8_fake_quantize_tokens(m->dey, lo, El, D);
+    int ldk = m->fp8_ldk;
+    if (m->fp8_wqa) { // fp8.wgrad: fp8 on the FP8 weight-grad GEMM
+        ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->dey, lo, El, D, ldk);
+        ops->fp8_quantize_tokens_t(m->fp8_wqb, m->fp8_wsb, m->fp8_deq, lo, El, Fe, ldk);
+        ops->fp8_grouped_wgrad(G(L->exp_down), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, Fe, D, ldk, accw);
+    } else {
+        if (m->fp8_wgrad) { // dey's last use is this weight-grad: quantised in place
+            ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, Fe);
+            ops->fp8_fake_quantize_tokens(m->dey, lo, El, D);
+        }
+        ops->grouped_matmul_backward(NULL, G(L->exp_down), m->dey, m->fp8_deq, P(L->exp_down), lo, El, Fe, D, accw);
     }
-    ops->grouped_matmul_backward(NULL, G(L->exp_down), m->dey, m->fp8_deq, P(L->exp_down), lo, El, Fe, D, accw);
     ops->fp8_swiglu_backward_quantize(m->deg, m->deu, m->fp8_dq, m->fp8_ds, m->dea, a->eg, a->eu, R, Fe);
     ops->fp8_grouped_matmul_forward(m->dxp, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 0), fp8_scales_t(m, li, 0), lo,
                                     El, 2 * Fe, D);
     if (m->recompute == 1 || m->recompute == 2) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
     ops->fp8_dequantize_rows(m->fp8_deq, a->xq, a->xs, R, D);
+    if (m->fp8_wqa) { // the input along the tokens once, then each output grad in turn
+        ops->fp8_quantize_tokens_t(m->fp8_wqb, m->fp8_wsb, m->fp8_deq, lo, El, D, ldk);
+        ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->deg, lo, El, Fe, ldk);
+        ops->fp8_grouped_wgrad(G(L->exp_gate), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, D, Fe, ldk, accw);
+        ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->deu, lo, El, Fe, ldk);
+        ops->fp8_grouped_wgrad(G(L->exp_up), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, D, Fe, ldk, accw);
+        return;
+    }
     if (m->fp8_wgrad) { // deg and deu are used by these two weight-grads alone (the pair's data-grad read fp8_dq)
         ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, D);
         ops->fp8_fake_quantize_tokens(m->deg, lo, El, Fe);

@@ -166,11 +166,18 @@ typedef struct {
     // 2 expert_hidden], then Wd^T [E_local, expert_hidden, d_model]). The
     // weight-grads run in the compute dtype from the dequantised FP8 inputs
     // (what the forward multiplied) and the unquantised output grads, or,
-    // with fp8_wgrad (fp8.wgrad: fp8, CPU only for now), from both operands
+    // with fp8_wgrad (fp8.wgrad: fp8; 2: on the backend's FP8 weight-grad
+    // GEMM where it takes the shapes, device.cuda.fp8_wgrad_gemm), from both operands
     // quantised and dequantised per 128 x 1 tile along the tokens of each
     // expert segment (fp8_fake_quantize_tokens: the reference of an FP8
     // weight-grad GEMM, whose K is the tokens).
     int fp8, fp8_wgrad;
+    // fp8.wgrad: fp8 on the backend's FP8 weight-grad GEMM (fp8_quantize_tokens_t,
+    // fp8_grouped_wgrad; NULL: the fake quantiser): both operands along the
+    // tokens, [max(d_model, expert_hidden), fp8_ldk] E4M3, and their scales
+    uint8_t *fp8_wqa, *fp8_wqb;
+    float *fp8_wsa, *fp8_wsb;
+    int fp8_ldk;
     uint8_t *fp8_w;                   // [n_moe * 3][E_local * d_model * expert_hidden]
     float *fp8_ws;                    // [n_moe * 3][fp8_ws_per]
     uint8_t *fp8_wt;                  // [n_moe][3 * E_local * d_model * expert_hidden]: the transposed copies
@@ -294,6 +301,7 @@ typedef struct {
     int recompute_norms, recompute_attention, recompute_swiglu;
     int defer_wgrad, doc_mask;
     int fp8;                          // train.precision: fp8 (its FP8 activation buffers)
+    int fp8_wgrad;                    // Model.fp8_wgrad's values (2: the FP8 weight-grad GEMM's operand buffers too)
     const ParamStage *stage;          // NULL: the whole model
 } ModelArenaSpec;
 typedef struct {
@@ -362,6 +370,11 @@ void model_backward_chunk(Model *m, int chunk, float ce_scale, float aux_scale);
 // With defer_wgrad: the weight grads model_backward_chunk left out, for the
 // slot in use (which keeps what they need until then).
 void model_wgrad_chunk(Model *m, int chunk);
+// fp8.wgrad: fp8 runs on the backend's FP8 weight-grad GEMM (1: fp8_wgrad
+// is 2 and the backend's ops are there and take both expert shapes), else
+// the fake quantiser and the compute-dtype weight-grad (0; also without
+// fp8_wgrad).
+int model_fp8_wgrad_gemm(const Model *m);
 // Buffers of the slot in use [B*T, d_model] in the compute dtype.
 void *model_chunk_input(Model *m, int chunk);
 void *model_chunk_output(Model *m, int chunk);

@@ -77,6 +77,11 @@ void fp8_quantize_1x128_pair(uint8_t *q, float *scale, const float *a, const flo
 // The FP8 weight-grad reference is then the FP32 grouped weight-grad of
 // the two operands so treated.
 void fp8_fake_quantize_128x1(float *x, const int *offsets, int E, int C);
+// The weight-grads' FP8 operands on GPUs (K-major: the tokens contiguous):
+// [C, ldk] with each expert's tokens in whole 128-blocks from column
+// 128 x (the blocks of the experts before it); ldk is enough for any
+// routing of R rows over E experts.
+static inline int fp8_tokens_ldk(int R, int E) { return ((R + 127) / 128 + E) * 128; }
 // MXFP8: x [R, C] -> q [R, C], scale bytes [R, ceil(C/32)]; and back.
 void fp8_quantize_mx(uint8_t *q, uint8_t *scale, const float *x, int R, int C);
 void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, int C);

@@ -39,6 +39,7 @@ typedef enum {
     OP_GROUPED_MATMUL,  // E (experts on this rank), C, OC: forward and backward, and the gate/up pair
     OP_ROUTER,          // N, E, k, routing (RoutingMode): probs, top-k, weights, counts, LB and z losses
     OP_FP8_GROUPED,     // E, C, OC: the FP8 grouped forward and its quantisers (train.precision: fp8)
+    OP_FP8_WGRAD,       // E, C, OC: the FP8 grouped weight-grad (fp8.wgrad: fp8; else the fake quantiser + BF16)
 } OpKind;
 typedef struct {
     OpKind op;
@@ -267,8 +268,18 @@ typedef struct Ops {
     // fp8.wgrad: fp8: x [R,C] act quantised and dequantised in place per
     // 128 x 1 tile along the rows of each expert segment (the offsets, where
     // they live): the weight-grads' operands (fp8_fake_quantize_128x1 of
-    // ops/fp8.h). CPU only for now: NULL on CUDA, which validation refuses.
+    // ops/fp8.h; on CUDA the dequantised values rounded to BF16). A backend
+    // without it leaves it NULL, and train refuses fp8.wgrad: fp8 there.
     void (*fp8_fake_quantize_tokens)(void *x, const int *offsets, int E, int C);
+    // fp8.wgrad: fp8 as an FP8 GEMM (NULL, or supports() refusing
+    // OP_FP8_WGRAD: the model fake-quantises and runs grouped_matmul_backward):
+    // qt [C, ldk] (bytes), st [ldk/128, C] (f32) of x [R, C] act, the same
+    // tiles, codes and scales as fp8_fake_quantize_tokens laid out along the
+    // tokens (fp8_tokens_ldk of ops/fp8.h); and dw [E, OC, C] (=|+=, as
+    // grouped_matmul_backward's) of qa/sa from dout [R, OC], qb/sb from inp [R, C].
+    void (*fp8_quantize_tokens_t)(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C, int ldk);
+    void (*fp8_grouped_wgrad)(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
+                              const int *offsets, int E, int C, int OC, int ldk, int accumulate);
     // The FP8 grouped matmul forward: out[R,OC] (act) = deq(qa) deq(qw[e])^T
     // over the segments offsets[e]..offsets[e+1] (read where they live), qa
     // [R,C] from fp8_quantize_rows / fp8_swiglu_quantize, qw [E,OC,C] from

@@ -205,6 +205,8 @@ void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops
                               .recompute_attention = cfg->train.recompute_attention,
                               .recompute_swiglu = cfg->train.recompute_swiglu,
                               .fp8 = cfg->train.precision == PRECISION_FP8,
+                              .fp8_wgrad = cfg->train.precision != PRECISION_FP8 || cfg->fp8.wgrad != FP8_WGRAD_FP8 ? 0
+                                           : cfg->device.type == 1 && cfg->device.cuda.fp8_wgrad_gemm ? 2 : 1,
                               .defer_wgrad = par->pp > 1 && par->pp_schedule == PP_ZB1, .doc_mask = cfg->data.doc_mask,
                               .stage = stage};
     l->gpu = gpu;

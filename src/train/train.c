@@ -330,14 +330,17 @@ static int setup_model(Trainer *tr) {
             if (!m->ops->fp8_fake_quantize_tokens)
                 return fatal("fp8.wgrad: fp8: the %s backend cannot quantise the weight-grads' operands along the "
                              "tokens (the CPU backend can); use fp8.wgrad: bf16", m->ops->name);
-            m->fp8_wgrad = 1;
+            m->fp8_wgrad = cfg->device.type == 1 && cfg->device.cuda.fp8_wgrad_gemm ? 2 : 1; // 2: the FP8 GEMM, asked
         }
         SAY("precision: fp8 (block128: E4M3, FP32 scales per 1x128 activation tile and 128x128 weight block) in the "
             "experts' grouped GEMMs' forward and data-grads%s; %sthe dense GEMMs, attention and the router in "
             "the compute dtype (BF16 on GPUs); "
             "MFU stays against the dense BF16 peak\n",
-            m->fp8_wgrad ? ", and their weight-grads (fp8.wgrad: fp8, one scale per 128 x 1 tile along each expert's "
-                           "tokens)" : "",
+            !m->fp8_wgrad ? "" : model_fp8_wgrad_gemm(m) ?
+                           ", and their weight-grads (fp8.wgrad: fp8, one scale per 128 x 1 tile along each expert's "
+                           "tokens, on the FP8 weight-grad GEMM)" :
+                           ", and their weight-grads (fp8.wgrad: fp8, one scale per 128 x 1 tile along each expert's "
+                           "tokens, fake-quantised for the compute-dtype weight-grad)",
             m->fp8_wgrad ? "" : "their weight-grads, ");
     }
     // DDP and the optimizer before the activations: the distributed

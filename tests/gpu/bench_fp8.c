@@ -16,6 +16,11 @@
 // the BF16 production data-grads, and the quantisers around them; each FP8
 // result checked against the BF16 one (the FP8 rounding, a few percent;
 // tests/gpu/test_fp8 holds them to the FP8 reference).
+// "bench_fp8 wgrad [FILE]": the weight-grads of fp8.wgrad: fp8
+// (bench_wgrad): the FP8 grouped weight-grad beside the BF16 production
+// one, and the whole of each path: fake quantisation of both operands +
+// the BF16 weight-grad (before) against the transposing quantiser + the
+// FP8 weight-grad (now).
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -316,6 +321,136 @@ static void bench_dgrad(const char *name, const int *off, int C, int OC, int pai
     cuda_free(dyy); cuda_free(c.qy); cuda_free(c.qt); cuda_free(c.qw); cuda_free(c.sy); cuda_free(c.st); cuda_free(c.sw);
 }
 
+// ---- the weight-grads (fp8.wgrad: fp8) ---------------------------------------------
+
+typedef struct {
+    int E, R, C, OC, ldk; // dw [E, OC, C] = dout^T inp per expert; dout [R, OC], inp [R, C]
+    int *doff;
+    void *dout, *inp, *fdout, *finp; // BF16; f*: the fake-quantised copies
+    float *dw;
+    uint8_t *qa, *qb;
+    float *sa, *sb;
+} WCase;
+
+static void w_bf16(void *p) { // the production BF16 weight-grad (+=, as every micro-batch after a step's first)
+    WCase *c = p;
+    cuda_grouped_matmul_backward(NULL, c->dw, c->fdout, c->finp, NULL, c->doff, c->E, c->C, c->OC, 1);
+}
+static void w_fake(void *p) { // both operands fake-quantised in place (idempotent: the same tiles again)
+    WCase *c = p;
+    cuda_fp8_fake_quantize_128x1(c->fdout, c->doff, c->E, c->OC);
+    cuda_fp8_fake_quantize_128x1(c->finp, c->doff, c->E, c->C);
+}
+static void w_fake_bf16(void *p) {
+    w_fake(p);
+    w_bf16(p);
+}
+static void w_quant_t(void *p) {
+    WCase *c = p;
+    cuda_fp8_quantize_tokens_t(c->qa, c->sa, c->dout, c->doff, c->E, c->OC, c->ldk);
+    cuda_fp8_quantize_tokens_t(c->qb, c->sb, c->inp, c->doff, c->E, c->C, c->ldk);
+}
+static void w_fp8(void *p) {
+    WCase *c = p;
+    cuda_fp8_grouped_wgrad(c->dw, c->qa, c->sa, c->qb, c->sb, c->doff, c->E, c->C, c->OC, c->ldk, 1);
+}
+static void w_fp8_set(void *p) { // = (a step's first micro-batch)
+    WCase *c = p;
+    cuda_fp8_grouped_wgrad(c->dw, c->qa, c->sa, c->qb, c->sb, c->doff, c->E, c->C, c->OC, c->ldk, 0);
+}
+static void w_bf16_set(void *p) {
+    WCase *c = p;
+    cuda_grouped_matmul_backward(NULL, c->dw, c->fdout, c->finp, NULL, c->doff, c->E, c->C, c->OC, 0);
+}
+static void w_quant_fp8(void *p) {
+    w_quant_t(p);
+    w_fp8(p);
+}
+
+static void bench_wgrad(const char *name, const int *off, int C, int OC) {
+    WCase c = {.E = N_EXP, .R = off[N_EXP], .C = C, .OC = OC};
+    int R = c.R, E = N_EXP;
+    c.ldk = fp8_tokens_ldk(R, E);
+    size_t ny = (size_t)R * OC, nx = (size_t)R * C, nw = (size_t)E * OC * C;
+    printf("== weight-grad %s: R=%d, dw [%d, %d, %d]\n", name, R, E, OC, C);
+    fflush(stdout);
+    float *y = gt_malloc(ny * 4), *x = gt_malloc(nx * 4);
+    gt_fill(y, ny, GT_NORMAL, 0, 1e-3f, 1, 81);
+    gt_fill(x, nx, GT_NORMAL, 0, 1, 1, 82);
+    for (int r = 0; r < R; r += 3) // rows with their own magnitude, so that the token tiles' scales differ
+        for (int c2 = 0; c2 < OC; c2++) y[(size_t)r * OC + c2] = bf2f(f2bf(y[(size_t)r * OC + c2] * 16.0f));
+    c.doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
+    c.dout = gt_dev_bf16(y, ny);
+    c.inp = gt_dev_bf16(x, nx);
+    c.fdout = gt_dev_bf16(y, ny);
+    c.finp = gt_dev_bf16(x, nx);
+    c.dw = cuda_alloc(nw * 4);
+    c.qa = cuda_alloc((size_t)OC * c.ldk);
+    c.qb = cuda_alloc((size_t)C * c.ldk);
+    c.sa = cuda_alloc((size_t)c.ldk / 128 * OC * 4);
+    c.sb = cuda_alloc((size_t)c.ldk / 128 * C * 4);
+    // validation: the FP8 kernel against the BF16 one on the fake-quantised operands (the same function up to
+    // the BF16 rounding of the dequantised values; test_fp8 holds the kernel to the CPU reference)
+    w_fake(&c);
+    gt_poison(c.dw, nw * 4);
+    cuda_grouped_matmul_backward(NULL, c.dw, c.fdout, c.finp, NULL, c.doff, E, C, OC, 0);
+    float *ref = gt_host_f32(c.dw, nw);
+    w_quant_t(&c);
+    gt_poison(c.dw, nw * 4);
+    if (cuda_fp8_grouped_wgrad(c.dw, c.qa, c.sa, c.qb, c.sb, c.doff, E, C, OC, c.ldk, 0)) {
+        printf("FAIL fp8 grouped wgrad refused the call\n");
+        gt_count(0);
+    }
+    float *got = gt_host_f32(c.dw, nw);
+    gt_check("fp8 wgrad vs bf16 wgrad of the fake-quantised operands", got, ref, nw, 1e-2);
+    free(got); free(ref);
+
+    // ROUNDS interleaved rounds of {BF16, FP8 variant 0, FP8 variant 1 (default)}, all +=
+    double flops = 2.0 * R * C * OC, t[3][ROUNDS];
+    for (int rd = 0; rd < ROUNDS; rd++) {
+        t[0][rd] = time_ms(w_bf16, &c);
+        for (int v = 0; v < 2; v++) {
+            setenv("MOECORE_FP8_WGRAD_VARIANT", v ? "1" : "0", 1);
+            t[1 + v][rd] = time_ms(w_fp8, &c);
+        }
+        unsetenv("MOECORE_FP8_WGRAD_VARIANT");
+    }
+    static const char *label[3] = {"BF16 weight-grad (production, +=)",
+                                   "FP8 weight-grad, variant 0: stores from registers (+=)",
+                                   "FP8 weight-grad, variant 1 (default): TMA reduce-add from shared memory (+=)"};
+    double med[3];
+    for (int k = 0; k < 3; k++) {
+        float v[ROUNDS], ratio[ROUNDS];
+        double lo = 1e30, hi = 0;
+        for (int rd = 0; rd < ROUNDS; rd++) {
+            v[rd] = (float)t[k][rd];
+            ratio[rd] = (float)(t[0][rd] / t[k][rd]);
+            lo = t[k][rd] < lo ? t[k][rd] : lo;
+            hi = t[k][rd] > hi ? t[k][rd] : hi;
+        }
+        med[k] = gt_median(v, ROUNDS);
+        if (k == 0)
+            row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | |\n", name, label[k], med[0], lo, hi,
+                flops / med[0] / 1e9);
+        else
+            row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | %.2fx |\n", name, label[k], med[k], lo, hi,
+                flops / med[k] / 1e9, gt_median(ratio, ROUNDS));
+    }
+    double bs = time_ms(w_bf16_set, &c), fs = time_ms(w_fp8_set, &c);
+    row("| %s | = (a step's first micro-batch): BF16 / FP8 (default) | %.3f / %.3f | | %.2fx |\n", name, bs, fs, bs / fs);
+    double fq = time_ms(w_fake, &c), fb = time_ms(w_fake_bf16, &c), qt = time_ms(w_quant_t, &c),
+           qf = time_ms(w_quant_fp8, &c);
+    row("| %s | fake quantise 128x1, both operands in place (BF16 [%d, %d] + [%d, %d]) | %.3f | %.0f GB/s | |\n", name,
+        R, OC, R, C, fq, (ny + nx) * 4.0 / fq / 1e6);
+    row("| %s | quantise along the tokens, transposed, both operands | %.3f | %.0f GB/s | |\n", name, qt,
+        (ny + nx) * 3.0 / qt / 1e6);
+    row("| %s | before: fake quantise + BF16 weight-grad | %.3f | | |\n", name, fb);
+    row("| %s | now: transposed quantise + FP8 weight-grad | %.3f | | %.2fx before |\n", name, qf, fb / qf);
+    free(y); free(x);
+    cuda_free(c.doff); cuda_free(c.dout); cuda_free(c.inp); cuda_free(c.fdout); cuda_free(c.finp); cuda_free(c.dw);
+    cuda_free(c.qa); cuda_free(c.qb); cuda_free(c.sa); cuda_free(c.sb);
+}
+
 int main(int argc, char **argv) {
     // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
     int cnt[N_EXP] = {0}, off[N_EXP + 1];
@@ -343,14 +478,17 @@ int main(int argc, char **argv) {
     row("- commit %s; device %s (%d SMs); date %s\n", MOECORE_BUILD_COMMIT, prop.name, prop.multiProcessorCount, date);
     row("- OLMoE-1B-7B experts: %d tokens x top-%d of %d experts, random routing: %d rows, %d..%d per expert\n",
         TOKENS, TOP_K, N_EXP, off[N_EXP], mn, mxr);
-    int dgrad = argc > 1 && !strcmp(argv[1], "dgrad");
+    int dgrad = argc > 1 && !strcmp(argv[1], "dgrad"), wgrad = argc > 1 && !strcmp(argv[1], "wgrad");
     row("- each entry the median of %d runs after %d warm-ups (CUDA events); GEMM rows: %d interleaved rounds of "
         "all %s, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
         "FLOPs 2 R C OC\n\n",
-        RUNS, WARMUP, ROUNDS, dgrad ? "two" : "five");
+        RUNS, WARMUP, ROUNDS, dgrad ? "two" : wgrad ? "three" : "five");
     row("| layer | kernel | ms | rate | vs BF16 |\n|---|---|---:|---:|---:|\n");
-    const char *out = argc > 1 + dgrad ? argv[1 + dgrad] : NULL;
-    if (dgrad) {
+    const char *out = argc > 1 + (dgrad || wgrad) ? argv[1 + (dgrad || wgrad)] : NULL;
+    if (wgrad) {
+        bench_wgrad("down: dY [R, 2048], act [R, 1024]", off, 1024, 2048);
+        bench_wgrad("gate or up: dG [R, 1024], x [R, 2048]", off, 2048, 1024);
+    } else if (dgrad) {
         bench_dgrad("down dY 2048 -> 1024", off, 1024, 2048, 0);
         bench_dgrad("gate/up [dG | dU] 2x1024 -> 2048", off, 2048, 1024, 1);
     } else {

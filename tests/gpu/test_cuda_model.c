@@ -11,7 +11,7 @@
 //     step counts its drops on every replay, and recompute stays
 //     bit-identical;
 //  6. train.precision: fp8 (a config the FP8 kernels take): 1-3 and
-//     recompute with FP8 on both backends (FP8_GRAD_TOL below; the curves
+//     recompute with FP8 on both backends, 1 and 3 with fp8.wgrad: fp8 too (FP8_GRAD_TOL below; the curves
 //     against the BF16 path's own drift, fp8_tests);
 //  7. the selective recomputes (norms, attention, SwiGLU) bit-identical to
 //     keeping the activations (selective_recompute_step; the argument
@@ -77,7 +77,7 @@ static const TestConfig fp8_config = {
     "fp8 block128", {{"vocab_size", "257"}, {"d_model", "256"}, {"n_layers", "4"}, {"n_heads", "4"},
                      {"n_experts", "8"}, {"top_k", "2"}, {"expert_hidden", "256"}, {"seq_len", "128"},
                      {"norm", "pre"}, {"qk_norm", "full"}, {NULL, NULL}}};
-static int fp8; // build() makes train.precision: fp8 models
+static int fp8; // build() makes train.precision: fp8 models (with fp8.wgrad: fp8: 2 fake-quantised, 3 on the FP8 GEMM)
 
 // the tiny config with intra-document masking (doc_eos below)
 static const TestConfig doc_config = {
@@ -103,13 +103,14 @@ static void build(Model *m, const TestConfig *tc, const Ops *ops, int B, int T) 
     model_init_weights(m, 7);
     if (doc_eos >= 0) { m->doc_mask = 1; m->doc_eos = doc_eos; }
     if (fp8 && model_set_fp8(m, err, sizeof err)) { printf("FAIL %s: %s\n", tc->name, err); exit(1); }
+    m->fp8_wgrad = fp8 >= 2 ? fp8 - 1 : 0;
     model_alloc_acts(m, B, T);
 }
 
 // the test's name: the config's, and the capacity factor when there is one
 static const char *tag(const TestConfig *tc) {
     static char buf[96];
-    if (fp8) { snprintf(buf, sizeof buf, "%s, fp8", tc->name); return buf; }
+    if (fp8) { snprintf(buf, sizeof buf, "%s, fp8%s", tc->name, fp8 == 2 ? " + fp8.wgrad (fake)" : fp8 == 3 ? " + fp8.wgrad (GEMM)" : ""); return buf; }
     if (!strcmp(capacity, "0")) return tc->name;
     snprintf(buf, sizeof buf, "%s + capacity_factor %s", tc->name, capacity);
     return buf;
@@ -613,6 +614,11 @@ static void fp8_tests(void) {
     compare_curves_tol(&fp8_config, bf16_worst > CURVE_TOL ? bf16_worst : CURVE_TOL);
     graph_capture(&fp8_config);
     recompute_step(&fp8_config);
+    for (fp8 = 2; fp8 <= 3; fp8++) { // fp8.wgrad: fp8, fake-quantised and on the FP8 GEMM (the CPU: the reference)
+        compare_step(&fp8_config);
+        graph_capture(&fp8_config);
+    }
+    fp8 = 1;
     routing = "learned";
     compare_step(&fp8_config);
     fp8 = 0;

@@ -16,7 +16,13 @@
 //   cuda_swiglu_backward + the CPU quantiser), and the FP8 data-grad GEMMs
 //   (the forward kernel with the transposed weights) against the CPU FP8
 //   reference, outputs poisoned first.
-// Argument "dgrad": the data-grad checks and the small GEMM check only.
+// - fp8.wgrad: fp8 (wgrad_tests): the 128 x 1 fake quantiser against the
+//   CPU's, bit for bit after BF16 rounding; the transposing quantiser of
+//   the speed path (codes and scales bit for bit, its dequantised values
+//   the fake quantiser's) and the FP8 grouped weight-grad against the CPU
+//   reference (fake-quantised operands, FP32 weight-grad), = and +=.
+// Argument "dgrad": the data-grad checks and the small GEMM check only;
+// "wgrad": wgrad_tests only.
 // Ends with "N passed, N failed".
 #include <math.h>
 #include <stdint.h>
@@ -407,6 +413,181 @@ static void test_swiglu_backward_quantize(void) {
     cuda_free(dq); cuda_free(ds);
 }
 
+// fp8.wgrad: fp8's operands (cuda_fp8_fake_quantize_128x1, the op
+// fp8_fake_quantize_tokens): against fp8_fake_quantize_128x1 on the same
+// BF16 values, each result rounded to BF16 (NaN for NaN), bit for bit.
+// Segments of 0, 1, 127, 128, 129 and longer rows (tiles that end inside a
+// segment, empty experts), a spike in each segment's first row (it would
+// move the previous segment's last tile's scale if a tile crossed the
+// boundary), per 8-row run a kind of fill_tiles (zeros, NaN, +-inf, BF16
+// subnormals, amax under the floor, spikes), and column blocks of 256 with
+// a partial last one. Rows past offsets[E] stay as they were.
+static void test_fake_quantize_128x1(const char *name, const int *off, int E, int C, int extra) {
+    int R = off[E] + extra;
+    size_t n = (size_t)R * C;
+    float *x = gt_malloc(n * 4), *col = gt_malloc((size_t)8 * C * 4);
+    for (int r0 = 0; r0 < R; r0 += 8) { // a kind per 8 rows x 8 columns, so that tiles along the rows vary
+        fill_tiles(col, C / 8, 64, 64, 1);
+        for (int i = 0; i < 8 && r0 + i < R; i++)
+            for (int c = 0; c < C; c++) x[(size_t)(r0 + i) * C + c] = col[(size_t)(c / 8) * 64 + i * 8 + c % 8];
+    }
+    for (int e = 0; e < E; e++)
+        if (off[e + 1] > off[e]) x[(size_t)off[e] * C + 3] = bf2f(f2bf(3e4f));
+    float *ref = gt_malloc(n * 4);
+    memcpy(ref, x, n * 4);
+    fp8_fake_quantize_128x1(ref, off, E, C);
+    void *dx = gt_dev_bf16(x, n);
+    int *doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
+    check_rc(cuda_fp8_fake_quantize_128x1(dx, doff, E, C), "fake_quantize_128x1");
+    uint16_t *got = gt_host_bytes(dx, n * 2);
+    size_t differ = 0, nan = 0, first = (size_t)-1;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t want = f2bf(ref[i]);
+        int both_nan = isnan(ref[i]) && isnan(bf2f(got[i]));
+        nan += both_nan;
+        if (!both_nan && got[i] != want) {
+            if (first == (size_t)-1) first = i;
+            differ++;
+        }
+    }
+    if (differ)
+        printf("      first at row %zu column %zu: x %.9g -> gpu %.9g, cpu %.9g\n", first / C, first % C, x[first],
+               bf2f(got[first]), ref[first]);
+    gt_ok(differ == 0, "fake quantise 128x1 %s [%d, %d], %d experts: %zu of %zu differ from the CPU's (rounded to "
+          "BF16; %zu NaN)", name, R, C, E, differ, n, nan);
+    free(x); free(col); free(ref); free(got);
+    cuda_free(dx); cuda_free(doff);
+}
+
+// x [R, C] with a magnitude per row (a few zero rows) and per column
+// block, BF16-rounded: tiles along the tokens whose scales differ.
+static void fill_grads(float *x, int R, int C, uint64_t seed) {
+    gt_fill(x, (size_t)R * C, GT_NORMAL, 0, 1, 0, seed);
+    for (int r = 0; r < R; r++) {
+        float mag = r % 61 == 0 ? 0.0f : ldexpf(1.0f, gt_irand(12) - 6);
+        for (int c = 0; c < C; c++) x[(size_t)r * C + c] = bf2f(f2bf(x[(size_t)r * C + c] * mag * (float)(1 + c / 128 % 3)));
+    }
+}
+
+// The transposing quantiser (cuda_fp8_quantize_tokens_t) against the CPU
+// rules: codes and scales bit for bit (the scale of each 128-token block
+// and column from its amax, the codes e4m3(x / s), zeros past a segment's
+// end), and float(code) * scale equal to fp8_fake_quantize_128x1's value
+// (FP32 bits). Returns the device's qt and st on the host.
+static void check_tokens_t(const char *name, const float *x, const int *off, int E, int C, int ldk, const void *dx,
+                           const int *doff, uint8_t **hq, float **hs) {
+    int R = off[E], nb = ldk / 128;
+    uint8_t *dq = cuda_alloc((size_t)C * ldk);
+    float *ds = cuda_alloc((size_t)nb * C * 4);
+    gt_poison(dq, (size_t)C * ldk);
+    gt_poison(ds, (size_t)nb * C * 4);
+    check_rc(cuda_fp8_quantize_tokens_t(dq, ds, dx, doff, E, C, ldk), "quantize_tokens_t");
+    uint8_t *q = gt_host_bytes(dq, (size_t)C * ldk);
+    float *s = gt_host_bytes(ds, (size_t)nb * C * 4);
+    float *fq = gt_malloc((size_t)R * C * 4);
+    memcpy(fq, x, (size_t)R * C * 4);
+    fp8_fake_quantize_128x1(fq, off, E, C);
+    size_t bad_q = 0, bad_s = 0, bad_v = 0, checked = 0;
+    int kb = 0;
+    for (int e = 0; e < E; e++)
+        for (int r0 = off[e]; r0 < off[e + 1]; r0 += 128, kb++)
+            for (int c = 0; c < C; c++) {
+                float amax = 0.0f;
+                for (int r = r0; r < r0 + 128 && r < off[e + 1]; r++) amax = fmaxf(amax, fabsf(x[(size_t)r * C + c]));
+                float sc = fp8_block_scale(amax);
+                bad_s += memcmp(&sc, &s[(size_t)kb * C + c], 4) != 0;
+                for (int i = 0; i < 128; i++) {
+                    int r = r0 + i;
+                    uint8_t got = q[(size_t)c * ldk + (size_t)kb * 128 + i];
+                    uint8_t want = r < off[e + 1] ? fp8_e4m3_from_float(x[(size_t)r * C + c] / sc) : 0;
+                    bad_q += got != want;
+                    if (r < off[e + 1]) {
+                        float v = fp8_e4m3_to_float(got) * s[(size_t)kb * C + c], w = fq[(size_t)r * C + c];
+                        bad_v += memcmp(&v, &w, 4) != 0 && !(isnan(v) && isnan(w));
+                    }
+                    checked++;
+                }
+            }
+    gt_ok(bad_q == 0 && bad_s == 0 && bad_v == 0,
+          "quantise along the tokens, transposed, %s [%d, %d] -> [%d, %d of %d]: %zu of %zu codes, %zu of %zu scales, "
+          "%zu dequantised values differ from the CPU's", name, R, C, C, kb * 128, ldk, bad_q, checked, bad_s,
+          (size_t)kb * C, bad_v);
+    free(fq);
+    cuda_free(dq); cuda_free(ds);
+    *hq = q;
+    *hs = s;
+}
+
+// fp8.wgrad: fp8's speed path: the transposing quantiser on both operands
+// (check_tokens_t), then the FP8 grouped weight-grad against the CPU
+// reference (both operands fake-quantised, FP32 grouped weight-grad):
+// assigned over a poisoned dw (empty experts get zeros), then accumulated
+// (2x), and run twice for the same bits.
+static void test_wgrad(const char *name, const int *off, int E, int C, int OC) {
+    int R = off[E], ldk = fp8_tokens_ldk(R, E), nb = ldk / 128;
+    size_t ny = (size_t)R * OC, nx = (size_t)R * C, nw = (size_t)E * OC * C;
+    float *y = gt_malloc(ny * 4), *x = gt_malloc(nx * 4);
+    fill_grads(y, R, OC, 71);
+    fill_grads(x, R, C, 72);
+    int *doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
+    uint8_t *qy, *qx;
+    float *sy, *sx;
+    char what[160];
+    // NaN, +-inf: the code 0x7f, +-448, the block's other values keep the others' scale (not multiplied below)
+    float keep[3] = {x[5], x[C + 6], x[2 * C + 7]};
+    x[5] = NAN, x[C + 6] = INFINITY, x[2 * C + 7] = -INFINITY;
+    void *dx = gt_dev_bf16(x, nx);
+    snprintf(what, sizeof what, "%s, NaN and inf", name);
+    check_tokens_t(what, x, off, E, C, ldk, dx, doff, &qx, &sx);
+    free(qx); free(sx);
+    x[5] = keep[0], x[C + 6] = keep[1], x[2 * C + 7] = keep[2];
+    gt_upload_bf16(dx, x, nx);
+    void *dy = gt_dev_bf16(y, ny);
+    snprintf(what, sizeof what, "%s dout", name);
+    check_tokens_t(what, y, off, E, OC, ldk, dy, doff, &qy, &sy);
+    snprintf(what, sizeof what, "%s inp", name);
+    check_tokens_t(what, x, off, E, C, ldk, dx, doff, &qx, &sx);
+    float *fy = gt_malloc(ny * 4), *fx = gt_malloc(nx * 4), *ref = gt_malloc(nw * 4);
+    memcpy(fy, y, ny * 4);
+    memcpy(fx, x, nx * 4);
+    fp8_fake_quantize_128x1(fy, off, E, OC);
+    fp8_fake_quantize_128x1(fx, off, E, C);
+    ops_cpu.grouped_matmul_backward(NULL, ref, fy, fx, NULL, off, E, C, OC, 0);
+    uint8_t *dqy = gt_dev_bytes(qy, (size_t)OC * ldk), *dqx = gt_dev_bytes(qx, (size_t)C * ldk);
+    float *dsy = gt_dev_bytes(sy, (size_t)nb * OC * 4), *dsx = gt_dev_bytes(sx, (size_t)nb * C * 4);
+    float *ddw = cuda_alloc(nw * 4);
+    float *ref2 = gt_malloc(nw * 4);
+    for (size_t i = 0; i < nw; i++) ref2[i] = 2 * ref[i];
+    int dims[4] = {E, OC, C, 0};
+    for (int v = 0; v < 2; v++) { // the epilogue variants (fp8.cu): stores from registers, TMA from shared memory
+        setenv("MOECORE_FP8_WGRAD_VARIANT", v ? "1" : "0", 1);
+        gt_poison(ddw, nw * 4);
+        check_rc(cuda_fp8_grouped_wgrad(ddw, dqy, dsy, dqx, dsx, doff, E, C, OC, ldk, 0), "fp8 grouped wgrad");
+        float *g = gt_host_f32(ddw, nw);
+        snprintf(what, sizeof what, "fp8 grouped wgrad %s R=%d [%d, %d, %d] (=, variant %d)", name, R, E, OC, C, v);
+        gt_check_diag(what, g, ref, nw, 1e-3, dims, NULL, 0);
+        free(g);
+        check_rc(cuda_fp8_grouped_wgrad(ddw, dqy, dsy, dqx, dsx, doff, E, C, OC, ldk, 1), "fp8 grouped wgrad");
+        g = gt_host_f32(ddw, nw);
+        snprintf(what, sizeof what, "fp8 grouped wgrad %s (+=, variant %d): twice", name, v);
+        gt_check_diag(what, g, ref2, nw, 1e-3, dims, NULL, 0);
+        free(g);
+    }
+    unsetenv("MOECORE_FP8_WGRAD_VARIANT");
+    gt_poison(ddw, nw * 4);
+    check_rc(cuda_fp8_grouped_wgrad(ddw, dqy, dsy, dqx, dsx, doff, E, C, OC, ldk, 0), "fp8 grouped wgrad");
+    float *got = gt_host_f32(ddw, nw);
+    gt_poison(ddw, nw * 4);
+    check_rc(cuda_fp8_grouped_wgrad(ddw, dqy, dsy, dqx, dsx, doff, E, C, OC, ldk, 0), "fp8 grouped wgrad");
+    float *again = gt_host_f32(ddw, nw);
+    snprintf(what, sizeof what, "fp8 grouped wgrad %s: run twice, same bits", name);
+    gt_check_bits(what, again, got, nw, 4);
+    free(y); free(x); free(qy); free(qx); free(sy); free(sx); free(fy); free(fx); free(ref); free(ref2); free(got);
+    free(again);
+    cuda_free(dy); cuda_free(dx); cuda_free(doff); cuda_free(dqy); cuda_free(dqx); cuda_free(dsy); cuda_free(dsx);
+    cuda_free(ddw);
+}
+
 // The FP8 data-grad: dX [R, C] = deq(dY) deq(W_e) for the forward weights W
 // [E, OC, C] (pair: dY = [dY1 | dY2] [R, 2 OC] against [W1; W2], the
 // gate/up data-grad) on the forward kernel with the transposed copy from
@@ -454,7 +635,25 @@ static void test_dgrad(const char *name, const int *off, int E, int C, int OC, i
     cuda_free(dy); cuda_free(dqy); cuda_free(dqt); cuda_free(dsy); cuda_free(dst); cuda_free(doff); cuda_free(dx);
 }
 
+// fp8.wgrad: fp8's checks (the fake quantiser, the speed path)
+static void wgrad_tests(void) {
+    int edges[9] = {0, 0, 1, 128, 256, 385, 512, 512, 900}; // empty, 1, 127, 128, 129, 127, empty, 388 rows
+    test_fake_quantize_128x1("edges", edges, 8, 328, 37);
+    test_wgrad("edges", edges, 8, 512, 384);
+    int *off = malloc(65 * sizeof(int));
+    random_offsets(off, 2048, 64, 8);
+    test_fake_quantize_128x1("OLMoE d_model", off, 64, 2048, 0);
+    test_fake_quantize_128x1("OLMoE expert hidden", off, 64, 1024, 0);
+    test_wgrad("OLMoE down (dY [R, 2048], act [R, 1024])", off, 64, 1024, 2048);
+    test_wgrad("OLMoE gate (dG [R, 1024], x [R, 2048])", off, 64, 2048, 1024);
+    free(off);
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "wgrad")) {
+        wgrad_tests();
+        return gt_finish();
+    }
     int dgrad_only = argc > 1 && !strcmp(argv[1], "dgrad");
     if (!dgrad_only) {
         test_encode_all();
@@ -479,5 +678,6 @@ int main(int argc, char **argv) {
     test_dgrad("OLMoE down (dY [R, 2048] x Wd)", off, 64, 1024, 2048, 0);
     test_dgrad("OLMoE gate/up pair ([dG | dU] [R, 2048] x [Wg; Wu])", off, 64, 2048, 1024, 1);
     free(off);
+    if (!dgrad_only) wgrad_tests();
     return gt_finish();
 }

@@ -37,9 +37,15 @@ typedef struct {
     // TMA + wgmma dK/dV and dQ kernels (attention_wgmma.cu) or the mma.sync
     // kernels (attention.cu), which run every other case.
     int attention_bwd;     // CudaGemmKernels
+    // fp8.wgrad: fp8: the experts' weight-grads on the FP8 wgmma kernel
+    // (their operands quantised along the tokens into its K-major layout,
+    // 1), or the operands fake-quantised in place and the BF16 weight-grad
+    // kernel (0). The same codes and scales; the BF16 path also rounds the
+    // dequantised operands to BF16.
+    int fp8_wgrad_gemm;
 } CudaSettings;
 
 static inline CudaSettings cuda_settings_default(void) {
-    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024, CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA};
+    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024, CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1};
     return s;
 }

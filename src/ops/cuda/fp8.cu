@@ -29,6 +29,13 @@
 // partial accumulators over column quarters), not more bandwidth. Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
+//
+// fp8.wgrad: fp8 (its section below): the 128 x 1 fake quantiser along
+// each expert's tokens, and the speed path: a quantiser that writes both
+// weight-grad operands transposed (K-major, as FP8 wgmma reads them) and
+// the FP8 grouped weight-grad, whose block scales vary along both output
+// axes (H200, OLMoE shapes: 1.18-1.21x the BF16 weight-grad, 553 TFLOP/s;
+// bench/results/2026-12-01-h200-issue18-wgrad-gpu.md).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/fp8_cuda.h"
 #include "ops/cuda/grouped_sched.cuh"
@@ -315,6 +322,84 @@ __global__ void quantize_mx_kernel(uint8_t *q, uint8_t *scale, const bf16 *x, si
     if ((threadIdx.x & 3) == 0) scale[e0 / 32] = nan ? FP8_E8M0_NAN : (uint8_t)sb;
 }
 
+// fp8.wgrad: fp8's operands (fp8_fake_quantize_128x1 of fp8.h): x [R, C]
+// BF16 quantised and dequantised in place per 128 x 1 tile along the rows
+// of each expert segment, the result rounded to BF16. A block of 512
+// threads takes one block tile of 128 rows (from the segment's first row
+// in steps of 128, fewer at its end) by 256 columns: lane l of warp w holds
+// columns 8 l .. 8 l + 7 of rows w, w + 16, .., w + 112 (16 bytes a row),
+// the column amax meets across the 16 warps in shared memory, and the
+// second pass reads the tile again (from L1 or L2: 64 KB a block; keeping
+// it in registers spilled at 512 threads). Block
+// tiles come from the device offsets (grouped_sched.cuh), the grid strides
+// over them.
+// amax[j] = max(amax[j], |value j|) over the 8 BF16 of a 16-byte word (NaN ignored)
+__device__ __forceinline__ void amax8_bf16(float (&amax)[8], const uint4 &w) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&w;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float2 f = __bfloat1622float2(h[j]);
+        amax[2 * j] = fmaxf(amax[2 * j], fabsf(f.x));
+        amax[2 * j + 1] = fmaxf(amax[2 * j + 1], fabsf(f.y));
+    }
+}
+constexpr int FQ_ROWS = 128, FQ_COLS = 256, FQ_THREADS = 512, FQ_WARPS = FQ_THREADS / 32, FQ_PER = FQ_ROWS / FQ_WARPS;
+__global__ void __launch_bounds__(FQ_THREADS, 1) fake_quantize_128x1_kernel(bf16 *x, const int *offsets, int E, int C) {
+    extern __shared__ int fq_smem[];
+    float *s_amax = (float *)fq_smem; // [FQ_WARPS][FQ_COLS]
+    int *s_off = fq_smem + FQ_WARPS * FQ_COLS, *s_tile = s_off + E + 1;
+    grouped_load_offsets<FQ_THREADS>(offsets, E, s_off);
+    int col_tiles = (C + FQ_COLS - 1) / FQ_COLS;
+    int total = grouped_tile_prefix<FQ_ROWS>(s_off, E, col_tiles, s_tile);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int e = grouped_tile_expert(t, s_tile, E), local = t - s_tile[e];
+        int r0 = s_off[e] + local / col_tiles * FQ_ROWS, r1 = min(r0 + FQ_ROWS, s_off[e + 1]);
+        int c = local % col_tiles * FQ_COLS + 8 * lane;
+        bool live_c = c < C;
+        float amax[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) amax[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < FQ_PER; i++) {
+            int r = r0 + warp + FQ_WARPS * i;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (live_c && r < r1) v = *(const uint4 *)(x + (size_t)r * C + c);
+            amax8_bf16(amax, v);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) s_amax[warp * FQ_COLS + 8 * lane + j] = amax[j];
+        __syncthreads();
+        float s[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float a = s_amax[8 * lane + j];
+#pragma unroll
+            for (int w = 1; w < FQ_WARPS; w++) a = fmaxf(a, s_amax[w * FQ_COLS + 8 * lane + j]);
+            s[j] = block_scale(a);
+        }
+        __syncthreads(); // s_amax is free for the next tile
+        if (!live_c) continue;
+#pragma unroll
+        for (int i = 0; i < FQ_PER; i++) {
+            int r = r0 + warp + FQ_WARPS * i;
+            if (r >= r1) continue;
+            uint4 v = *(const uint4 *)(x + (size_t)r * C + c); // again: from L1 or L2
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+            uint32_t o[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 f = __bfloat1622float2(h[j]);
+                __nv_fp8_e4m3 lo, hi;
+                lo.__x = e4m3(__fdiv_rn(f.x, s[2 * j]));
+                hi.__x = e4m3(__fdiv_rn(f.y, s[2 * j + 1]));
+                o[j] = pack_bf16x2(__fmul_rn((float)lo, s[2 * j]), __fmul_rn((float)hi, s[2 * j + 1]));
+            }
+            *(uint4 *)(x + (size_t)r * C + c) = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    }
+}
+
 // ---- the grouped GEMM forward ----------------------------------------------------
 
 constexpr int F8_BM = 128, F8_BN = 256, F8_BK = 128; // BK in elements = bytes
@@ -391,6 +476,33 @@ struct F8Maps {
     CUtensorMap a, b;
 };
 
+// The stage ring of the warp-specialised FP8 kernels: S full barriers (one
+// arrival: the producer's expect_tx) and S empty ones (the 256 consumer
+// threads), and the slot / phase step after each stage.
+__device__ __forceinline__ void f8_ring_init(uint32_t full0, uint32_t empty0, int S) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+}
+__device__ __forceinline__ void f8_ring_next(int &slot, uint32_t &phase, int S) {
+    if (++slot == S) {
+        slot = 0;
+        phase ^= 1;
+    }
+}
+// part = A B^T over one K = 128 stage: 4 wgmma m64n128k32 e4m3, waited for
+__device__ __forceinline__ void f8_mma_k128(float (&part)[64], uint64_t da, uint64_t db) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < F8_BK / 32; kk++) wgmma_fp8_n128(part, da + 2 * kk, db + 2 * kk, kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+}
+
 // out[R, N] = A[R, K] B_e^T with block scales sa [R, K/128], sb [E, N/128, K/128].
 // PREFETCH: each stage's four scales are loaded one stage ahead (else at
 // the stage's start, under its barrier wait only). VEC_STORE: the epilogue
@@ -409,13 +521,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
     int *s_off = (int *)(smem_raw + (tiles - raw) + F8_TILE_BYTES + 16 * S);
     int *s_tile = s_off + E + 1;
     int col_tiles = N / F8_BN, kb = K / F8_BK;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; s++) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    f8_ring_init(full0, empty0, S);
     grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
     int total = grouped_tile_prefix<F8_BM>(s_off, E, col_tiles, s_tile);
     int wg = threadIdx.x >> 7;
@@ -433,10 +539,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
                 mbar_expect_tx(fb, F8_STAGE_BYTES);
                 tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
                 tma_load_2d(st + F8_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
-                if (++slot == S) {
-                    slot = 0;
-                    phase ^= 1;
-                }
+                f8_ring_next(slot, phase, S);
             }
         }
         return;
@@ -480,20 +583,13 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
             for (int hh = 0; hh < 2; hh++) {
                 int h = STAGGER ? hh ^ cw : hh;
                 uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < F8_BK / 32; kk++) wgmma_fp8_n128(part, da + 2 * kk, db + 2 * kk, kk > 0);
-                wgmma_commit();
-                wgmma_wait<0>();
+                f8_mma_k128(part, da, db);
                 if (hh == 1) mbar_arrive(empty0 + 8 * slot); // both halves read: release the stage
                 float bs = h ? b1 : b0;
                 if (h == 0) promote(acc0, part, a_lo * bs, a_hi * bs);
                 else promote(acc1, part, a_lo * bs, a_hi * bs);
             }
-            if (++slot == S) {
-                slot = 0;
-                phase ^= 1;
-            }
+            f8_ring_next(slot, phase, S);
         }
         bf16 *o = out + (size_t)tl.r0 * N;
         if (VEC_STORE) {
@@ -505,6 +601,271 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
             store_acc_bf16<128>(acc1, o, N, r, c0 + 128, tl.rows);
         }
     }
+}
+
+// ---- fp8.wgrad: fp8, the speed path ------------------------------------------------
+// The weight-grad dw[e] = dout_e^T inp_e has the tokens as K, and FP8 wgmma
+// reads both operands K-major, so each operand is quantised into its
+// transpose: qt [C, ldk] E4M3, expert e's tokens at columns P_e .. P_e +
+// n_e of every row, P_e = 128 * (the 128-blocks of the experts before it),
+// the rest of its last block zero; st [ldk / 128, C] FP32, row P_e / 128 +
+// kb the scales of block kb of expert e (its rows offsets[e] + 128 kb ..),
+// one per column: fp8_fake_quantize_128x1's tiles, codes and scales.
+
+// The transposing quantiser: a block of 256 threads takes 128 tokens x 128
+// columns; thread (g = tid / 16, cc = tid % 16) loads rows 8 g .. 8 g + 7 at
+// columns 8 cc .. 8 cc + 7 (16 bytes a row), the column amax meets by a
+// shuffle (two g per warp) and across the 8 warps in shared memory, and
+// each column's 8 codes go as one 8-byte word into the transposed tile in
+// shared memory (row = column, 128 token bytes; the 8-byte chunk g at
+// position g ^ 2 ((row / 8) % 8), so that a warp's stores meet no bank
+// conflict), which goes out as 64 bytes per thread.
+// value j (0..7) of 8 BF16 in a 16-byte word, as a float
+__device__ __forceinline__ float bf16_at(const uint4 &w, int j) {
+    uint32_t u = j < 2 ? w.x : j < 4 ? w.y : j < 6 ? w.z : w.w;
+    return __uint_as_float(j & 1 ? u & 0xffff0000u : u << 16);
+}
+constexpr int QT_THREADS = 256;
+__global__ void __launch_bounds__(QT_THREADS, 4) quantize_tokens_t_kernel(uint8_t *qt, float *st, const bf16 *x,
+                                                                       const int *offsets, int E, int C, int ldk) {
+    __shared__ __align__(16) uint8_t s_q[128 * 128];
+    __shared__ float s_amax[QT_THREADS / 32][128];
+    extern __shared__ int qt_smem[];
+    int *s_off = qt_smem, *s_tile = s_off + E + 1;
+    grouped_load_offsets<QT_THREADS>(offsets, E, s_off);
+    int col_tiles = C / 128;
+    int total = grouped_tile_prefix<128>(s_off, E, col_tiles, s_tile);
+    int g = threadIdx.x >> 4, cc = threadIdx.x & 15, warp = threadIdx.x >> 5;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int e = grouped_tile_expert(t, s_tile, E), local = t - s_tile[e];
+        int kb = s_tile[e] / col_tiles + local / col_tiles; // the block's row of st, its 128 columns of qt
+        int r0 = s_off[e] + local / col_tiles * 128, r1 = min(r0 + 128, s_off[e + 1]);
+        int c0 = local % col_tiles * 128;
+        uint4 raw[8]; // the rows as loaded (BF16: half the registers of floats, for more blocks per SM)
+        float amax[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) amax[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int r = r0 + 8 * g + i;
+            raw[i] = make_uint4(0, 0, 0, 0); // rows past the segment: zeros, which quantise to 0
+            if (r < r1) raw[i] = *(const uint4 *)(x + (size_t)r * C + c0 + 8 * cc);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) amax8_bf16(amax, raw[i]);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));
+            if ((threadIdx.x & 16) == 0) s_amax[warp][8 * cc + j] = amax[j];
+        }
+        __syncthreads();
+        float s[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float a = s_amax[0][8 * cc + j];
+#pragma unroll
+            for (int w = 1; w < QT_THREADS / 32; w++) a = fmaxf(a, s_amax[w][8 * cc + j]);
+            s[j] = block_scale(a);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int row = 8 * cc + j; // the column, a row of the transposed tile
+            uint32_t lo = 0, hi = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lo |= (uint32_t)e4m3(__fdiv_rn(bf16_at(raw[i], j), s[j])) << (8 * i);
+                hi |= (uint32_t)e4m3(__fdiv_rn(bf16_at(raw[4 + i], j), s[j])) << (8 * i);
+            }
+            *(uint2 *)(s_q + row * 128 + 8 * (g ^ (2 * (cc & 7)))) = make_uint2(lo, hi);
+        }
+        if (g == 0) {
+            float4 *o = (float4 *)(st + (size_t)kb * C + c0 + 8 * cc);
+            o[0] = make_float4(s[0], s[1], s[2], s[3]);
+            o[1] = make_float4(s[4], s[5], s[6], s[7]);
+        }
+        __syncthreads();
+        int row = threadIdx.x >> 1, half = threadIdx.x & 1, key = (row >> 3) & 7;
+        uint8_t *dst = qt + (size_t)(c0 + row) * ldk + (size_t)kb * 128 + 64 * half;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int k = 4 * half + i; // logical 16-byte chunk: token bytes 16 k .. 16 k + 15
+            *(uint4 *)(dst + 16 * i) = *(const uint4 *)(s_q + row * 128 + 16 * (k ^ key));
+        }
+        __syncthreads(); // s_q and s_amax are free for the next tile
+    }
+}
+
+// The FP8 grouped weight-grad: dw[e] [M, N] (=|+=) sum over expert e's
+// token blocks kb of (A_kb B_kb^T) * sa[kb][m] * sb[kb][n], A = qa [M, ldk]
+// (dout^T), B = qb [N, ldk] (inp^T), from quantize_tokens_t. The forward
+// kernel's layout (warpgroup 0 loads, 1 and 2 each own 64 rows of a 128 x
+// 256 tile; a stage is one token block: a 128 x 128 A box, a 256 x 128 B box,
+// and by 1D bulk copies the block's 128 row and 256 column scales), but the
+// scales vary along both output axes, so each half's partial is promoted
+// elementwise: acc += part * (sa[row] * sb[col]), the column scales read
+// from the stage in shared memory. Tiles: experts x (M / 128) x (N / 256),
+// each over its expert's blocks (none for an empty expert: zeros, or dw
+// left as it is when accumulating). Each element is one thread's, summed in
+// a fixed order and written once (a store, or one add into dw): deterministic.
+constexpr int W8_SCALE_BYTES = (F8_BM + F8_BN) * 4;
+__device__ __forceinline__ void promote_cols(float (&acc)[64], const float (&part)[64], float a_lo, float a_hi,
+                                             const float *bcol) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        float2 b = *(const float2 *)(bcol + 8 * j);
+        acc[4 * j] = fmaf(part[4 * j], a_lo * b.x, acc[4 * j]);
+        acc[4 * j + 1] = fmaf(part[4 * j + 1], a_lo * b.y, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(part[4 * j + 2], a_hi * b.x, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(part[4 * j + 3], a_hi * b.y, acc[4 * j + 3]);
+    }
+}
+// rows r, r + 8, columns c .. c + 1 + 8 j of acc into o [.., N] (=|+=):
+// the old values all loaded first, so that their latencies overlap
+__device__ __forceinline__ void store_acc_f32(const float (&acc)[64], float *o, int N, int r, int c, int accumulate) {
+    float2 old[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        old[i] = make_float2(0.0f, 0.0f);
+        if (accumulate) old[i] = *(const float2 *)(o + (size_t)(r + 8 * (i & 1)) * N + c + 8 * (i >> 1));
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        int j = i >> 1, hr = i & 1;
+        *(float2 *)(o + (size_t)(r + 8 * hr) * N + c + 8 * j) =
+            make_float2(acc[4 * j + 2 * hr] + old[i].x, acc[4 * j + 2 * hr + 1] + old[i].y);
+    }
+}
+// A consumer warpgroup's 64 x 128 half of the tile into its staging buffer
+// for TMA: 4 boxes of 64 rows x 32 columns (8 KB each, 128-byte rows,
+// 16-byte chunks swizzled by row % 8 as the tensor map's 128-byte swizzle
+// reads them). rl: the thread's row in the warpgroup's 64, q = lane % 4.
+__device__ __forceinline__ void stage_acc_f32(const float (&acc)[64], unsigned char *stg, int rl, int q) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            int row = rl + 8 * hr, chunk = 2 * (j & 3) + (q >> 1);
+            *(float2 *)(stg + (j >> 2) * 8192 + row * 128 + ((chunk ^ (row & 7)) << 4) + 8 * (q & 1)) =
+                make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+        }
+    }
+}
+
+struct W8Maps {
+    CUtensorMap a, b, dw; // dw: FP32 [E * M, N], boxes of 32 x 64
+};
+template <bool TMA_EPI> struct W8Smem {
+    static constexpr int STAGES = TMA_EPI ? 3 : 4;
+    static constexpr int TILES = STAGES * F8_STAGE_BYTES;
+    static constexpr int STAGING = TMA_EPI ? 2 * 64 * 128 * 4 : 0; // one 64 x 128 FP32 half per consumer warpgroup
+    static constexpr int FIXED = 1024 + TILES + STAGING + STAGES * (W8_SCALE_BYTES + 16);
+    static int bytes(int E) { return FIXED + 2 * (E + 1) * (int)sizeof(int); }
+};
+
+// TMA_EPI: the epilogue stages each half of a warpgroup's accumulators in
+// shared memory and one thread hands it to the copy engine (a TMA store,
+// or a TMA reduce-add into dw when accumulating), so that the warpgroup
+// goes on to its next tile while the copy engine writes (3 stages, to make
+// room for the staging); else each thread stores (or loads, adds and
+// stores) its accumulators itself (4 stages).
+template <bool TMA_EPI>
+__global__ void __launch_bounds__(F8_THREADS, 1)
+fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const float *sa, const float *sb,
+                         const int *offsets, int E, int M, int N, int accumulate) {
+    typedef W8Smem<TMA_EPI> L;
+    constexpr int S = L::STAGES;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    uint32_t tiles = (raw + 1023) & ~1023u, staging = tiles + L::TILES, scales = staging + L::STAGING;
+    uint32_t full0 = scales + S * W8_SCALE_BYTES, empty0 = full0 + 8 * S;
+    const float *s_sc = (const float *)(smem_raw + (scales - raw));
+    int *s_off = (int *)(smem_raw + (empty0 + 8 * S - raw));
+    int *s_blk = s_off + E + 1;
+    f8_ring_init(full0, empty0, S);
+    grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
+    grouped_tile_prefix<F8_BK>(s_off, E, 1, s_blk); // s_blk[e]: expert e's first token block
+    int n_tiles = N / F8_BN, per_e = M / F8_BM * n_tiles, total = E * per_e;
+    int wg = threadIdx.x >> 7;
+
+    if (wg == 0) { // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x != 0) return;
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            int e = t / per_e, loc = t % per_e, m0 = loc / n_tiles * F8_BM, n0 = loc % n_tiles * F8_BN;
+            for (int kb = s_blk[e]; kb < s_blk[e + 1]; kb++) {
+                mbar_wait(empty0 + 8 * slot, phase ^ 1);
+                uint32_t st = tiles + slot * F8_STAGE_BYTES, fb = full0 + 8 * slot, sc = scales + slot * W8_SCALE_BYTES;
+                mbar_expect_tx(fb, F8_STAGE_BYTES + W8_SCALE_BYTES);
+                tma_load_2d(st, &maps.a, kb * F8_BK, m0, fb);
+                tma_load_2d(st + F8_A_BYTES, &maps.b, kb * F8_BK, n0, fb);
+                bulk_load(sc, sa + (size_t)kb * M + m0, F8_BM * 4, fb);
+                bulk_load(sc + F8_BM * 4, sb + (size_t)kb * N + n0, F8_BN * 4, fb);
+                f8_ring_next(slot, phase, S);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    int rw = warp * 16 + (lane >> 2), rl = cw * 64 + rw, cl = 2 * (lane & 3); // this thread's first row, column
+    bool issuer = (threadIdx.x & 127) == 0; // the warpgroup's thread that hands its staging to the copy engine
+    unsigned char *stg = smem_raw + (staging - raw) + cw * (64 * 128 * 4);
+    uint32_t stg_s = staging + cw * (64 * 128 * 4);
+    int slot = 0;
+    uint32_t phase = 0;
+    float acc0[64], acc1[64], part[64];
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int e = t / per_e, loc = t % per_e, m0 = loc / n_tiles * F8_BM, n0 = loc % n_tiles * F8_BN;
+        int kb0 = s_blk[e], kb1 = s_blk[e + 1];
+        if (kb0 == kb1 && accumulate) continue; // an empty expert adds nothing
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
+        for (int kb = kb0; kb < kb1; kb++) {
+            mbar_wait(full0 + 8 * slot, phase);
+            uint32_t st = tiles + slot * F8_STAGE_BYTES;
+            const float *sc = s_sc + slot * (W8_SCALE_BYTES / 4);
+            float a_lo = sc[rl], a_hi = sc[rl + 8];
+            uint64_t da = smem_desc(st + cw * 64 * 128);
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                int h = hh ^ cw; // the two warpgroups take the halves in opposite orders
+                uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
+                f8_mma_k128(part, da, db);
+                const float *bcol = sc + F8_BM + h * 128 + cl;
+                if (h == 0) promote_cols(acc0, part, a_lo, a_hi, bcol);
+                else promote_cols(acc1, part, a_lo, a_hi, bcol);
+            }
+            mbar_arrive(empty0 + 8 * slot); // both halves and the scales read: release the stage
+            f8_ring_next(slot, phase, S);
+        }
+        if (TMA_EPI) {
+            int row0 = e * M + m0 + cw * 64;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (issuer) bulk_wait_read<0>(); // the copy engine has read the staging's last contents
+                named_barrier(1 + cw, 128);
+                stage_acc_f32(h ? acc1 : acc0, stg, rw, lane & 3);
+                fence_proxy_async();
+                named_barrier(1 + cw, 128);
+                if (issuer) {
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        if (accumulate) tma_reduce_add_2d(&maps.dw, stg_s + b * 8192, n0 + h * 128 + 32 * b, row0);
+                        else tma_store_2d(&maps.dw, stg_s + b * 8192, n0 + h * 128 + 32 * b, row0);
+                    }
+                    bulk_commit();
+                }
+            }
+        } else {
+            float *o = dw + (size_t)e * M * N;
+            store_acc_f32(acc0, o, N, m0 + rl, n0 + cl, accumulate);
+            store_acc_f32(acc1, o, N, m0 + rl, n0 + 128 + cl, accumulate);
+        }
+    }
+    if (TMA_EPI && issuer) bulk_wait<0>(); // the last writes done before the staging goes away
 }
 
 } // namespace
@@ -598,6 +959,19 @@ extern "C" int cuda_fp8_quantize_mx(uint8_t *q, uint8_t *scale, const void *x, i
     return 0;
 }
 
+extern "C" int cuda_fp8_fake_quantize_128x1(void *x, const int *offsets, int E, int C) {
+    if (E == 0) return 0;
+    if (E < 0 || C <= 0 || C % 8 || ((uintptr_t)x & 15)) return -1;
+    int smem = (FQ_WARPS * FQ_COLS + 2 * (E + 1)) * (int)sizeof(int);
+    if (smem > 227 * 1024) return -1;
+    static int smem_set;
+    cuda_allow_smem((const void *)fake_quantize_128x1_kernel, &smem_set, smem);
+    // the tiles are known on the device only: a grid that fills the GPU strides over them
+    fake_quantize_128x1_kernel<<<cuda_num_sms() * 4, FQ_THREADS, smem, cuda_stream()>>>((bf16 *)x, offsets, E, C);
+    cudaLaunchCheck();
+    return 0;
+}
+
 extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw,
                                         const float *sw, const int *offsets, int E, int C, int OC) {
     if (!cuda_wgmma_device_ok() || !cuda_tma_available()) return -1;
@@ -625,6 +999,49 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     int variant = v && *v >= '0' && *v <= '3' ? *v - '0' : 3;
     cuda_allow_smem((const void *)kernels[variant], &smem_set[variant], smem);
     kernels[variant]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
+    cudaLaunchCheck();
+    return 0;
+}
+
+extern "C" int cuda_fp8_quantize_tokens_t(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C,
+                                          int ldk) {
+    if (E == 0) return 0;
+    if (E < 0 || C <= 0 || C % 128 || ldk <= 0 || ldk % 128) return -1;
+    if (((uintptr_t)x | (uintptr_t)qt | (uintptr_t)st) & 15) return -1;
+    int smem = 2 * (E + 1) * (int)sizeof(int);
+    if (smem > 48 * 1024 - 128 * 128 - 8 * 128 * 4) return -1;
+    quantize_tokens_t_kernel<<<cuda_num_sms() * 8, QT_THREADS, smem, cuda_stream()>>>(qt, st, (const bf16 *)x, offsets,
+                                                                                     E, C, ldk);
+    cudaLaunchCheck();
+    return 0;
+}
+
+static int wgrad_smem(int E) { return W8Smem<true>::bytes(E) > W8Smem<false>::bytes(E) ? W8Smem<true>::bytes(E) : W8Smem<false>::bytes(E); }
+
+extern "C" int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
+                                      const int *offsets, int E, int C, int OC, int ldk, int accumulate) {
+    if (!cuda_wgmma_device_ok() || !cuda_tma_available()) return -1;
+    if (E <= 0 || C <= 0 || OC <= 0 || OC % F8_BM || C % F8_BN || ldk <= 0 || ldk % F8_BK) return -1;
+    if (((uintptr_t)qa | (uintptr_t)qb | (uintptr_t)sa | (uintptr_t)sb) & 15 || ((uintptr_t)dw & 7)) return -1;
+    int smem = wgrad_smem(E);
+    if (smem > 227 * 1024) return -1;
+    // MOECORE_FP8_WGRAD_VARIANT (benchmarks and tests only): 0 stores the
+    // accumulators from registers, 1 (the default, where dw is 16-byte
+    // aligned as TMA needs) by TMA from shared memory.
+    const char *v = getenv("MOECORE_FP8_WGRAD_VARIANT");
+    int variant = (v && *v == '0') || ((uintptr_t)dw & 15) ? 0 : 1;
+    W8Maps maps;
+    memset(&maps, 0, sizeof maps);
+    if (cuda_tensor_map_2d(&maps.a, qa, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, OC, F8_BK, F8_BM)) return -1;
+    if (cuda_tensor_map_2d(&maps.b, qb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, C, F8_BK, F8_BN)) return -1;
+    if (variant && cuda_tensor_map_2d(&maps.dw, dw, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, C, (uint64_t)E * OC, 32, 64))
+        return -1;
+    typedef void (*Kernel)(float *, const W8Maps, const float *, const float *, const int *, int, int, int, int);
+    static const Kernel kernels[2] = {fp8_grouped_wgrad_kernel<false>, fp8_grouped_wgrad_kernel<true>};
+    static int smem_set[2];
+    cuda_allow_smem((const void *)kernels[variant], &smem_set[variant], smem);
+    int tiles = E * (OC / F8_BM) * (C / F8_BN), grid = cuda_num_sms() < tiles ? cuda_num_sms() : tiles;
+    kernels[variant]<<<grid, F8_THREADS, smem, cuda_stream()>>>(dw, maps, sa, sb, offsets, E, OC, C, accumulate);
     cudaLaunchCheck();
     return 0;
 }
@@ -672,6 +1089,30 @@ extern "C" void cuda_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_
 }
 extern "C" void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
     fp8_ok(cuda_fp8_dequantize_1x128(x, q, s, R, C), "fp8_dequantize_rows", R, C);
+}
+extern "C" void cuda_fp8_fake_quantize_tokens(void *x, const int *offsets, int E, int C) {
+    fp8_ok(cuda_fp8_fake_quantize_128x1(x, offsets, E, C), "fp8_fake_quantize_tokens", E, C);
+}
+extern "C" int cuda_fp8_wgrad_supports(int E, int C, int OC, char *why, size_t whylen) {
+    if (!cuda_wgmma_device_ok() || !cuda_tma_available()) {
+        snprintf(why, whylen, "the FP8 weight-grad needs a Hopper GPU (sm_90a wgmma and TMA)");
+        return 0;
+    }
+    if (C % F8_BN || OC % F8_BM || wgrad_smem(E) > 227 * 1024) {
+        snprintf(why, whylen, "the FP8 weight-grad needs dw [E, OC, C] with OC a multiple of %d, C of %d and at most "
+                 "%d experts (got %d, %d, %d)", F8_BM, F8_BN, (227 * 1024 - wgrad_smem(0)) / 8, E, OC, C);
+        return 0;
+    }
+    return 1;
+}
+extern "C" void cuda_fp8_quantize_tokens_t_op(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C,
+                                              int ldk) {
+    fp8_ok(cuda_fp8_quantize_tokens_t(qt, st, x, offsets, E, C, ldk), "fp8_quantize_tokens_t", C, ldk);
+}
+extern "C" void cuda_fp8_grouped_wgrad_op(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb,
+                                          const float *sb, const int *offsets, int E, int C, int OC, int ldk,
+                                          int accumulate) {
+    fp8_ok(cuda_fp8_grouped_wgrad(dw, qa, sa, qb, sb, offsets, E, C, OC, ldk, accumulate), "fp8_grouped_wgrad", C, OC);
 }
 extern "C" void cuda_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw,
                                             const float *sw, const int *offsets, int E, int C, int OC) {

@@ -47,6 +47,26 @@ int cuda_fp8_dequantize_1x128(void *x, const uint8_t *q, const float *scale, int
 int cuda_fp8_dequantize_128x128(void *w, const uint8_t *q, const float *scale, int E, int M, int K);
 // MXFP8: x [R, C] (BF16) -> q [R, C], E8M0 scale bytes [R, C/32]. C % 32 == 0.
 int cuda_fp8_quantize_mx(uint8_t *q, uint8_t *scale, const void *x, int R, int C);
+// fp8.wgrad: fp8's operands: x [R, C] (BF16) quantised and dequantised in
+// place per 128 x 1 tile along the rows of each segment offsets[e]..
+// offsets[e+1] (device offsets), each value float(q) * scale rounded to
+// BF16: fp8_fake_quantize_128x1 of fp8.h on the BF16 values, rounded.
+// C % 8 == 0, x 16-byte aligned.
+int cuda_fp8_fake_quantize_128x1(void *x, const int *offsets, int E, int C);
+// fp8.wgrad: fp8's speed path (the layout: fp8_tokens_ldk of fp8.h).
+// x [R, C] (BF16) -> qt [C, ldk] E4M3, st [ldk / 128, C]: each expert's
+// tokens transposed into its 128-token blocks (the last block's tail zero),
+// the codes and scales of fp8_fake_quantize_128x1's tiles. C % 128 == 0,
+// ldk >= fp8_tokens_ldk(offsets[E], E), a multiple of 128.
+int cuda_fp8_quantize_tokens_t(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C, int ldk);
+// dw [E, OC, C] (accumulate: +=, else =) = sum over each expert's token
+// blocks kb of deq(qa)_kb^T deq(qb)_kb, qa/sa [OC, ldk] from dout [R, OC]
+// and qb/sb [C, ldk] from inp [R, C] (cuda_fp8_quantize_tokens_t): the
+// weight-grad of the two operands fake-quantised, with FP32 accumulation;
+// an empty expert's dw is zeros (or left as it is). OC % 128 == 0,
+// C % 256 == 0, dw 8-byte aligned (16 for the TMA epilogue, the default).
+int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
+                           const int *offsets, int E, int C, int OC, int ldk, int accumulate);
 // The FP8 grouped GEMM forward: out[R, OC] (BF16) = dequant(qa) dequant(qw_e)^T
 // over the expert segments offsets[e]..offsets[e+1] (device offsets; the
 // host never reads them), qa/sa from cuda_fp8_quantize_1x128 ([R, C]), qw/sw

@@ -9,6 +9,7 @@ int cuda_supports(const OpDesc *d, char *why, size_t whylen) {
     case OP_GROUPED_MATMUL: return cuda_grouped_supports(d->E, d->C, d->OC, why, whylen);
     case OP_ROUTER: return cuda_router_supports(d->E, d->k, d->routing, why, whylen);
     case OP_FP8_GROUPED: return cuda_fp8_supports(d->E, d->C, d->OC, why, whylen);
+    case OP_FP8_WGRAD: return cuda_fp8_wgrad_supports(d->E, d->C, d->OC, why, whylen);
     }
     return 1;
 }
@@ -78,6 +79,9 @@ const Ops ops_cuda = {
     .fp8_swiglu_quantize = cuda_fp8_swiglu_quantize,
     .fp8_swiglu_backward_quantize = cuda_fp8_swiglu_backward_quantize,
     .fp8_dequantize_rows = cuda_fp8_dequantize_rows,
+    .fp8_fake_quantize_tokens = cuda_fp8_fake_quantize_tokens,
+    .fp8_quantize_tokens_t = cuda_fp8_quantize_tokens_t_op,
+    .fp8_grouped_wgrad = cuda_fp8_grouped_wgrad_op,
     .fp8_grouped_matmul_forward = cuda_fp8_grouped_matmul_forward,
     .crossentropy_forward = cuda_crossentropy_forward,
     .crossentropy_backward = cuda_crossentropy_backward,
