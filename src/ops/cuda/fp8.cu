@@ -478,7 +478,7 @@ struct F8Maps {
 
 // The stage ring of the warp-specialised FP8 kernels: S full barriers (one
 // arrival: the producer's expect_tx) and S empty ones (the 256 consumer
-// threads), and the slot / phase step after each stage.
+// threads); the slot / phase step after each stage is ring_next.
 __device__ __forceinline__ void f8_ring_init(uint32_t full0, uint32_t empty0, int S) {
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; s++) {
@@ -486,12 +486,6 @@ __device__ __forceinline__ void f8_ring_init(uint32_t full0, uint32_t empty0, in
             mbar_init(empty0 + 8 * s, 256);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-}
-__device__ __forceinline__ void f8_ring_next(int &slot, uint32_t &phase, int S) {
-    if (++slot == S) {
-        slot = 0;
-        phase ^= 1;
     }
 }
 // part = A B^T over one K = 128 stage: 4 wgmma m64n128k32 e4m3, waited for
@@ -539,7 +533,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
                 mbar_expect_tx(fb, F8_STAGE_BYTES);
                 tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
                 tma_load_2d(st + F8_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
-                f8_ring_next(slot, phase, S);
+                ring_next(slot, phase, S);
             }
         }
         return;
@@ -589,7 +583,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
                 if (h == 0) promote(acc0, part, a_lo * bs, a_hi * bs);
                 else promote(acc1, part, a_lo * bs, a_hi * bs);
             }
-            f8_ring_next(slot, phase, S);
+            ring_next(slot, phase, S);
         }
         bf16 *o = out + (size_t)tl.r0 * N;
         if (VEC_STORE) {
@@ -802,7 +796,7 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
                 tma_load_2d(st + F8_A_BYTES, &maps.b, kb * F8_BK, n0, fb);
                 bulk_load(sc, sa + (size_t)kb * M + m0, F8_BM * 4, fb);
                 bulk_load(sc + F8_BM * 4, sb + (size_t)kb * N + n0, F8_BN * 4, fb);
-                f8_ring_next(slot, phase, S);
+                ring_next(slot, phase, S);
             }
         }
         return;
@@ -839,7 +833,7 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
                 else promote_cols(acc1, part, a_lo, a_hi, bcol);
             }
             mbar_arrive(empty0 + 8 * slot); // both halves and the scales read: release the stage
-            f8_ring_next(slot, phase, S);
+            ring_next(slot, phase, S);
         }
         if (TMA_EPI) {
             int row0 = e * M + m0 + cw * 64;

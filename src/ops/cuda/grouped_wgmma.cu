@@ -716,10 +716,7 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
                     for (int j = 0; j < BN / 64; j++)
                         tma_load_2d(st + Cfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.e * K + k0, fb);
                 }
-                if (++slot == S) {
-                    slot = 0;
-                    phase ^= 1;
-                }
+                ring_next(slot, phase, S);
                 if constexpr (WGRAD) {
                     int hi = kt == ktiles - 1 ? pf_rows : min(pf_rows, 32 * (kt + 1));
                     for (int i = 32 * kt; i < hi; i++) bulk_prefetch_l2(pf + (size_t)i * N, pf_bytes);
@@ -789,13 +786,7 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
                     wgmma_n256<0, 1>(acc, da + 2 * kk, db + (uint64_t)MN_KSTEP_DESC * kk, kt > 0 || kk > 0);
             }
             wgmma_commit();
-            wgmma_wait<1>(); // the previous step's wgmma are done: release its stage
-            if (kt > 0) mbar_arrive(empty0 + 8 * prev);
-            prev = slot;
-            if (++slot == S) {
-                slot = 0;
-                phase ^= 1;
-            }
+            ring_consumed(empty0, kt, prev, slot, phase, S); // the previous stage goes back
         }
         wgmma_wait<0>();
         mbar_arrive(empty0 + 8 * prev);
@@ -888,10 +879,7 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
                 for (int a = 0; a < NA; a++) tma_load_2d(st + a * MN_LBO, &maps.a, tl.m0 + 64 * a, k, fb);
 #pragma unroll
                 for (int b = 0; b < NB; b++) tma_load_2d(st + A_BYTES + b * MN_LBO, &maps.b, tl.n0 + 64 * b, k, fb);
-                if (++slot == S) {
-                    slot = 0;
-                    phase ^= 1;
-                }
+                ring_next(slot, phase, S);
             }
         }
         return;
@@ -951,13 +939,7 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
             wgmma_commit();
             // the tile's last wgmma are issued: the other warpgroup's turn
             if (kt == ktiles - 1 && (threadIdx.x & 127) == 0) mbar_arrive(order0 + 8 * (1 - cw));
-            wgmma_wait<1>(); // the previous step's wgmma are done: release its stage
-            if (kt > 0) mbar_arrive(empty0 + 8 * prev);
-            prev = slot;
-            if (++slot == S) {
-                slot = 0;
-                phase ^= 1;
-            }
+            ring_consumed(empty0, kt, prev, slot, phase, S); // the previous stage goes back
         }
         wgmma_wait<0>();
         mbar_arrive(empty0 + 8 * prev);

@@ -62,6 +62,24 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                  "r"(parity)
                  : "memory");
 }
+
+// The stage ring of the warp-specialised kernels (a producer filling S
+// stages, full[s] / empty[s] barriers 8 bytes apart): the slot and parity
+// after each stage, and a consumer's step once its wgmma on the stage are
+// committed: when the previous stage's are done (one group left in
+// flight), that stage goes back to the producer.
+__device__ __forceinline__ void ring_next(int &slot, uint32_t &phase, int S) {
+    if (++slot == S) {
+        slot = 0;
+        phase ^= 1;
+    }
+}
+__device__ __forceinline__ void ring_consumed(uint32_t empty0, int kt, int &prev, int &slot, uint32_t &phase, int S) {
+    wgmma_wait<1>();
+    if (kt > 0) mbar_arrive(empty0 + 8 * prev);
+    prev = slot;
+    ring_next(slot, phase, S);
+}
 // box at element coordinates (c0 inner, c1 outer) of the map into dst
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
