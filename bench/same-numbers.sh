@@ -43,5 +43,9 @@ print(f"{cfg}: losses bit-identical in all 4 runs: {same}; loss at step 10 A {l1
       + " B " + " ".join(f"{statistics.median([r['tokens_per_s'] for r in run if r['step'] > warmup] or [0]):.0f}" for run in runs["B"]))
 EOF
 done
-# few files come back from a lent machine: the runs travel as one archive
-(cd "$out" && tar czf runs.tgz --remove-files A-* B-* 2>/dev/null)
+# few files come back from a lent machine: the runs travel as one archive,
+# one per invocation (a second call into the same OUT adds its own)
+n=1
+while [ -e "$out/runs-$n.tgz" ]; do n=$((n + 1)); done
+(cd "$out" && tar czf "runs-$n.tgz" --remove-files A-* B-* 2>/dev/null)
+echo "runs: $out/runs-$n.tgz"

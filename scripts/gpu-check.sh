@@ -4,8 +4,10 @@
 # training run. Logs go to build/gpu-logs; where $OUT is set (the lent
 # machines, which return at most 8 files) they are also packed into
 # $OUT/gpu-logs.tar.gz at exit.
-# Usage: bash scripts/gpu-check.sh [tests] [kernels] [olmoe STEPS] [tiny STEPS]
-# (env: GPU_TEST_TIMEOUT=400, the seconds each test process may run)
+# Usage: bash scripts/gpu-check.sh [tests] [kernels] [olmoe STEPS] [tiny STEPS] [bench OLD_BIN]
+# (env: GPU_TEST_TIMEOUT=400, the seconds each test process may run;
+# bench: bench/same-numbers.sh OLD_BIN against build/moecore on BENCH_CONFIGS,
+# default the three BF16 bench configs, its runs into build/gpu-logs/bench)
 set -u
 cd "$(dirname "$0")/.."
 out=build/gpu-logs
@@ -54,6 +56,12 @@ while [ $# -gt 0 ]; do
       timeout 500 ./build/moecore train "$cfg" --device.type=cuda --train.steps="$steps" --device.cuda_graph=$graph \
         --logging.run_dir="$out/run_$1" --checkpoint.save_final=false --train.eval_interval=0 --overwrite > "$out/train_$1.log" 2>&1
       echo "== train $1: exit $?"; grep -vE "^\s*$" "$out/train_$1.log" | tail -n 25
+      shift 2 ;;
+    bench)
+      [ -x "${2:-}" ] || { echo "bench: OLD_BIN '${2:-}' is not an executable"; exit 2; }
+      OUT="$out/bench" bash bench/same-numbers.sh "$2" build/moecore \
+        ${BENCH_CONFIGS:-configs/bench/olmoe-1b-7b.yaml configs/bench/sweep-e8.yaml configs/bench/sweep-e128.yaml} |
+        tee -a "$out/bench.txt"
       shift 2 ;;
     *) echo "unknown: $1"; exit 2 ;;
   esac
