@@ -453,22 +453,13 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
 
 int main(int argc, char **argv) {
     // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
-    int cnt[N_EXP] = {0}, off[N_EXP + 1];
-    for (int n = 0; n < TOKENS; n++) {
-        int chosen[TOP_K], m = 0;
-        while (m < TOP_K) {
-            int e = gt_irand(N_EXP), dup = 0;
-            for (int j = 0; j < m; j++) dup |= chosen[j] == e;
-            if (!dup) chosen[m++] = e;
-        }
-        for (int j = 0; j < TOP_K; j++) cnt[chosen[j]]++;
-    }
-    off[0] = 0;
+    int off[N_EXP + 1];
+    gt_random_offsets(off, TOKENS, N_EXP, TOP_K);
     int mn = 1 << 30, mxr = 0;
     for (int e = 0; e < N_EXP; e++) {
-        off[e + 1] = off[e] + cnt[e];
-        mn = cnt[e] < mn ? cnt[e] : mn;
-        mxr = cnt[e] > mxr ? cnt[e] : mxr;
+        int c = off[e + 1] - off[e];
+        mn = c < mn ? c : mn;
+        mxr = c > mxr ? c : mxr;
     }
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);

@@ -156,22 +156,13 @@ static void bench_case(Case *c, const char *name) {
 int main(int argc, char **argv) {
     quick = argc > 2 && !strcmp(argv[2], "quick");
     // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
-    int cnt[N_EXP] = {0}, off[N_EXP + 1];
-    for (int t = 0; t < TOKENS; t++) {
-        int chosen[TOP_K], m = 0;
-        while (m < TOP_K) {
-            int e = gt_irand(N_EXP), dup = 0;
-            for (int j = 0; j < m; j++) dup |= chosen[j] == e;
-            if (!dup) chosen[m++] = e;
-        }
-        for (int j = 0; j < TOP_K; j++) cnt[chosen[j]]++;
-    }
-    off[0] = 0;
+    int off[N_EXP + 1];
+    gt_random_offsets(off, TOKENS, N_EXP, TOP_K);
     int mn = 1 << 30, mx = 0;
     for (int e = 0; e < N_EXP; e++) {
-        off[e + 1] = off[e] + cnt[e];
-        mn = cnt[e] < mn ? cnt[e] : mn;
-        mx = cnt[e] > mx ? cnt[e] : mx;
+        int c = off[e + 1] - off[e];
+        mn = c < mn ? c : mn;
+        mx = c > mx ? c : mx;
     }
     const int R = off[N_EXP], E = N_EXP;
     struct cudaDeviceProp prop;

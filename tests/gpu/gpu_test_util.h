@@ -60,6 +60,23 @@ static inline float gt_normal(uint64_t *s) {
 static inline float gt_urand(void) { return gt_uniform(&gt_rng); }
 static inline float gt_randn(void) { return gt_normal(&gt_rng); }
 static inline int gt_irand(int n) { return (int)(gt_next(&gt_rng) % (uint64_t)n); }
+// off[0..E]: the expert offsets of N tokens each routed to k distinct
+// random experts (k <= 64), from the gt_irand stream
+static inline void gt_random_offsets(int *off, int N, int E, int k) {
+    int *cnt = (int *)calloc(E, sizeof(int));
+    for (int n = 0; n < N; n++) {
+        int chosen[64], m = 0;
+        while (m < k) {
+            int e = gt_irand(E), dup = 0;
+            for (int j = 0; j < m; j++) dup |= chosen[j] == e;
+            if (!dup) chosen[m++] = e;
+        }
+        for (int j = 0; j < k; j++) cnt[chosen[j]]++;
+    }
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + cnt[e];
+    free(cnt);
+}
 
 enum { GT_UNIFORM, GT_NORMAL };
 // p[0..n) = offset + scale * (uniform in [-1, 1) or normal), rounded through

@@ -184,23 +184,6 @@ static void test_quantize_mx(void) {
     cuda_free(dx); cuda_free(dq); cuda_free(ds);
 }
 
-// rows per expert of N tokens each routed to k distinct random experts
-static void random_offsets(int *off, int N, int E, int k) {
-    int *cnt = calloc(E, sizeof(int));
-    for (int n = 0; n < N; n++) {
-        int chosen[64], m = 0;
-        while (m < k) {
-            int e = gt_irand(E), dup = 0;
-            for (int j = 0; j < m; j++) dup |= chosen[j] == e;
-            if (!dup) chosen[m++] = e;
-        }
-        for (int j = 0; j < k; j++) cnt[chosen[j]]++;
-    }
-    off[0] = 0;
-    for (int e = 0; e < E; e++) off[e + 1] = off[e] + cnt[e];
-    free(cnt);
-}
-
 static void test_gemm(const char *name, const int *off, int E, int C, int OC) {
     int R = off[E];
     size_t na = (size_t)R * C, nw = (size_t)E * OC * C, no = (size_t)R * OC;
@@ -641,7 +624,7 @@ static void wgrad_tests(void) {
     test_fake_quantize_128x1("edges", edges, 8, 328, 37);
     test_wgrad("edges", edges, 8, 512, 384);
     int *off = malloc(65 * sizeof(int));
-    random_offsets(off, 2048, 64, 8);
+    gt_random_offsets(off, 2048, 64, 8);
     test_fake_quantize_128x1("OLMoE d_model", off, 64, 2048, 0);
     test_fake_quantize_128x1("OLMoE expert hidden", off, 64, 1024, 0);
     test_wgrad("OLMoE down (dY [R, 2048], act [R, 1024])", off, 64, 1024, 2048);
@@ -670,7 +653,7 @@ int main(int argc, char **argv) {
     test_dgrad("uneven", small, 6, 512, 256, 0);
     test_dgrad("uneven pair", small, 6, 512, 256, 1);
     int *off = malloc(65 * sizeof(int));
-    random_offsets(off, 2048, 64, 8);
+    gt_random_offsets(off, 2048, 64, 8);
     if (!dgrad_only) {
         test_gemm("OLMoE up", off, 64, 2048, 1024);
         test_gemm("OLMoE down", off, 64, 1024, 2048);
