@@ -66,6 +66,7 @@ static const Key table[] = {
     FE(device.type, device_names), F(device.peak_tflops, T_DOUBLE), F(device.cuda_graph, T_BOOL),
     FE(device.cuda.grouped_gemm, gemm_kernel_names), FE(device.cuda.grouped_wgrad, gemm_kernel_names),
     F(device.cuda.gemm_tma, T_BOOL), F(device.cuda.attention_ds_mib, T_INT), F(device.cuda.fp8_wgrad_gemm, T_BOOL),
+    F(device.cuda.attention_group, T_INT),
     FE(device.cuda.attention_fwd, gemm_kernel_names), FE(device.cuda.attention_bwd, gemm_kernel_names),
 };
 #define NTABLE ((int)(sizeof(table) / sizeof(table[0])))
@@ -701,6 +702,8 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (c->device.peak_tflops < 0) FAIL("device.peak_tflops must be >= 0");
     if (c->device.cuda.attention_ds_mib < 0)
         FAIL("device.cuda.attention_ds_mib must be >= 0 (0 turns the dS scratch off), got %d", c->device.cuda.attention_ds_mib);
+    if (c->device.cuda.attention_group < 0)
+        FAIL("device.cuda.attention_group must be >= 0 (0: auto), got %d", c->device.cuda.attention_group);
     return 0;
 }
 

@@ -65,6 +65,7 @@ json_object *run_info_json(const Trainer *tr) {
         json_object_object_add(c, "attention_fwd", json_object_new_string(cuda_kernels_name(s->attention_fwd)));
         json_object_object_add(c, "attention_bwd", json_object_new_string(cuda_kernels_name(s->attention_bwd)));
         json_object_object_add(c, "fp8_wgrad_gemm", json_object_new_boolean(s->fp8_wgrad_gemm));
+        json_object_object_add(c, "attention_group", json_object_new_int(s->attention_group));
         json_object_object_add(o, "device_cuda", c);
         json_object_object_add(o, "cuda_graph", json_object_new_boolean(tr->use_graph));
     }
@@ -230,10 +231,10 @@ void print_header(Trainer *tr) {
         SAY("device: %s (sm_%d%d, %d SMs, %.1f GiB), driver %s, CUDA runtime %d.%d\n", d.name, d.cc_major,
             d.cc_minor, d.sms, d.memory_gib, d.driver, d.runtime / 1000, d.runtime % 1000 / 10);
         SAY("device.cuda: grouped_gemm %s, grouped_wgrad %s, gemm_tma %s, attention_ds_mib %d, attention_fwd %s, "
-            "attention_bwd %s, fp8_wgrad_gemm %s\n",
+            "attention_bwd %s, fp8_wgrad_gemm %s, attention_group %d\n",
             cuda_kernels_name(s->grouped_gemm), cuda_kernels_name(s->grouped_wgrad), s->gemm_tma ? "true" : "false",
             s->attention_ds_mib, cuda_kernels_name(s->attention_fwd), cuda_kernels_name(s->attention_bwd),
-            s->fp8_wgrad_gemm ? "true" : "false");
+            s->fp8_wgrad_gemm ? "true" : "false", s->attention_group);
     }
 #endif
     print_memory(tr);

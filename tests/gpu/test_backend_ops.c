@@ -118,7 +118,7 @@ typedef void (*RunFn)(const Case *c, const Ops *o, void *const *b);
 // variant: the grouped kernels' epilogue variant (cuda_grouped_set_variant)
 // this choice runs under, -1 the default; a choice with one must give the
 // default's bits
-typedef struct { const char *label; CudaSettings s; int variant; } Choice;
+typedef struct { const char *label; CudaSettings s; int variant, exact; } Choice; // exact: the bits of choice 0
 
 struct Case {
     char name[192];
@@ -162,7 +162,7 @@ static Case *new_case(const char *op, RunFn run, const char *fmt, ...) {
     c->op = op;
     c->section = section;
     c->run = run;
-    c->choice[0] = (Choice){NULL, cuda_settings_default(), -1};
+    c->choice[0] = (Choice){NULL, cuda_settings_default(), -1, 0};
     c->nchoice = 1;
     if (ncases % 64 == 0) cases = realloc(cases, (ncases + 64) * sizeof *cases);
     cases[ncases++] = c;
@@ -208,7 +208,7 @@ static Tensor *dims4(Tensor *t, int d0, int d1, int d2, int d3) {
 }
 static void add_choice(Case *c, const char *label, CudaSettings s) {
     if (c->nchoice == MAXCHOICE) { fprintf(stderr, "%s: more than %d kernel choices\n", c->name, MAXCHOICE); exit(2); }
-    c->choice[c->nchoice++] = (Choice){label, s, -1};
+    c->choice[c->nchoice++] = (Choice){label, s, -1, 0};
 }
 // --grouped-variant N[,N...]: the grouped cases also run under these epilogue variants
 static int grouped_variants[MAX_GROUPED_VARIANTS], n_grouped_variants;
@@ -517,7 +517,7 @@ static void run_case(const Case *c) {
             memset(r.got, 0, sizeof r.got);
             if (c->flags & RERUN) rerun(&r);
         } else {
-            compare_choice(&r, prim, label, c->choice[ch].variant >= 0);
+            compare_choice(&r, prim, label, c->choice[ch].variant >= 0 || c->choice[ch].exact);
         }
     }
     if (timed)
@@ -1434,6 +1434,28 @@ static Case *attention_case(int bwd, int B, int T, int H, int KV, int hd, int fl
 // forward and backward; small_cap: the backward's dS^T under a 1 MiB cap
 // (batch rows go through it in slices) instead of the default; docs: the
 // documents' pattern (DOCS_NONE: doc_start NULL)
+// order: the wgmma kernels' block order (device.cuda.attention_group) also
+// as groups of `order` (batch, head) pairs and as one group, each a choice
+// that must give the default's bits
+static void add_order_choices(Case *c, int order) {
+    static char labels[64][48];
+    static int nl;
+    int groups[2] = {order, c->B * c->H};
+    for (int i = 0; i < 2 && nl < 64; i++) {
+        CudaSettings s = cuda_settings_default();
+        s.attention_group = groups[i];
+        snprintf(labels[nl], sizeof labels[nl], "%s, attention_group=%d",
+                 c->choice[0].label ? c->choice[0].label : "default", groups[i]);
+        add_choice(c, labels[nl++], s);
+        c->choice[c->nchoice - 1].exact = 1;
+    }
+}
+static void add_attention_ordered(int B, int T, int H, int KV, int hd, int flags, int docs, int order) {
+    Case *f = attention_case(0, B, T, H, KV, hd, flags, docs);
+    add_order_choices(f, order);
+    Case *b = attention_case(1, B, T, H, KV, hd, flags, docs);
+    add_order_choices(b, order);
+}
 static void add_attention(int B, int T, int H, int KV, int hd, int flags, int small_cap, int docs) {
     attention_case(0, B, T, H, KV, hd, flags, docs);
     Case *c = attention_case(1, B, T, H, KV, hd, flags, docs);
@@ -1587,6 +1609,20 @@ static void make_cases(void) {
     add_matmul_forward(32768, 2048, 1024, PERF, " (the grouped size, dense)");
     add_matmul_backward(32768, 2048, 1024, 0, 1, 0, PERF, " (the grouped size, dense)");
     add_matmul_backward(32768, 2048, 1024, 0, 0, 1, PERF, " (the grouped size, dense)");
+    // the bench configs' dense products (timed only): the attention
+    // projections one at a time and q, k, v as one product of 3x the
+    // width, and the LM head; OLMoE (micro-batch 2 x 4096, d 2048) and the
+    // sweep (16 x 4096, d 1024)
+    {
+        static const int shapes[][3] = {{8192, 2048, 2048}, {8192, 2048, 6144}, {8192, 2048, 50304},
+                                        {65536, 1024, 1024}, {65536, 1024, 3072}, {65536, 1024, 50304}};
+        for (int i = 0; i < 6; i++) {
+            int N = shapes[i][0], C = shapes[i][1], OC = shapes[i][2];
+            add_matmul_forward(N, C, OC, NOCPU | PERF, " (bench shape)");
+            add_matmul_backward(N, C, OC, 1, 1, 0, NOCPU | PERF, " (bench shape)");
+            add_matmul_backward(N, C, OC, 0, 0, 1, NOCPU | PERF, " (bench shape)");
+        }
+    }
     // router (E=60: a leading dimension that is not a multiple of 8)
     add_router_logits(37, 64, 8);
     add_router_logits(4096, 2048, 64);
@@ -1639,11 +1675,21 @@ static void make_cases(void) {
     // dK/dV ring wraps, both dS^T buffers of a warpgroup turn over), B = 2
     add_attention(1, 1024, 2, 2, 128, RERUN, 0, DOCS_NONE);
     add_attention(2, 640, 3, 3, 128, RERUN, 0, DOCS_NONE);
+    // the block order in groups of (batch, head) pairs: of 1, and of 5 of
+    // 12 and 4 of 6 (a short last group), GQA, the same bits as the default
+    add_attention_ordered(3, 256, 4, 4, 128, RERUN, DOCS_NONE, 1);
+    add_attention_ordered(3, 256, 4, 4, 128, 0, DOCS_NONE, 5);
+    add_attention_ordered(2, 384, 3, 3, 128, 0, DOCS_NONE, 4);
+    add_attention_ordered(2, 384, 6, 2, 128, 0, DOCS_NONE, 5);
     // OLMoE's attention (special check attention_heads validates two heads);
     // rerun: the same bits at full size
     add_attention(1, 4096, 16, 16, 128, NOCPU | PERF | RERUN, 0, DOCS_NONE);
     add_attention(1, 4096, 8, 8, 128, NOCPU | PERF, 0, DOCS_NONE);
     add_attention(2, 4096, 16, 16, 128, NOCPU | PERF | RERUN, 0, DOCS_NONE);
+    // the sweep's (16 x 4096, 8 heads: 128 pairs, whose K and V are 256 MiB)
+    // in the default order (auto: groups of 8), in groups of 4 and in the
+    // (head, batch, tile) one
+    add_attention_ordered(16, 4096, 8, 8, 128, NOCPU | PERF, DOCS_NONE, 4);
     // intra-document masking: every kernel (both sets, dS^T and its slices,
     // variant 2's query-block kernels at 17 x 8 blocks of 128 > 2 per SM),
     // boundaries inside and on tiles, documents of length 1, a row without EOS
@@ -2231,6 +2277,25 @@ static void special_coverage(void) {
           missing);
 }
 
+// ---- timed_table: bench --breakdown's table (ops_cuda_timed) has every op
+// ops_cuda has, but the graph hooks (it runs uncaptured)
+
+static void special_timed_table(void) {
+    const void *const *a = (const void *const *)&ops_cuda, *const *t = (const void *const *)&ops_cuda_timed;
+    size_t n = sizeof(Ops) / sizeof(void *), missing = 0;
+    size_t hooks[] = {offsetof(Ops, capture_begin), offsetof(Ops, capture_end), offsetof(Ops, graph_launch),
+                      offsetof(Ops, graph_free)};
+    for (size_t i = 0; i < n; i++) {
+        int hook = 0;
+        for (size_t j = 0; j < sizeof hooks / sizeof hooks[0]; j++) hook |= hooks[j] == i * sizeof(void *);
+        if (a[i] && !t[i] && !hook) {
+            printf("      ops_cuda_timed lacks the member at byte %zu of Ops (add it to TIMED_OPS)\n", i * sizeof(void *));
+            missing++;
+        }
+    }
+    gt_ok(!missing, "%-48s %zu slots, %zu missing", "ops_cuda_timed has every op of ops_cuda", n, missing);
+}
+
 static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"capture", special_capture},
     {"attention_causality", special_causality},
@@ -2239,6 +2304,7 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"crossentropy_paths", special_ce_paths},
     {"grouped_wgrad_tail", special_wgrad_tail},
     {"coverage", special_coverage},
+    {"timed_table", special_timed_table},
 };
 
 // ==== main ======================================================================================

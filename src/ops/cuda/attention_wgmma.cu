@@ -128,17 +128,39 @@ __device__ __forceinline__ void fa_rescale(float (&o)[64], const float (&alpha)[
         for (int h = 0; h < 4; h++) o[4 * j + h] *= alpha[h >> 1];
 }
 
-// grid (H, B, T / 128); maps over q, k, v; out [B,T,H,128]; lse2 [B,H,T].
+// The blocks' order. A 1-D grid of B H nz blocks (nz tiles per (batch,
+// head) pair) walks the pairs in groups of G: within a group the heaviest
+// tile of every pair first, then the next, so that the blocks resident at
+// once share the K and V (or Q and dO) of G pairs and find them in L2; with
+// the pairs all in one group (G = B H) this is the order of a (H, B, nz)
+// grid. Each block computes what it did in any order: the same bits.
+// Returns the tile rank z (0: the heaviest); *b, *h the pair.
+__device__ __forceinline__ int fa_block_tile(int H, int P, int nz, int G, int *b, int *h) {
+    int L = blockIdx.x, p0 = L / (G * nz) * G, n = min(G, P - p0), j = L - p0 * nz;
+    int p = p0 + j % n;
+    *b = p / H, *h = p - p / H * H;
+    return j / n;
+}
+
+// Pairs per group: device.cuda.attention_group, or (0, auto) as many as
+// keep the K and V of T keys (T x 512 bytes a pair) within 16 MiB of L2.
+static int fa_group(int B, int H, int T) {
+    int g = cuda_settings()->attention_group, P = B * H;
+    if (g <= 0) g = (int)((16u << 20) / ((unsigned)T * 2u * FA_HD * 2u));
+    return g < 1 ? 1 : g > P ? P : g;
+}
+
+// grid: fa_block_tile's, of T / 128 tiles a pair; maps over q, k, v; out [B,T,H,128]; lse2 [B,H,T].
 __global__ void __launch_bounds__(FA_THREADS, 1)
     attention_fwd_wgmma_kernel(bf16 *out, float *lse2, const __grid_constant__ FaMaps maps, int T, int H, int KV,
-                               float sl2) {
+                               float sl2, int G) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t base = (raw + 1023) & ~1023u;
     uint32_t qbar = base + FA_BARS;                // Q loaded
     uint32_t kfull = qbar + 8, vfull = kfull + 8 * FA_STAGES;
     uint32_t kempty = vfull + 8 * FA_STAGES, vempty = kempty + 8 * FA_STAGES;
-    int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;
+    int b, h, nz = T / FA_BM, qb = nz - 1 - fa_block_tile(H, gridDim.x / nz, nz, G, &b, &h);
     int q0 = qb * FA_BM, nkb = qb + 1; // key tiles qb (the diagonal), qb - 1, ..., 0
     int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
@@ -270,9 +292,8 @@ extern "C" int cuda_attention_forward_wgmma(void *out, float *lse2, const void *
         return -1;
     static int smem_set;
     cuda_allow_smem((const void *)attention_fwd_wgmma_kernel, &smem_set, FA_SMEM);
-    dim3 grid(H, B, T / FA_BM);
-    attention_fwd_wgmma_kernel<<<grid, FA_THREADS, FA_SMEM, cuda_stream()>>>((bf16 *)out, lse2, maps, T, H, KV,
-                                                     (float)(1.4426950408889634 / sqrt((double)FA_HD)));
+    attention_fwd_wgmma_kernel<<<B * H * (T / FA_BM), FA_THREADS, FA_SMEM, cuda_stream()>>>(
+        (bf16 *)out, lse2, maps, T, H, KV, (float)(1.4426950408889634 / sqrt((double)FA_HD)), fa_group(B, H, T));
     cudaLaunchCheck();
     return 0;
 }
@@ -402,7 +423,7 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
-// grid (H, B, T / 128); heaviest (first) key blocks first.
+// grid: fa_block_tile's, of T / 128 key blocks a pair; heaviest (first) key blocks first.
 //
 // A consumer warpgroup's query tile i: wait for S^T_i, dP^T_i (and tile i -
 // 1's dV, dK); P^T_i and dS^T_i in registers; issue dV += P^T_i dO; write
@@ -420,13 +441,13 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 __global__ void __launch_bounds__(FA_THREADS, 1)
     attention_bwd_dkv_wgmma_kernel(bf16 *dk, bf16 *dv, bf16 *dsT, const __grid_constant__ FbMaps maps,
                                    const float *lse2, const float *D, int T, int H, size_t ds_head, float sl2,
-                                   float scale) {
+                                   float scale, int G) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t base = (raw + 1023) & ~1023u;
     float *rows_s = (float *)(smem_raw + (base - raw) + FB_ROWS); // stage s: lse2 at 128 s, D at 128 s + 64
     uint32_t kvbar = base + FB_BARS, full = kvbar + 8, empty = full + 8 * FB_STAGES;
-    int h = blockIdx.x, b = blockIdx.y, kb = blockIdx.z, k0 = kb * FA_BN;
+    int b, h, kb = fa_block_tile(H, gridDim.x / (T / FA_BN), T / FA_BN, G, &b, &h), k0 = kb * FA_BN;
     int nq = T / FB_QT, q_first = 2 * kb, ntiles = nq - q_first;
     int wg = threadIdx.x >> 7;
     const float *lse_h = lse2 + ((size_t)b * H + h) * T, *D_h = D + ((size_t)b * H + h) * T;
@@ -578,16 +599,16 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     }
 }
 
-// grid (H, B, T / 128), heaviest (last) query blocks first. Key tile kt of
+// grid: fa_block_tile's, heaviest (last) query blocks first. Key tile kt of
 // 64: warpgroup w's dS^T tile (queries 64 w.. of the block) and the K tile.
 __global__ void __launch_bounds__(FA_THREADS, 1)
     attention_bwd_dq_wgmma_kernel(bf16 *dq, const bf16 *dsT, const __grid_constant__ FbMaps maps, int T, int H,
-                                  size_t ds_head, float scale) {
+                                  size_t ds_head, float scale, int G) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t base = (raw + 1023) & ~1023u;
     uint32_t full = base + DQ_BARS, empty = full + 8 * DQ_STAGES;
-    int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z, q0 = qb * FA_BM;
+    int b, h, nz = T / FA_BM, qb = nz - 1 - fa_block_tile(H, gridDim.x / nz, nz, G, &b, &h), q0 = qb * FA_BM;
     int nq = T / FB_QT, nkt = 2 * qb + 2; // key tiles 0 .. 2 qb + 1; warpgroup 0 skips the last
     int wg = threadIdx.x >> 7;
     const bf16 *ds_h = dsT + ((size_t)b * H + h) * ds_head;
@@ -677,13 +698,13 @@ extern "C" int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void 
     static int set_kv, set_q;
     cuda_allow_smem((const void *)attention_bwd_dkv_wgmma_kernel, &set_kv, FB_SMEM);
     cuda_allow_smem((const void *)attention_bwd_dq_wgmma_kernel, &set_q, DQ_SMEM);
-    dim3 grid(H, B, T / FA_BM);
+    int grid = B * H * (T / FA_BM), G = fa_group(B, H, T);
     float scale = (float)(1.0 / sqrt((double)FA_HD)), sl2 = (float)(1.4426950408889634 / sqrt((double)FA_HD));
     attention_bwd_dkv_wgmma_kernel<<<grid, FA_THREADS, FB_SMEM, cuda_stream()>>>(
-        (bf16 *)dk, (bf16 *)dv, (bf16 *)dsT, maps, lse2, D, T, H, ds_head, sl2, scale);
+        (bf16 *)dk, (bf16 *)dv, (bf16 *)dsT, maps, lse2, D, T, H, ds_head, sl2, scale, G);
     cudaLaunchCheck();
     attention_bwd_dq_wgmma_kernel<<<grid, FA_THREADS, DQ_SMEM, cuda_stream()>>>((bf16 *)dq, (const bf16 *)dsT, maps,
-                                                                                T, H, ds_head, scale);
+                                                                                T, H, ds_head, scale, G);
     cudaLaunchCheck();
     return 0;
 }

@@ -43,9 +43,15 @@ typedef struct {
     // kernel (0). The same codes and scales; the BF16 path also rounds the
     // dequantised operands to BF16.
     int fp8_wgrad_gemm;
+    // The TMA + wgmma attention kernels' block order: (batch, head) pairs
+    // in groups of this many, each group's blocks heaviest tile first, so
+    // that the blocks resident at once share their K and V in L2; 0: auto
+    // (as many pairs as keep K and V within 16 MiB); B x H or more: all in
+    // one group (the order before). The same bits in every order.
+    int attention_group;
 } CudaSettings;
 
 static inline CudaSettings cuda_settings_default(void) {
-    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024, CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1};
+    CudaSettings s = {CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 1024, CUDA_KERNELS_WGMMA, CUDA_KERNELS_WGMMA, 1, 0};
     return s;
 }
