@@ -298,6 +298,10 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         at_shared.qr = take(cv, N * qd); at_shared.kr = take(cv, N * kvd);
         at_shared.att = ftake(cv, att); at_shared.ao = take(cv, N * qd);
     }
+    // QK-norm's normed q, k are only the scratch of rmsnorm_rope_forward
+    // (a backend that does not fuse it writes them there): one pair for all
+    // blocks
+    void *qn_scratch = qkn && !rc_at ? take(cv, N * qd) : NULL, *kn_scratch = qkn && !rc_at ? take(cv, N * kvd) : NULL;
     // recompute_swiglu: the dense MLPs' and the shared experts' SwiGLU
     // outputs, one buffer each (the experts' is ea_shared)
     int dense_held = 0;
@@ -319,7 +323,7 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         if (qkn && rc_at) {
             a->qn = at_shared.qn; a->kn = at_shared.kn; a->qn_rstd = at_shared.qn_rstd; a->kn_rstd = at_shared.kn_rstd;
         } else if (qkn) {
-            a->qn = take(cv, N * qd); a->kn = take(cv, N * kvd);
+            a->qn = qn_scratch; a->kn = kn_scratch;
             a->qn_rstd = ftake(cv, N * c->n_heads); a->kn_rstd = ftake(cv, N * c->n_kv_heads);
         } else { a->qn = a->q; a->kn = a->k; }
         if (rc_at) { a->qr = at_shared.qr; a->kr = at_shared.kr; }
@@ -711,17 +715,18 @@ static const int *model_docs(const Model *m) { return m->batch_docs ? m->doc_sta
 static void attention_core_forward(Model *m, const LayerParams *L, LayerActs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    int B = m->B, T = m->T, N = B * T, H = c->n_heads, KV = c->n_kv_heads;
+    int B = m->B, T = m->T, H = c->n_heads, KV = c->n_kv_heads;
     int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
-    if (c->qk_norm == QKNORM_FULL) {
-        ops->rmsnorm_forward(a->qn, a->qn_rstd, a->q, P(L->q_norm), N, qd, c->norm_eps);
-        ops->rmsnorm_forward(a->kn, a->kn_rstd, a->k, P(L->k_norm), N, kvd, c->norm_eps);
-    } else if (c->qk_norm == QKNORM_HEAD) {
-        ops->rmsnorm_forward(a->qn, a->qn_rstd, a->q, P(L->q_norm), N * H, hd, c->norm_eps);
-        ops->rmsnorm_forward(a->kn, a->kn_rstd, a->k, P(L->k_norm), N * KV, hd, c->norm_eps);
+    if (c->qk_norm != QKNORM_NONE) { // norm then RoPE in one op (qn, kn: its scratch)
+        int full = c->qk_norm == QKNORM_FULL;
+        ops->rmsnorm_rope_forward(a->qr, a->qn_rstd, a->qn, a->q, P(L->q_norm), m->rope_cos, m->rope_sin, B, T, H, hd,
+                                  full ? qd : hd, c->norm_eps);
+        ops->rmsnorm_rope_forward(a->kr, a->kn_rstd, a->kn, a->k, P(L->k_norm), m->rope_cos, m->rope_sin, B, T, KV,
+                                  hd, full ? kvd : hd, c->norm_eps);
+    } else {
+        ops->rope_forward(a->qr, a->q, m->rope_cos, m->rope_sin, B, T, H, hd);
+        ops->rope_forward(a->kr, a->k, m->rope_cos, m->rope_sin, B, T, KV, hd);
     }
-    ops->rope_forward(a->qr, a->qn, m->rope_cos, m->rope_sin, B, T, H, hd);
-    ops->rope_forward(a->kr, a->kn, m->rope_cos, m->rope_sin, B, T, KV, hd);
     ops->attention_forward(a->ao, a->att, a->qr, a->kr, a->v, model_docs(m), B, T, H, KV, hd);
 }
 
@@ -1235,18 +1240,18 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
     if (defer) ops->copy_act(a->w_do, dout, (size_t)N * D);
     ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao, model_docs(m),
                             m->att_scratch, B, T, H, KV, hd);
-    // RoPE back into dq2/dk2 (grads w.r.t. the QK-normed q, k)
-    ops->rope_backward(m->dq2, m->dq, m->rope_cos, m->rope_sin, B, T, H, hd);
-    ops->rope_backward(m->dk2, m->dk, m->rope_cos, m->rope_sin, B, T, KV, hd);
+    // RoPE back, then the QK-norm (one op; dq2, dk2 its scratch): grads w.r.t. q, k
     const void *dq = m->dq2, *dk = m->dk2;
-    if (c->qk_norm == QKNORM_FULL) {
-        ops->rmsnorm_backward(m->dq, G(L->q_norm), m->dq2, a->q, P(L->q_norm), a->qn_rstd, N, qd, 0);
-        ops->rmsnorm_backward(m->dk, G(L->k_norm), m->dk2, a->k, P(L->k_norm), a->kn_rstd, N, kvd, 0);
+    if (c->qk_norm != QKNORM_NONE) {
+        int full = c->qk_norm == QKNORM_FULL;
+        ops->rmsnorm_rope_backward(m->dq, G(L->q_norm), m->dq2, m->dq, a->q, P(L->q_norm), a->qn_rstd, m->rope_cos,
+                                   m->rope_sin, B, T, H, hd, full ? qd : hd, 0);
+        ops->rmsnorm_rope_backward(m->dk, G(L->k_norm), m->dk2, m->dk, a->k, P(L->k_norm), a->kn_rstd, m->rope_cos,
+                                   m->rope_sin, B, T, KV, hd, full ? kvd : hd, 0);
         dq = m->dq; dk = m->dk;
-    } else if (c->qk_norm == QKNORM_HEAD) {
-        ops->rmsnorm_backward(m->dq, G(L->q_norm), m->dq2, a->q, P(L->q_norm), a->qn_rstd, N * H, hd, 0);
-        ops->rmsnorm_backward(m->dk, G(L->k_norm), m->dk2, a->k, P(L->k_norm), a->kn_rstd, N * KV, hd, 0);
-        dq = m->dq; dk = m->dk;
+    } else {
+        ops->rope_backward(m->dq2, m->dq, m->rope_cos, m->rope_sin, B, T, H, hd);
+        ops->rope_backward(m->dk2, m->dk, m->rope_cos, m->rope_sin, B, T, KV, hd);
     }
     if (defer) {
         ops->copy_act(a->w_dq, dq, (size_t)N * qd);

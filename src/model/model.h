@@ -56,7 +56,7 @@ typedef struct {
 typedef struct {
     void *ln1; float *ln1_rstd;       // attn_norm(x)          (pre, peri)
     void *q, *k, *v;                  // projections
-    void *qn, *kn;                    // after QK-norm (alias q, k without it)
+    void *qn, *kn;                    // QK-norm's scratch, shared by all blocks (rmsnorm_rope_forward; alias q, k without it)
     float *qn_rstd, *kn_rstd;
     void *qr, *kr;                    // after RoPE
     float *att;                       // what attention backward needs (backend layout)

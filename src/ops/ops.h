@@ -108,6 +108,20 @@ typedef struct Ops {
                          int B, int T, int nh, int hd);
     void (*rope_backward)(void *dinp, const void *dout, const float *cos_t, const float *sin_t,
                           int B, int T, int nh, int hd);
+    // QK-norm then RoPE: out = rope_forward(rmsnorm_forward(inp)) over the
+    // rows of C channels of x [B, T, nh, hd] (C = nh hd: one row per (b, t);
+    // C = hd: per head), rstd as rmsnorm_forward's, and the bits of the two
+    // ops in turn (the normed rows rounded to act before the rotation). tmp
+    // [B T nh hd] act is scratch the op may overwrite (the normed rows where
+    // a backend does not fuse the two).
+    void (*rmsnorm_rope_forward)(void *out, float *rstd, void *tmp, const void *inp, const void *w,
+                                 const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, int C,
+                                 float eps);
+    // Its backward: rope_backward of dout (the rotated rows' grad) into tmp,
+    // then rmsnorm_backward from it: dinp (=|+=), dw +=; dinp may alias dout.
+    void (*rmsnorm_rope_backward)(void *dinp, float *dw, void *tmp, const void *dout, const void *inp,
+                                  const void *w, const float *rstd, const float *cos_t, const float *sin_t, int B,
+                                  int T, int nh, int hd, int C, int accumulate);
 
     // Causal attention with GQA. q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd].
     // saved (f32, attention_saved_floats of them) is what backward needs:

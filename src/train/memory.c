@@ -99,6 +99,7 @@ int memory_plan(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l, ch
         free(lay.layers);
     }
     p->dense = t.class_numel[CLASS_DENSE];
+    p->tensors = t.n;
     // every expert tensor is [E, ...]: ep divides it exactly
     p->expert = t.class_numel[CLASS_EXPERT] / l->ep;
     param_table_free(&t);

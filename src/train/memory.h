@@ -43,6 +43,7 @@ typedef struct {
 
 typedef struct {
     size_t dense, expert;           // parameters held (expert: E/ep of the experts)
+    int tensors;                    // parameter tensors held (the optimizer launches one update each)
     size_t dense_opt, expert_opt;   // of which in the optimizer's range (moments)
     size_t dense_main, expert_main; // of which with an FP32 main weight of their own
     int dense_div, expert_div;      // the optimizer range's divisor (1: not sharded)

@@ -43,7 +43,7 @@ typedef struct { const char *key; size_t off; } SpecKey;
 static const SpecKey spec_keys[] = {
     K(memory_gib), K(context_mib), K(nccl_mib), K(bf16_peak), K(fp8_peak), K(hbm_gbs), K(gemm), K(fp8_gemm),
     K(grouped_fwd), K(grouped_dgrad), K(copy_gbs), K(fp8_grouped), K(grouped_rows), K(grouped_half_rows),
-    K(attn_fwd), K(attn_bwd), K(membw), K(optim_gbs), K(op_floor_us), K(nvlink_gbs), K(ib_gbs), K(overlap),
+    K(attn_fwd), K(attn_bwd), K(membw), K(optim_gbs), K(op_floor_us), K(step_host_us), K(nvlink_gbs), K(ib_gbs), K(overlap),
 };
 #undef K
 #define NKEYS (sizeof spec_keys / sizeof spec_keys[0])
@@ -133,9 +133,10 @@ int gpu_spec_load(GpuSpec *g, const char *path, char *err, size_t errlen) {
                         b.attn_bwd * c, b.fp8_gemm * c8, b.fp8_grouped * c8, b.membw * m, b.optim_gbs * m};
         for (size_t i = 0; i < sizeof src / sizeof src[0]; i++)
             if (isnan(*dst[i])) *dst[i] = src[i];
-        double *same[] = {&g->grouped_rows, &g->grouped_half_rows, &g->op_floor_us, &g->overlap, &g->context_mib,
-                          &g->nccl_mib};
-        double bsame[] = {b.grouped_rows, b.grouped_half_rows, b.op_floor_us, b.overlap, b.context_mib, b.nccl_mib};
+        double *same[] = {&g->grouped_rows, &g->grouped_half_rows, &g->op_floor_us, &g->step_host_us, &g->overlap,
+                          &g->context_mib, &g->nccl_mib};
+        double bsame[] = {b.grouped_rows, b.grouped_half_rows, b.op_floor_us, b.step_host_us, b.overlap, b.context_mib,
+                          b.nccl_mib};
         for (size_t i = 0; i < sizeof bsame / sizeof bsame[0]; i++)
             if (isnan(*same[i])) *same[i] = bsame[i];
         char src_note[sizeof g->source + 1024];
@@ -456,6 +457,7 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
     // each pipeline rank's parameters held (its grad reduction and optimizer
     // step) and its backward (which hides the reduction)
     double held_dense[PP_MAX_RANKS], held_expert[PP_MAX_RANKS], opt_elems[PP_MAX_RANKS], back[PP_MAX_RANKS];
+    int tensors[PP_MAX_RANKS];
     if (pp > PP_MAX_RANKS) return errorf(err, errlen, "pp %d: at most %d pipeline ranks", pp, PP_MAX_RANKS);
     for (int p = 0; p < pp; p++) {
         ParamStage st = param_stage_all(c);
@@ -479,6 +481,7 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         stage_time(&rc, g, lay, &st, &s);
         held_dense[p] = (double)mp.dense;
         held_expert[p] = (double)mp.expert;
+        tensors[p] = mp.tensors;
         opt_elems[p] = 30.0 * (double)(mp.dense_opt + mp.expert_opt) + 8.0 * (double)(mp.dense + mp.expert);
         back[p] = acc_sum(&s.b) + acc_sum(&s.rc);
         double t = acc_sum(&s.f) + acc_sum(&s.b) + acc_sum(&s.rc);
@@ -525,21 +528,23 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         double exposed = (red > hidden ? red - hidden : 0) + t_gather;
         if (red + t_gather > r->t_dp) r->t_dp = red + t_gather;
         if (exposed > r->t_dp_exposed) r->t_dp_exposed = exposed;
-        // optimizer: AdamW 30 B per element of the range, zeroing + norm 8 B per held
-        double t_opt = opt_elems[p] / (g->optim_gbs * GB) + 4 * g->op_floor_us * 1e-6;
+        // optimizer: AdamW 30 B per element of the range, zeroing + norm 8 B per held;
+        // one update launched per tensor, 4 more for the norm and zeroing
+        double t_opt = opt_elems[p] / (g->optim_gbs * GB) + (tensors[p] + 4) * g->op_floor_us * 1e-6;
         if (t_opt > r->t_optim) r->t_optim = t_opt;
     }
-    r->t_step = M * t_mb + r->t_pp_comm + r->t_bubble + r->t_dp_exposed + r->t_optim;
+    r->t_host = g->step_host_us * 1e-6;
+    r->t_step = M * t_mb + r->t_pp_comm + r->t_bubble + r->t_dp_exposed + r->t_optim + r->t_host;
     double tokens = (double)G * c->seq_len;
     r->tokens_s_gpu = tokens / r->t_step / in->gpus;
     r->tflops_gpu = flops_per_token(c) * r->tokens_s_gpu / 1e12;
     r->mfu = g->bf16_peak > 0 ? r->tflops_gpu / g->bf16_peak : 0;
     // the largest term
     double terms[] = {r->t_expert, r->t_attn, r->t_dense, r->t_elem, r->t_floor, r->t_recompute, r->t_ep,
-                      r->t_bubble + r->t_pp_comm, r->t_dp_exposed, r->t_optim};
+                      r->t_bubble + r->t_pp_comm, r->t_dp_exposed, r->t_optim, r->t_host};
     static const char *const names[] = {"expert GEMMs", "attention", "dense GEMMs", "memory-bound kernels",
                                         "kernel floor (small kernels)", "recompute", "expert dispatch (a2a)",
-                                        "pipeline bubble", "exposed grad reduction", "optimizer"};
+                                        "pipeline bubble", "exposed grad reduction", "optimizer", "host work"};
     int best = 0;
     for (int i = 1; i < (int)(sizeof terms / sizeof terms[0]); i++)
         if (terms[i] > terms[best]) best = i;
@@ -597,6 +602,8 @@ void plan_explain(FILE *f, const PlanInput *in, const PlanResult *r) {
     fprintf(f, "  grad reduction      %10.3f ms, exposed %.3f ms (%.0f%% of the last backward hides it)\n", ms(r->t_dp),
             ms(r->t_dp_exposed), 100 * g->overlap);
     fprintf(f, "  optimizer           %10.3f ms\n", ms(r->t_optim));
+    fprintf(f, "  host work           %10.3f ms  (each optimizer step: graph launch, loss read, the optimizer's loop)\n",
+            ms(r->t_host));
     fprintf(f, "  step                %10.3f ms -> %.0f tokens/s per GPU, %.1f TFLOP/s per GPU (model FLOPs), MFU %.1f%% "
                "of %.0f\n", ms(r->t_step), r->tokens_s_gpu, r->tflops_gpu, 100 * r->mfu, g->bf16_peak);
     fprintf(f, "  largest term: %s\n", r->dominant);

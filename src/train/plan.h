@@ -29,6 +29,8 @@ typedef struct {
     double membw;              // memory-bound kernels
     double optim_gbs;          // AdamW, grad zeroing and norms
     double op_floor_us;        // the least time of one kernel
+    double step_host_us;       // per optimizer step, beside the kernels: the host's fixed work (graph launch, the
+                               // loss read, the optimizer's loop)
     // links, GB/s per GPU per direction
     double nvlink_gbs, ib_gbs;
     double overlap;            // share of the gradient reduction hidden behind the backward
@@ -63,6 +65,7 @@ typedef struct {
     double t_bubble;
     double t_dp, t_dp_exposed;     // gradient reduction (+ all-gather), and the part not hidden
     double t_optim;
+    double t_host;             // the host's fixed work per step (GpuSpec.step_host_us)
     double t_step, tokens_s_gpu, tflops_gpu, mfu;
     const char *dominant;
 } PlanResult;

@@ -85,6 +85,9 @@ static const Bound B_DW = {1e-2, "FP32 weight grads: exact products in another o
 static const Bound B_ATTN = {1e-2, "BF16 outputs; the GPU also rounds P and dS to BF16 before the second products, "
                                    "and its D uses the BF16 out"};
 static const Bound B_LSE = {1e-4, "FP32 log-sum-exp of exact BF16 products, against a float64 reference"};
+static const Bound B_ROPE_DW = {1e-2, "FP32 norm-weight grads from the rotated-back grad, which the GPU rounds to BF16 "
+                                      "(as rope_backward stores it) and the CPU keeps in FP32: 2^-9 each; the GPU's "
+                                      "bits are held to its two ops' by the special check rope_paths"};
 static const Bound B_EXACT = {0, "gathers, copies, integer outputs and the BF16 cast: bits"};
 
 // ---- cases -----------------------------------------------------------------------
@@ -676,6 +679,50 @@ static void add_rope(int B, int T, int nh, int hd, int inplace, int mis) {
                             : tin(c, bwd ? "dout" : "x", ACT, n, G_UNIFORM, 1);
         dims4(x, B, T, nh, hd)->flags |= mis ? MIS : 0;
         if (!inplace) dims4(tout(c, bwd ? "dinp" : "out", ACT, n, &B_BF16), B, T, nh, hd);
+    }
+}
+
+// QK-norm then RoPE in one op: C = nh hd (one row per (b, t)) or hd (per head)
+static void run_rms_rope(const Case *c, const Ops *o, void *const *b) {
+    if (c->bwd)
+        o->rmsnorm_rope_backward(b[7], b[8], b[6], b[2], b[3], b[4], b[5], b[0], b[1], c->B, c->T, c->H, c->hd, c->C,
+                                 c->acc);
+    else o->rmsnorm_rope_forward(b[5], b[6], b[4], b[2], b[3], b[0], b[1], c->B, c->T, c->H, c->hd, c->C, 1e-5f);
+}
+static void init_rms_rope(const Case *c, void *const *h) {
+    rope_tables(h[0], h[1], c->T, c->hd, 10000.f);
+    if (!c->bwd) return;
+    int N = (int)((size_t)c->B * c->T * c->H * c->hd / c->C);
+    float *out = gt_malloc((size_t)N * c->C * 4);
+    ops_cpu.rmsnorm_forward(out, h[5], h[3], h[4], N, c->C, 1e-5f);
+    free(out);
+}
+static void add_rmsnorm_rope(int B, int T, int nh, int hd, int full, int acc, int flags) {
+    size_t n = (size_t)B * T * nh * hd, nt = (size_t)T * (hd / 2);
+    int C = full ? nh * hd : hd, N = (int)(n / C);
+    for (int bwd = 0; bwd < 2; bwd++) {
+        Case *c = new_case(bwd ? "rmsnorm_rope_backward" : "rmsnorm_rope_forward", run_rms_rope,
+                           "B=%d T=%d nh=%d hd=%d C=%d%s", B, T, nh, hd, C, bwd && acc ? " acc=1" : "");
+        c->B = B, c->T = T, c->H = nh, c->hd = hd, c->C = C, c->N = N, c->bwd = bwd, c->acc = bwd && acc;
+        c->flags = flags;
+        c->init = init_rms_rope;
+        tin(c, "cos", F32, nt, G_CUSTOM, 0);
+        tin(c, "sin", F32, nt, G_CUSTOM, 0);
+        if (!bwd) {
+            tin(c, "x", ACT, n, G_UNIFORM, 2);
+            tin(c, "w", ACT, C, G_AROUND1, 0.3f);
+            tensor(c, "tmp", ACT, WORK, n);
+            dims4(tout(c, "out", ACT, n, &B_BF16), B, T, nh, hd);
+            tout(c, "rstd", F32, N, &B_F32);
+        } else {
+            tin(c, "dy", ACT, n, G_UNIFORM, 1);
+            tin(c, "x", ACT, n, G_UNIFORM, 2);
+            tin(c, "w", ACT, C, G_AROUND1, 0.3f);
+            tin(c, "rstd", F32, N, G_CUSTOM, 0);
+            tensor(c, "tmp", ACT, WORK, n);
+            dims2(tio(c, "dinp", ACT, n, c->acc, G_UNIFORM, 1, &B_BF16), N, C);
+            tacc(c, "dw", F32, C, G_UNIFORM, 1, &B_ROPE_DW);
+        }
     }
 }
 
@@ -1511,6 +1558,17 @@ static void make_cases(void) {
     add_rope(2, 17, 4, 64, 0, 0);
     add_rope(1, 5, 3, 6, 0, 0);    // hd/2 = 3: scalar
     add_rope(2, 33, 4, 128, 1, 1); // in place, misaligned
+    // QK-norm + RoPE in one op: fused where a row is whole heads of 512 <
+    // C <= 2048 (OLMoE's q, the sweep's, 6 heads of 128, 12 of 64, T not a
+    // multiple of anything), else the two ops through tmp (per-head rows,
+    // narrow rows); the bits of the two ops: special check rope_paths
+    add_rmsnorm_rope(2, 64, 16, 128, 1, 0, RERUN);
+    add_rmsnorm_rope(1, 8192, 16, 128, 1, 0, NOCPU | PERF);
+    add_rmsnorm_rope(2, 33, 8, 128, 1, 1, 0);
+    add_rmsnorm_rope(3, 17, 6, 128, 1, 0, 0);
+    add_rmsnorm_rope(2, 21, 12, 64, 1, 1, 0);
+    add_rmsnorm_rope(2, 16, 4, 32, 1, 0, 0);
+    add_rmsnorm_rope(2, 40, 8, 128, 0, 1, 0);
 
     section = "router";
     for (int g = 0; g < 2; g++)
@@ -1690,6 +1748,8 @@ static void make_cases(void) {
     // in the default order (auto: groups of 8), in groups of 4 and in the
     // (head, batch, tile) one
     add_attention_ordered(16, 4096, 8, 8, 128, NOCPU | PERF, DOCS_NONE, 4);
+    // OLMoE's micro-batch (32 pairs: auto is 4 groups of 8) in groups of 4
+    add_attention_ordered(2, 4096, 16, 16, 128, NOCPU | PERF, DOCS_NONE, 4);
     // intra-document masking: every kernel (both sets, dS^T and its slices,
     // variant 2's query-block kernels at 17 x 8 blocks of 128 > 2 per SM),
     // boundaries inside and on tiles, documents of length 1, a row without EOS
@@ -2259,7 +2319,7 @@ static void special_wgrad_tail(void) {
 static const char *const compute_ops[] = {
     "cast_to_act", "embedding_forward", "embedding_backward", "matmul_forward", "matmul_backward",
     "router_logits_forward", "router_logits_backward", "rmsnorm_forward", "rmsnorm_backward", "rope_forward",
-    "rope_backward", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
+    "rope_backward", "rmsnorm_rope_forward", "rmsnorm_rope_backward", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
     "router_probs_forward", "router_probs_backward", "router_topk", "router_weights_forward",
     "router_weights_backward", "router_count", "router_bias_update", "lb_loss_forward", "lb_loss_backward", "zloss_forward",
     "zloss_backward", "moe_route_index", "permute_forward", "permute_backward", "unpermute_forward",
@@ -2275,6 +2335,69 @@ static void special_coverage(void) {
     }
     gt_ok(!missing, "%-48s %d ops, %d cases, %d ops without one", "every compute op of Ops has a case", n, ncases,
           missing);
+}
+
+// ---- rope_paths: rmsnorm_rope_forward / _backward give the bits of the two
+// ops in turn (rmsnorm_forward then rope_forward; rope_backward then
+// rmsnorm_backward), out, rstd, dinp (= and +=, dinp aliasing dout as the
+// model calls it) and dw, on shapes the fused kernels take and on one they
+// do not
+
+static void rope_paths_case(int B, int T, int nh, int hd, int full) {
+    size_t n = (size_t)B * T * nh * hd, nt = (size_t)T * (hd / 2);
+    int C = full ? nh * hd : hd, N = (int)(n / C);
+    float *hx = gt_malloc(n * 4), *hw = gt_malloc((size_t)C * 4), *hd_ = gt_malloc(n * 4), *hg = gt_malloc(n * 4);
+    float *hc = gt_malloc(nt * 4), *hs = gt_malloc(nt * 4);
+    gt_fill(hx, n, G_UNIFORM, 0, 2, 1, fill_seed++);
+    gt_fill(hw, C, G_AROUND1, 0, 0.3f, 1, fill_seed++);
+    gt_fill(hd_, n, G_UNIFORM, 0, 1, 1, fill_seed++);
+    gt_fill(hg, n, G_UNIFORM, 0, 1, 1, fill_seed++);
+    rope_tables(hc, hs, T, hd, 10000.f);
+    void *x = dkeep(gt_dev_bf16(hx, n)), *w = dkeep(gt_dev_bf16(hw, C));
+    float *cs = dev_copy(hc, nt * 4), *sn = dev_copy(hs, nt * 4);
+    void *tmp = dkeep(gpu->alloc(n * 2)), *o1 = dkeep(gpu->alloc(n * 2)), *o2 = dkeep(gpu->alloc(n * 2));
+    float *r1 = dkeep(gpu->alloc((size_t)N * 4)), *r2 = dkeep(gpu->alloc((size_t)N * 4));
+    gpu->rmsnorm_forward(tmp, r1, x, w, N, C, 1e-5f);
+    gpu->rope_forward(o1, tmp, cs, sn, B, T, nh, hd);
+    gpu->rmsnorm_rope_forward(o2, r2, tmp, x, w, cs, sn, B, T, nh, hd, C, 1e-5f);
+    cuda_synchronize();
+    float *ho1 = gt_host_bf16(o1, n), *ho2 = gt_host_bf16(o2, n), *hr1 = gt_host_f32(r1, N), *hr2 = gt_host_f32(r2, N);
+    size_t bo = 0, br = 0;
+    for (size_t i = 0; i < n; i++) bo += memcmp(&ho1[i], &ho2[i], 4) != 0;
+    for (int i = 0; i < N; i++) br += memcmp(&hr1[i], &hr2[i], 4) != 0;
+    gt_ok(!bo && !br, "%-48s B=%d T=%d nh=%d hd=%d C=%d: out %zu of %zu, rstd %zu of %d differ",
+          "rmsnorm_rope_forward: the bits of the two ops", B, T, nh, hd, C, bo, n, br, N);
+    for (int acc = 0; acc < 2; acc++) {
+        void *dy = dkeep(gt_dev_bf16(hd_, n)), *d1 = dkeep(gt_dev_bf16(hg, n)), *d2 = dkeep(gt_dev_bf16(hd_, n));
+        float *w1 = dkeep(gpu->alloc((size_t)C * 4)), *w2 = dkeep(gpu->alloc((size_t)C * 4));
+        gpu->zero(w1, (size_t)C * 4);
+        gpu->zero(w2, (size_t)C * 4);
+        gpu->rope_backward(tmp, dy, cs, sn, B, T, nh, hd);
+        gpu->rmsnorm_backward(d1, w1, tmp, x, w, r1, N, C, acc);
+        if (acc) { // +=: dinp holds the old grad, so it cannot also be dout; dout separate
+            void *g2 = dkeep(gt_dev_bf16(hg, n));
+            gpu->rmsnorm_rope_backward(g2, w2, tmp, dy, x, w, r1, cs, sn, B, T, nh, hd, C, 1);
+            d2 = g2;
+        } else { // as the model calls it: dinp aliasing dout
+            gpu->rmsnorm_rope_backward(d2, w2, tmp, d2, x, w, r1, cs, sn, B, T, nh, hd, C, 0);
+        }
+        cuda_synchronize();
+        float *a1 = gt_host_bf16(d1, n), *a2 = gt_host_bf16(d2, n), *b1 = gt_host_f32(w1, C), *b2 = gt_host_f32(w2, C);
+        size_t bd = 0, bw = 0;
+        for (size_t i = 0; i < n; i++) bd += memcmp(&a1[i], &a2[i], 4) != 0;
+        for (int i = 0; i < C; i++) bw += memcmp(&b1[i], &b2[i], 4) != 0;
+        gt_ok(!bd && !bw, "%-48s B=%d T=%d nh=%d hd=%d C=%d acc=%d: dinp %zu of %zu, dw %zu of %d differ",
+              "rmsnorm_rope_backward: the bits of the two ops", B, T, nh, hd, C, acc, bd, n, bw, C);
+        free(a1), free(a2), free(b1), free(b2);
+    }
+    free(hx), free(hw), free(hd_), free(hg), free(hc), free(hs), free(ho1), free(ho2), free(hr1), free(hr2);
+    dev_release();
+}
+static void special_rope_paths(void) {
+    rope_paths_case(2, 4096, 16, 128, 1); // OLMoE's q (fused)
+    rope_paths_case(1, 4096, 8, 128, 1);  // the sweep's (fused)
+    rope_paths_case(3, 17, 12, 64, 1);    // fused, head dim 64
+    rope_paths_case(2, 40, 8, 128, 0);    // per-head rows: the two ops
 }
 
 // ---- timed_table: bench --breakdown's table (ops_cuda_timed) has every op
@@ -2305,6 +2428,7 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"grouped_wgrad_tail", special_wgrad_tail},
     {"coverage", special_coverage},
     {"timed_table", special_timed_table},
+    {"rope_paths", special_rope_paths},
 };
 
 // ==== main ======================================================================================

@@ -70,6 +70,20 @@ static void test_encode_all(void) {
     free(ref);
 }
 
+// The quantisers of BF16 values divide by one reciprocal per scale and a
+// correction (div_bf16): its codes must be IEEE division's on every pair
+// of a BF16 value (all 65536 patterns: NaN, +-inf, -0, subnormals) and the
+// scale of a BF16 amax (all 32641, and the floor's)
+static void test_div_bf16_all(void) {
+    unsigned long long *d = cuda_alloc(2 * sizeof(unsigned long long)), h[2] = {0, 0};
+    cuda_to_device(d, h, sizeof h);
+    check_rc(cuda_fp8_div_bf16_check(d), "div_bf16_check");
+    cuda_to_host(h, d, sizeof h);
+    gt_ok(h[0] == 0, "BF16 / scale by reciprocal + correction, all %llu pairs: %llu E4M3 codes differ from IEEE "
+          "division's (%llu FP32 quotients differ)", 65536ULL * 0x7f81, h[0], h[1]);
+    cuda_free(d);
+}
+
 // x[R, C]: per tile of tw along rows, a kind: ordinary (random magnitude),
 // zeros, one NaN, +-inf, subnormal (FP32 or BF16 range), amax below the
 // floor, a spike; BF16-rounded when bf16.
@@ -634,12 +648,14 @@ static void wgrad_tests(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "wgrad")) {
+        test_div_bf16_all();
         wgrad_tests();
         return gt_finish();
     }
     int dgrad_only = argc > 1 && !strcmp(argv[1], "dgrad");
     if (!dgrad_only) {
         test_encode_all();
+        test_div_bf16_all();
         test_fused();
         test_quantize_1x128(1);
         test_quantize_1x128(0);

@@ -83,6 +83,23 @@ static void c_rope_forward(void *out, const void *inp, const float *cs, const fl
 static void c_rope_backward(void *dinp, const void *dout, const float *cs, const float *sn, int B, int T, int nh, int hd) {
     cpu_rope_backward(F(dinp), CF(dout), cs, sn, B, T, nh, hd);
 }
+// QK-norm then RoPE: the two ops in turn through tmp (the reference the
+// CUDA backend's fused kernels match)
+static void c_rmsnorm_rope_forward(void *out, float *rstd, void *tmp, const void *inp, const void *w,
+                                   const float *cs, const float *sn, int B, int T, int nh, int hd, int C, float eps) {
+    if (C <= 0) return;
+    int N = (int)((long)B * T * nh * hd / C);
+    cpu_rmsnorm_forward(F(tmp), rstd, CF(inp), CF(w), N, C, eps);
+    cpu_rope_forward(F(out), CF(tmp), cs, sn, B, T, nh, hd);
+}
+static void c_rmsnorm_rope_backward(void *dinp, float *dw, void *tmp, const void *dout, const void *inp, const void *w,
+                                    const float *rstd, const float *cs, const float *sn, int B, int T, int nh, int hd,
+                                    int C, int accumulate) {
+    if (C <= 0) return;
+    int N = (int)((long)B * T * nh * hd / C);
+    cpu_rope_backward(F(tmp), CF(dout), cs, sn, B, T, nh, hd);
+    cpu_rmsnorm_backward(F(dinp), dw, CF(tmp), CF(inp), CF(w), rstd, N, C, accumulate);
+}
 static void c_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
                                 const int *doc_start, int B, int T, int H, int KV, int hd) {
     cpu_attention_forward(F(out), saved, CF(q), CF(k), CF(v), doc_start, B, T, H, KV, hd);
@@ -246,6 +263,8 @@ const Ops ops_cpu = {
     .rmsnorm_backward = c_rmsnorm_backward,
     .rope_forward = c_rope_forward,
     .rope_backward = c_rope_backward,
+    .rmsnorm_rope_forward = c_rmsnorm_rope_forward,
+    .rmsnorm_rope_backward = c_rmsnorm_rope_backward,
     .attention_forward = c_attention_forward,
     .attention_backward = c_attention_backward,
     .attention_saved_floats = cpu_attention_saved_floats,

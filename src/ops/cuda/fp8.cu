@@ -4,7 +4,10 @@
 // Quantisers: the CPU reference's arithmetic step for step, so that values
 // and scales agree bit for bit: fmaxf over |x| (NaN ignored), the same
 // clamps, IEEE division (__fdiv_rn; the backend is built without fast-math,
-// so subnormals are kept), and cuda_fp8.h's saturating round-to-nearest-even
+// so subnormals are kept; where the values are BF16, div_bf16: one
+// reciprocal per scale and Markstein's correction per value, which gives
+// __fdiv_rn's codes on every (BF16 value, scale) pair, all of which
+// tests/gpu/test_fp8.c tries), and cuda_fp8.h's saturating round-to-nearest-even
 // conversion (cvt.rn.satfinite; NaN -> 0x7f). Memory-bound: 16-byte loads,
 // the tile's amax by shuffles among the threads that hold it.
 //
@@ -58,14 +61,53 @@ __device__ __forceinline__ float block_scale(float amax) {
     amax = fmaxf(amax, FP8_AMAX_FLOOR);
     return __fdiv_rn(amax, FP8_E4M3_MAX);
 }
+// x / s where x is a BF16 value and s a block_scale of a BF16 amax: the
+// reciprocal once per scale (__frcp_rn), then q = x r and one correction
+// from the exact residual x - q s (Markstein). q itself where the residual
+// is 0 (x exact multiples, and -0, whose sign the correction would lose) or
+// q is not finite (x = +-inf, NaN). The quotient may differ from __fdiv_rn's
+// only where it is far below E4M3's smallest value, which both encode as 0
+// of the same sign: div_bf16_codes_match (test_fp8) checks the codes of
+// every pair.
+struct Recip {
+    float s, r;
+};
+__device__ __forceinline__ Recip recip(float s) { return Recip{s, __frcp_rn(s)}; }
+__device__ __forceinline__ float div_bf16(float x, Recip d) {
+    float q = __fmul_rn(x, d.r);
+    float e = __fmaf_rn(-q, d.s, x);
+    return e == 0.0f || !isfinite(q) ? q : __fmaf_rn(e, d.r, q);
+}
 __device__ __forceinline__ uint32_t pack4(float a, float b, float c, float d, float s) {
     return (uint32_t)e4m3(__fdiv_rn(a, s)) | (uint32_t)e4m3(__fdiv_rn(b, s)) << 8 |
            (uint32_t)e4m3(__fdiv_rn(c, s)) << 16 | (uint32_t)e4m3(__fdiv_rn(d, s)) << 24;
+}
+__device__ __forceinline__ uint32_t pack4(float a, float b, float c, float d, Recip s) {
+    return (uint32_t)e4m3(div_bf16(a, s)) | (uint32_t)e4m3(div_bf16(b, s)) << 8 |
+           (uint32_t)e4m3(div_bf16(c, s)) << 16 | (uint32_t)e4m3(div_bf16(d, s)) << 24;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&h;
+}
+
+// div_bf16 against __fdiv_rn: block b takes the scale of amax = the BF16
+// bits b (b = 0 .. 0x7f80: zero, the subnormals and normals, +inf: every
+// amax block_scale can see from BF16 values), its threads every BF16 value
+// x; counts[0] += pairs whose E4M3 codes differ, counts[1] += pairs whose
+// FP32 quotients differ (the codes are what the quantisers keep).
+__global__ void div_bf16_check_kernel(unsigned long long *counts) {
+    float s = block_scale(__uint_as_float((uint32_t)blockIdx.x << 16));
+    Recip d = recip(s);
+    unsigned codes = 0, quots = 0;
+    for (uint32_t b = threadIdx.x; b < 65536; b += blockDim.x) {
+        float x = __uint_as_float(b << 16), q0 = __fdiv_rn(x, s), q1 = div_bf16(x, d);
+        codes += e4m3(q0) != e4m3(q1);
+        quots += __float_as_uint(q0) != __float_as_uint(q1) && !(q0 != q0 && q1 != q1);
+    }
+    if (codes) atomicAdd(&counts[0], (unsigned long long)codes);
+    if (quots) atomicAdd(&counts[1], (unsigned long long)quots);
 }
 
 __global__ void encode_bits_kernel(uint8_t *q, uint32_t first, size_t n) {
@@ -95,6 +137,8 @@ __device__ __forceinline__ void load8(float (&v)[8], const float *x) {
 
 // The 1 x 128 tile holding v (8 values per thread, 16 threads per tile):
 // its amax by shuffles, then the values and (lane 0 of the 16) the scale.
+// BF: the values are BF16 (div_bf16).
+template <bool BF>
 __device__ __forceinline__ void quantize_tile8(uint8_t *q, float *scale, const float (&v)[8], bool live, size_t e0) {
     float amax = 0.0f;
     if (live) {
@@ -105,7 +149,13 @@ __device__ __forceinline__ void quantize_tile8(uint8_t *q, float *scale, const f
     for (int d = 8; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
     if (!live) return;
     float s = block_scale(amax);
-    uint2 out = make_uint2(pack4(v[0], v[1], v[2], v[3], s), pack4(v[4], v[5], v[6], v[7], s));
+    uint2 out;
+    if (BF) {
+        Recip d = recip(s);
+        out = make_uint2(pack4(v[0], v[1], v[2], v[3], d), pack4(v[4], v[5], v[6], v[7], d));
+    } else {
+        out = make_uint2(pack4(v[0], v[1], v[2], v[3], s), pack4(v[4], v[5], v[6], v[7], s));
+    }
     *(uint2 *)(q + e0) = out;
     if ((threadIdx.x & 15) == 0) scale[e0 / 128] = s;
 }
@@ -122,7 +172,7 @@ __global__ void quantize_1x128_kernel(uint8_t *q, float *scale, const T *x, cons
         size_t r = e0 / C, c = e0 % C;
         load8(v, x + (size_t)(rows ? rows[r] : (int)r) * C + c);
     }
-    quantize_tile8(q, scale, v, live, e0);
+    quantize_tile8<sizeof(T) == 2>(q, scale, v, live, e0);
 }
 
 // SwiGLU then 1 x 128: o = silu(g) * u as swiglu_forward computes it
@@ -139,7 +189,7 @@ __global__ void swiglu_quantize_kernel(uint8_t *q, float *scale, const bf16 *gat
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = __bfloat162float(__float2bfloat16_rn(g[j] / (1.f + expf(-g[j])) * u[j]));
     }
-    quantize_tile8(q, scale, v, live, e0);
+    quantize_tile8<true>(q, scale, v, live, e0);
 }
 
 // swiglu_backward (elementwise.cu: the same FP32 expressions, rounded to
@@ -175,8 +225,8 @@ __global__ void swiglu_backward_quantize_kernel(bf16 *dgate, bf16 *dup, uint8_t 
         *(uint4 *)(dup + e0) = make_uint4(ou[0], ou[1], ou[2], ou[3]);
     }
     size_t q0 = r * 2 * F + c;
-    quantize_tile8(q, scale, vg, live, q0);
-    quantize_tile8(q, scale, vu, live, q0 + F);
+    quantize_tile8<true>(q, scale, vg, live, q0);
+    quantize_tile8<true>(q, scale, vu, live, q0 + F);
 }
 
 // 8 E4M3 bytes times s, rounded to BF16, stored as 16 bytes at x
@@ -371,12 +421,14 @@ __global__ void __launch_bounds__(FQ_THREADS, 1) fake_quantize_128x1_kernel(bf16
         for (int j = 0; j < 8; j++) s_amax[warp * FQ_COLS + 8 * lane + j] = amax[j];
         __syncthreads();
         float s[8];
+        Recip d[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             float a = s_amax[8 * lane + j];
 #pragma unroll
             for (int w = 1; w < FQ_WARPS; w++) a = fmaxf(a, s_amax[w * FQ_COLS + 8 * lane + j]);
             s[j] = block_scale(a);
+            d[j] = recip(s[j]);
         }
         __syncthreads(); // s_amax is free for the next tile
         if (!live_c) continue;
@@ -391,8 +443,8 @@ __global__ void __launch_bounds__(FQ_THREADS, 1) fake_quantize_128x1_kernel(bf16
             for (int j = 0; j < 4; j++) {
                 float2 f = __bfloat1622float2(h[j]);
                 __nv_fp8_e4m3 lo, hi;
-                lo.__x = e4m3(__fdiv_rn(f.x, s[2 * j]));
-                hi.__x = e4m3(__fdiv_rn(f.y, s[2 * j + 1]));
+                lo.__x = e4m3(div_bf16(f.x, d[2 * j]));
+                hi.__x = e4m3(div_bf16(f.y, d[2 * j + 1]));
                 o[j] = pack_bf16x2(__fmul_rn((float)lo, s[2 * j]), __fmul_rn((float)hi, s[2 * j + 1]));
             }
             *(uint4 *)(x + (size_t)r * C + c) = make_uint4(o[0], o[1], o[2], o[3]);
@@ -653,13 +705,13 @@ __global__ void __launch_bounds__(QT_THREADS, 4) quantize_tokens_t_kernel(uint8_
             if ((threadIdx.x & 16) == 0) s_amax[warp][8 * cc + j] = amax[j];
         }
         __syncthreads();
-        float s[8];
+        Recip d[8]; // the column scales and their reciprocals
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             float a = s_amax[0][8 * cc + j];
 #pragma unroll
             for (int w = 1; w < QT_THREADS / 32; w++) a = fmaxf(a, s_amax[w][8 * cc + j]);
-            s[j] = block_scale(a);
+            d[j] = recip(block_scale(a));
         }
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -667,15 +719,15 @@ __global__ void __launch_bounds__(QT_THREADS, 4) quantize_tokens_t_kernel(uint8_
             uint32_t lo = 0, hi = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                lo |= (uint32_t)e4m3(__fdiv_rn(bf16_at(raw[i], j), s[j])) << (8 * i);
-                hi |= (uint32_t)e4m3(__fdiv_rn(bf16_at(raw[4 + i], j), s[j])) << (8 * i);
+                lo |= (uint32_t)e4m3(div_bf16(bf16_at(raw[i], j), d[j])) << (8 * i);
+                hi |= (uint32_t)e4m3(div_bf16(bf16_at(raw[4 + i], j), d[j])) << (8 * i);
             }
             *(uint2 *)(s_q + row * 128 + 8 * (g ^ (2 * (cc & 7)))) = make_uint2(lo, hi);
         }
         if (g == 0) {
             float4 *o = (float4 *)(st + (size_t)kb * C + c0 + 8 * cc);
-            o[0] = make_float4(s[0], s[1], s[2], s[3]);
-            o[1] = make_float4(s[4], s[5], s[6], s[7]);
+            o[0] = make_float4(d[0].s, d[1].s, d[2].s, d[3].s);
+            o[1] = make_float4(d[4].s, d[5].s, d[6].s, d[7].s);
         }
         __syncthreads();
         int row = threadIdx.x >> 1, half = threadIdx.x & 1, key = (row >> 3) & 7;
@@ -863,6 +915,12 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
 }
 
 } // namespace
+
+extern "C" int cuda_fp8_div_bf16_check(unsigned long long *counts) {
+    div_bf16_check_kernel<<<0x7f81, 256, 0, cuda_stream()>>>(counts);
+    cudaLaunchCheck();
+    return 0;
+}
 
 extern "C" int cuda_fp8_encode_bits(uint8_t *q, uint32_t first, size_t n) {
     if (n % 4) return -1;

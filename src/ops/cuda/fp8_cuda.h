@@ -15,6 +15,11 @@ extern "C" {
 // q[i] = e4m3 of the float whose bits are first + i, i < n (n % 4 == 0):
 // the encoder itself, for exhaustive checks.
 int cuda_fp8_encode_bits(uint8_t *q, uint32_t first, size_t n);
+// The quantisers' division of BF16 values (div_bf16 in fp8.cu) against
+// IEEE division on every (BF16 value, scale of a BF16 amax) pair: adds to
+// counts[0] (device, zeroed by the caller) the pairs whose E4M3 codes
+// differ, to counts[1] those whose FP32 quotients differ.
+int cuda_fp8_div_bf16_check(unsigned long long *counts);
 // block128 activations: x [R, C] (BF16, or FP32 for the _f32 form) ->
 // q [R, C], scale [R, C/128]. C % 128 == 0.
 int cuda_fp8_quantize_1x128(uint8_t *q, float *scale, const void *x, int R, int C);

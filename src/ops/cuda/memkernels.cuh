@@ -94,6 +94,25 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
     return raw;
 }
 
+// RoPE's rotation of 8 pairs (a, b) = (x[i], x[i + hd/2]) by (c, s): oa =
+// a c - b sn, ob = b c + a sn, sn = sign s (sign -1: the inverse), with the
+// roundings written out so that every kernel that rotates (rope.cu, the
+// fused QK-norm + RoPE of rmsnorm.cu) gives the same bits.
+__device__ __forceinline__ float rope_first(float a, float b, float c, float s, float sign) {
+    return __fmaf_rn(a, c, -__fmul_rn(b, sign * s));
+}
+__device__ __forceinline__ float rope_second(float a, float b, float c, float s, float sign) {
+    return __fmaf_rn(b, c, __fmul_rn(a, sign * s));
+}
+__device__ __forceinline__ void rope_rotate8(const float a[8], const float b[8], const float c[8], const float s[8],
+                                             float sign, float oa[8], float ob[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        oa[j] = rope_first(a[j], b[j], c[j], s[j], sign);
+        ob[j] = rope_second(a[j], b[j], c[j], s[j], sign);
+    }
+}
+
 // Elements i..i+7 of p, those at or past n reading as `fill`: one 16-byte
 // load when vec (p 16-byte aligned, i a multiple of 8) and all 8 are in range.
 __device__ __forceinline__ void load8(const bf16 *p, size_t i, size_t n, bool vec, float f[8],

@@ -51,6 +51,11 @@ void cuda_copy_f32(float *dst, const float *src, size_t n);
 
 // rmsnorm.cu
 void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int N, int C, float eps);
+void cuda_rmsnorm_rope_forward(void *out, float *rstd, void *tmp, const void *inp, const void *w, const float *cos_t,
+                               const float *sin_t, int B, int T, int nh, int hd, int C, float eps);
+void cuda_rmsnorm_rope_backward(void *dinp, float *dw, void *tmp, const void *dout, const void *inp, const void *w,
+                                const float *rstd, const float *cos_t, const float *sin_t, int B, int T, int nh,
+                                int hd, int C, int accumulate);
 void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                            const float *rstd, int N, int C, int accumulate);
 

@@ -64,6 +64,14 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
     X(rope_backward, C_OTHER,                                                                                \
       (void *dinp, const void *dout, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd),  \
       (dinp, dout, cos_t, sin_t, B, T, nh, hd))                                                              \
+    X(rmsnorm_rope_forward, C_OTHER,                                                                         \
+      (void *out, float *rstd, void *tmp, const void *inp, const void *w, const float *cos_t, const float *sin_t, \
+       int B, int T, int nh, int hd, int C, float eps),                                                      \
+      (out, rstd, tmp, inp, w, cos_t, sin_t, B, T, nh, hd, C, eps))                                          \
+    X(rmsnorm_rope_backward, C_OTHER,                                                                        \
+      (void *dinp, float *dw, void *tmp, const void *dout, const void *inp, const void *w, const float *rstd, \
+       const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, int C, int accumulate),          \
+      (dinp, dw, tmp, dout, inp, w, rstd, cos_t, sin_t, B, T, nh, hd, C, accumulate))                        \
     X(attention_forward, C_ATTN,                                                                             \
       (void *out, float *saved, const void *q, const void *k, const void *v, const int *doc_start, int B,    \
        int T, int H, int KV, int hd),                                                                        \

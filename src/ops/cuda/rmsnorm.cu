@@ -71,9 +71,47 @@ __device__ __forceinline__ uint4 load_row16(const bf16 *a, int row, int N, int C
     return v;
 }
 
-// Block per row: row i + G is in flight while row i is reduced.
-static __global__ void __launch_bounds__(ROW_BLOCK_MAX, 8)
-    rmsnorm_forward_block_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
+// RoPE (rmsnorm_rope_*, QK-norm then RoPE in one pass) on the 8 channels c..
+// of a row whose position is t: v holds them as BF16, the partner half of
+// their head (channels c -+ hd/2) is in lane ^ hd/16 of the same warp, which
+// every lane of the warp must call this for. Returns them rotated, as
+// rope_forward (sign 1) or rope_backward (-1) would from v.
+struct RopeArgs {
+    const float *cos_t, *sin_t;
+    int T, hd, rpp;  // positions; head dim (a power of two, 16..256); rows per position
+};
+__device__ __forceinline__ void rope8(uint4 v, int row, int c, const RopeArgs &ra, float sign, float o[8]) {
+    int sh = ra.hd / 16, half = ra.hd / 2, hh = c & (ra.hd - 1), i = hh & (half - 1);
+    uint4 p;
+    p.x = __shfl_xor_sync(0xffffffffu, v.x, sh);
+    p.y = __shfl_xor_sync(0xffffffffu, v.y, sh);
+    p.z = __shfl_xor_sync(0xffffffffu, v.z, sh);
+    p.w = __shfl_xor_sync(0xffffffffu, v.w, sh);
+    float mine[8], other[8];
+    unpack8(v, mine);
+    unpack8(p, other);
+    bool lo = hh < half;
+    const float *cp = ra.cos_t + (size_t)(row / ra.rpp % ra.T) * half + i, *sp = ra.sin_t + (cp - ra.cos_t);
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        float4 c4 = reinterpret_cast<const float4 *>(cp)[q], s4 = reinterpret_cast<const float4 *>(sp)[q];
+        float cs[4] = {c4.x, c4.y, c4.z, c4.w}, sn[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int j = 4 * q + u;
+            o[j] = lo ? rope_first(mine[j], other[j], cs[u], sn[u], sign)
+                      : rope_second(other[j], mine[j], cs[u], sn[u], sign);
+        }
+    }
+}
+
+// Block per row: row i + G is in flight while row i is reduced. ROPE: the
+// normed row (rounded to BF16, as it would be stored) is rotated and stored
+// instead.
+template <bool ROPE>
+static __global__ void __launch_bounds__(ROW_BLOCK_MAX, ROPE ? 4 : 8)
+    rmsnorm_forward_block_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps,
+                                 RopeArgs ra) {
     __shared__ float red[2][MAX_WARPS];
     int c = threadIdx.x * 8;
     bool on = c < C;
@@ -88,12 +126,16 @@ static __global__ void __launch_bounds__(ROW_BLOCK_MAX, 8)
         for (int j = 0; j < 8; j++) ss[0] += f[j] * f[j];
         block_sums<1>(ss, red[slot], 0, blockDim.x / WARP);
         float r = 1.f / sqrtf(ss[0] / C + eps);
-        if (on) {
-            unpack8(wr, wf);
+        unpack8(wr, wf);
 #pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = f[j] * r * wf[j];
-            *reinterpret_cast<uint4 *>(out + (size_t)row * C + c) = pack8(f);
+        for (int j = 0; j < 8; j++) f[j] = f[j] * r * wf[j];
+        uint4 o = pack8(f);
+        if (ROPE) { // every lane: the partner's channels come by shuffle
+            float g[8];
+            rope8(o, row, c, ra, 1.f, g);
+            o = pack8(g);
         }
+        if (on) *reinterpret_cast<uint4 *>(out + (size_t)row * C + c) = o;
         if (threadIdx.x == 0) rstd[row] = r;
     }
 }
@@ -134,8 +176,8 @@ extern "C" void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, co
     else if (vec && nvec <= ROW_BLOCK_MAX) {
         static int per_sm[MAX_WARPS + 1];
         int threads = row_block_threads(C);
-        int G = persistent_blocks(rmsnorm_forward_block_kernel, threads, 0, per_sm, N);
-        rmsnorm_forward_block_kernel<<<G, threads, 0, st>>>(o, rstd, x, wb, N, C, eps);
+        int G = persistent_blocks(rmsnorm_forward_block_kernel<false>, threads, 0, per_sm, N);
+        rmsnorm_forward_block_kernel<false><<<G, threads, 0, st>>>(o, rstd, x, wb, N, C, eps, RopeArgs{});
     } else rmsnorm_forward_kernel<<<grid, ROW_THREADS, 0, st>>>(o, rstd, x, wb, N, C, eps, vec);
     cudaLaunchCheck();
 }
@@ -163,7 +205,7 @@ __device__ __forceinline__ void rmsnorm_dx8(float g[8], float dw[8], const float
 template <int V>
 static __global__ void __launch_bounds__(ROW_THREADS)
     rmsnorm_backward_reg_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                                const float *rstd, int N, int C, int accumulate) {
+                                const float *rstd, int N, int C, int accumulate, RopeArgs) {
     extern __shared__ float sdw[];  // [C]
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     uint4 wr[V];
@@ -241,10 +283,10 @@ static __global__ void __launch_bounds__(ROW_THREADS)
 // block is as large as the registers allow: 64 a thread at 1024 threads,
 // 80 at 768 for the old dx's 16 bytes.
 #define DW_BLOCK_THREADS(acc) ((acc) ? 768 : 1024)
-template <int ACC>
+template <int ACC, bool ROPE = false>
 static __global__ void __launch_bounds__(DW_BLOCK_THREADS(ACC), 1)
     rmsnorm_backward_block_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                                  const float *rstd, int N, int C, int accumulate) {
+                                  const float *rstd, int N, int C, int accumulate, RopeArgs ra) {
     __shared__ float red[2][MAX_WARPS], sdw[DW_BLOCK_THREADS(ACC) * 8];
     int T = row_block_threads(C), groups = blockDim.x / T, grp = threadIdx.x / T, c = threadIdx.x % T * 8;
     int stride = gridDim.x * groups, row = blockIdx.x * groups + grp;  // stride: rows from a set to the next
@@ -254,7 +296,13 @@ static __global__ void __launch_bounds__(DW_BLOCK_THREADS(ACC), 1)
     for (int first = blockIdx.x * groups, slot = 0; first < N; first += stride, row += stride, slot ^= 1) {
         float xf[8], wf[8], df[8], g[8], r = rn, dot[1] = {0.f};
         unpack8(xn, xf);
-        unpack8(dyn, df);
+        if (ROPE) { // dout is the rotated rows' grad: rotated back, rounded to BF16 as rope_backward stores it
+            float u[8];
+            rope8(dyn, row, c, ra, -1.f, u);
+            unpack8(pack8(u), df);
+        } else {
+            unpack8(dyn, df);
+        }
         unpack8(gn, g);
         int next = row + stride;
         if (next < N) {  // past N the buffers keep stale rows, which are not stored
@@ -362,7 +410,7 @@ static __global__ void column_sum_kernel(float *dw, const float *partial, int G,
 }
 
 typedef void (*RmsnormDwKernel)(bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, const float *, int, int,
-                                int);
+                                int, RopeArgs);
 
 // A fast path's kernel on its persistent grid (blocks of `threads` taking
 // rows_per_block rows at a time; each block writes a partial row), then the
@@ -370,10 +418,10 @@ typedef void (*RmsnormDwKernel)(bf16 *, float *, const bf16 *, const bf16 *, con
 static void rmsnorm_backward_persistent(RmsnormDwKernel kernel, int threads, size_t smem, int rows_per_block,
                                         int *per_sm, Scratch *s, bf16 *dinp, float *dw, const bf16 *dout,
                                         const bf16 *inp, const bf16 *w, const float *rstd, int N, int C,
-                                        int accumulate) {
+                                        int accumulate, RopeArgs ra = RopeArgs{}) {
     int G = persistent_blocks(kernel, threads, smem, per_sm, ceil_div(N, rows_per_block));
     float *partial = (float *)scratch_get(s, (size_t)G * C * sizeof(float));
-    kernel<<<G, threads, smem, cuda_stream()>>>(dinp, partial, dout, inp, w, rstd, N, C, accumulate);
+    kernel<<<G, threads, smem, cuda_stream()>>>(dinp, partial, dout, inp, w, rstd, N, C, accumulate, ra);
     cudaLaunchCheck();
     column_sum_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, cuda_stream()>>>(dw, partial, G, C);
     cudaLaunchCheck();
@@ -414,4 +462,57 @@ extern "C" void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, c
     rmsnorm_backward_kernel<<<row_blocks(N), ROW_THREADS, 0, cuda_stream()>>>(dx, dy, x, wb, rstd, N, C, accumulate,
                                                                             vec);
     cudaLaunchCheck();
+}
+
+// ---------------------------------------------------------------------------
+// QK-norm then RoPE (ops.h rmsnorm_rope_forward / _backward): fused into the
+// block-per-row kernels where a row is one (b, t) of whole heads (C = nh hd,
+// 512 < C <= 2048, hd a power of two 16..256); elsewhere the two ops in turn
+// through tmp. Either way the bits of rmsnorm_forward then rope_forward
+// (rope_backward then rmsnorm_backward).
+
+static bool rope_fuses(int C, int nh, int hd, const void *a, const void *b, const void *c, const void *d,
+                       const float *cs, const float *sn) {
+    int nvec = C / 8;
+    bool pow2 = hd >= 16 && hd <= 256 && (hd & (hd - 1)) == 0;
+    return C % 8 == 0 && nvec > 2 * WARP && nvec <= ROW_BLOCK_MAX && pow2 && C == nh * hd && aligned16(a) &&
+           aligned16(b) && aligned16(c) && aligned16(d) && aligned16(cs) && aligned16(sn);
+}
+
+extern "C" void cuda_rmsnorm_rope_forward(void *out, float *rstd, void *tmp, const void *inp, const void *w,
+                                          const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, int C,
+                                          float eps) {
+    long N = C > 0 ? (long)B * T * nh * hd / C : 0;
+    if (N <= 0) return;
+    if (!rope_fuses(C, nh, hd, out, inp, w, inp, cos_t, sin_t)) {
+        cuda_rmsnorm_forward(tmp, rstd, inp, w, (int)N, C, eps);
+        cuda_rope_forward(out, tmp, cos_t, sin_t, B, T, nh, hd);
+        return;
+    }
+    static int per_sm[MAX_WARPS + 1];
+    int threads = row_block_threads(C);
+    int G = persistent_blocks(rmsnorm_forward_block_kernel<true>, threads, 0, per_sm, N);
+    rmsnorm_forward_block_kernel<true><<<G, threads, 0, cuda_stream()>>>(
+        (bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)w, (int)N, C, eps, RopeArgs{cos_t, sin_t, T, hd, 1});
+    cudaLaunchCheck();
+}
+
+extern "C" void cuda_rmsnorm_rope_backward(void *dinp, float *dw, void *tmp, const void *dout, const void *inp,
+                                           const void *w, const float *rstd, const float *cos_t, const float *sin_t,
+                                           int B, int T, int nh, int hd, int C, int accumulate) {
+    static Scratch s;
+    static int per_sm[2][MAX_WARPS + 1];
+    long N = C > 0 ? (long)B * T * nh * hd / C : 0;
+    if (N <= 0) return;
+    if (!rope_fuses(C, nh, hd, dinp, dout, inp, w, cos_t, sin_t)) {
+        cuda_rope_backward(tmp, dout, cos_t, sin_t, B, T, nh, hd);
+        cuda_rmsnorm_backward(dinp, dw, tmp, inp, w, rstd, (int)N, C, accumulate);
+        return;
+    }
+    int Tr = row_block_threads(C), groups = DW_BLOCK_THREADS(accumulate) / Tr;
+    rmsnorm_backward_persistent(accumulate ? rmsnorm_backward_block_kernel<1, true>
+                                           : rmsnorm_backward_block_kernel<0, true>,
+                                groups * Tr, 0, groups, per_sm[accumulate != 0], &s, (bf16 *)dinp, dw,
+                                (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, (int)N, C, accumulate,
+                                RopeArgs{cos_t, sin_t, T, hd, 1});
 }

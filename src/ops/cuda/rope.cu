@@ -6,7 +6,9 @@
 // One thread per 8 pairs of one (b, t, head); it reads all 16 values before
 // writing them, so out may alias inp. Elementwise FP32, no reductions. The
 // 16-byte path of load8 / store8 runs when hd/2 is a multiple of 8 and all
-// four pointers are 16-byte aligned, the scalar path otherwise.
+// four pointers are 16-byte aligned, the scalar path otherwise. The rotation
+// is memkernels.cuh's rope_rotate8, which rmsnorm.cu's fused QK-norm + RoPE
+// shares.
 #include "ops/cuda/memkernels.cuh"
 
 static __global__ void rope_kernel(bf16 *out, const bf16 *inp, const float *cos_t, const float *sin_t, int T, int nh,
@@ -24,12 +26,7 @@ static __global__ void rope_kernel(bf16 *out, const bf16 *inp, const float *cos_
     load8(x + half, i, half, vec, b);
     load8(cos_t + (size_t)t * half, i, half, vec, c);
     load8(sin_t + (size_t)t * half, i, half, vec, s);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float sn = sign * s[j];
-        oa[j] = a[j] * c[j] - b[j] * sn;
-        ob[j] = b[j] * c[j] + a[j] * sn;
-    }
+    rope_rotate8(a, b, c, s, sign, oa, ob);
     store8(o, i, half, vec, oa);
     store8(o + half, i, half, vec, ob);
 }
