@@ -5,9 +5,13 @@
 # machines, which return at most 8 files) they are also packed into
 # $OUT/gpu-logs.tar.gz at exit.
 # Usage: bash scripts/gpu-check.sh [tests] [kernels] [olmoe STEPS] [tiny STEPS] [bench OLD_BIN]
+#                                   [layout "CONFIG [--key=value ...]" STEPS]
 # (env: GPU_TEST_TIMEOUT=400, the seconds each test process may run;
 # bench: bench/same-numbers.sh OLD_BIN against build/moecore on BENCH_CONFIGS,
-# default the three BF16 bench configs, its runs into build/gpu-logs/bench)
+# default the three BF16 bench configs, its runs into build/gpu-logs/bench;
+# layout: one training run of CONFIG with those keys on synthetic tokens, its
+# measured and planned peak memory and its median step time after step 2,
+# the numbers a row of the planner's validation table needs)
 set -u
 cd "$(dirname "$0")/.."
 out=build/gpu-logs
@@ -57,6 +61,25 @@ while [ $# -gt 0 ]; do
         --logging.run_dir="$out/run_$1" --checkpoint.save_final=false --train.eval_interval=0 --overwrite > "$out/train_$1.log" 2>&1
       echo "== train $1: exit $?"; grep -vE "^\s*$" "$out/train_$1.log" | tail -n 25
       shift 2 ;;
+    layout)
+      nl=$((${nl:-0} + 1)); dir="$out/layout-$nl"
+      rm -rf "$dir"
+      # shellcheck disable=SC2086 # CONFIG and its keys are one word-split argument
+      timeout 400 ./build/moecore train $2 --data.synthetic=true --train.steps="$3" --logging.log_interval=1 \
+        --train.eval_interval=0 --checkpoint.save_final=false --checkpoint.interval=0 --logging.run_dir="$dir" \
+        --overwrite > "$dir.log" 2>&1
+      echo "== layout $nl ($2, $3 steps): exit $?"
+      grep -E "memory measured|error" "$dir.log" | head -n 3
+      python3 - "$dir/metrics.jsonl" <<'PY'
+import json, statistics, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1])]
+except OSError:
+    sys.exit(print("   no metrics.jsonl"))
+st = [r["step_time_s"] * 1e3 for r in rows if r["step"] > 2]
+print(f"   median step after step 2: {statistics.median(st):.1f} ms over {len(st)} steps" if st else "   fewer than 3 steps")
+PY
+      shift 3 ;;
     bench)
       [ -x "${2:-}" ] || { echo "bench: OLD_BIN '${2:-}' is not an executable"; exit 2; }
       OUT="$out/bench" bash bench/same-numbers.sh "$2" build/moecore \
