@@ -78,7 +78,7 @@ __device__ __forceinline__ uint4 load_row16(const bf16 *a, int row, int N, int C
 // rope_forward (sign 1) or rope_backward (-1) would from v.
 struct RopeArgs {
     const float *cos_t, *sin_t;
-    int T, hd, rpp;  // positions; head dim (a power of two, 16..256); rows per position
+    int T, hd;       // positions (rows are (b, t)); head dim (a power of two, 16..256)
 };
 __device__ __forceinline__ void rope8(uint4 v, int row, int c, const RopeArgs &ra, float sign, float o[8]) {
     int sh = ra.hd / 16, half = ra.hd / 2, hh = c & (ra.hd - 1), i = hh & (half - 1);
@@ -91,7 +91,7 @@ __device__ __forceinline__ void rope8(uint4 v, int row, int c, const RopeArgs &r
     unpack8(v, mine);
     unpack8(p, other);
     bool lo = hh < half;
-    const float *cp = ra.cos_t + (size_t)(row / ra.rpp % ra.T) * half + i, *sp = ra.sin_t + (cp - ra.cos_t);
+    const float *cp = ra.cos_t + (size_t)(row % ra.T) * half + i, *sp = ra.sin_t + (cp - ra.cos_t);
 #pragma unroll
     for (int q = 0; q < 2; q++) {
         float4 c4 = reinterpret_cast<const float4 *>(cp)[q], s4 = reinterpret_cast<const float4 *>(sp)[q];
@@ -493,7 +493,7 @@ extern "C" void cuda_rmsnorm_rope_forward(void *out, float *rstd, void *tmp, con
     int threads = row_block_threads(C);
     int G = persistent_blocks(rmsnorm_forward_block_kernel<true>, threads, 0, per_sm, N);
     rmsnorm_forward_block_kernel<true><<<G, threads, 0, cuda_stream()>>>(
-        (bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)w, (int)N, C, eps, RopeArgs{cos_t, sin_t, T, hd, 1});
+        (bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)w, (int)N, C, eps, RopeArgs{cos_t, sin_t, T, hd});
     cudaLaunchCheck();
 }
 
@@ -514,5 +514,5 @@ extern "C" void cuda_rmsnorm_rope_backward(void *dinp, float *dw, void *tmp, con
                                            : rmsnorm_backward_block_kernel<0, true>,
                                 groups * Tr, 0, groups, per_sm[accumulate != 0], &s, (bf16 *)dinp, dw,
                                 (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, (int)N, C, accumulate,
-                                RopeArgs{cos_t, sin_t, T, hd, 1});
+                                RopeArgs{cos_t, sin_t, T, hd});
 }
