@@ -1143,6 +1143,19 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
 }
 
+// fp8.wgrad: fp8's B operand of an FP8 input q, s [R, C] (1 x 128): quantised
+// along the tokens from its dequantised values, in one pass where the
+// backend can (fp8_requantize_tokens_t), else through fp8_deq.
+static void fp8_input_tokens_t(Model *m, const uint8_t *q, const float *s, const int *lo, int R, int C) {
+    const Ops *ops = m->ops;
+    if (ops->fp8_requantize_tokens_t) {
+        ops->fp8_requantize_tokens_t(m->fp8_wqb, m->fp8_wsb, q, s, lo, m->E_local, C, m->fp8_ldk);
+        return;
+    }
+    ops->fp8_dequantize_rows(m->fp8_deq, q, s, R, C);
+    ops->fp8_quantize_tokens_t(m->fp8_wqb, m->fp8_wsb, m->fp8_deq, lo, m->E_local, C, m->fp8_ldk);
+}
+
 // fp8_moe_experts_forward's backward. The data-grads in FP8: the output
 // grads quantised 1 x 128 (the down's as they come, the gate/up pair's as
 // the SwiGLU backward writes them, side by side: one GEMM with K = 2 Fe),
@@ -1166,13 +1179,13 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     ops->fp8_quantize_rows(m->fp8_dq, m->fp8_ds, m->dey, NULL, R, D);
     ops->fp8_grouped_matmul_forward(m->dea, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 2), fp8_scales_t(m, li, 2), lo,
                                     El, D, Fe);
-    ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
     int ldk = m->fp8_ldk;
     if (m->fp8_wqa) { // fp8.wgrad: fp8 on the FP8 weight-grad GEMM
         ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->dey, lo, El, D, ldk);
-        ops->fp8_quantize_tokens_t(m->fp8_wqb, m->fp8_wsb, m->fp8_deq, lo, El, Fe, ldk);
+        fp8_input_tokens_t(m, a->eaq, a->eas, lo, R, Fe);
         ops->fp8_grouped_wgrad(G(L->exp_down), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, Fe, D, ldk, accw);
     } else {
+        ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
         if (m->fp8_wgrad) { // dey's last use is this weight-grad: quantised in place
             ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, Fe);
             ops->fp8_fake_quantize_tokens(m->dey, lo, El, D);
@@ -1182,16 +1195,19 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     ops->fp8_swiglu_backward_quantize(m->deg, m->deu, m->fp8_dq, m->fp8_ds, m->dea, a->eg, a->eu, R, Fe);
     ops->fp8_grouped_matmul_forward(m->dxp, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 0), fp8_scales_t(m, li, 0), lo,
                                     El, 2 * Fe, D);
-    if (m->recompute == 1 || m->recompute == 2) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
-    ops->fp8_dequantize_rows(m->fp8_deq, a->xq, a->xs, R, D);
+    int regather = m->recompute == 1 || m->recompute == 2; // xq: a shared buffer, overwritten since
     if (m->fp8_wqa) { // the input along the tokens once, then each output grad in turn
-        ops->fp8_quantize_tokens_t(m->fp8_wqb, m->fp8_wsb, m->fp8_deq, lo, El, D, ldk);
+        if (regather) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
+        fp8_input_tokens_t(m, a->xq, a->xs, lo, R, D);
         ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->deg, lo, El, Fe, ldk);
         ops->fp8_grouped_wgrad(G(L->exp_gate), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, D, Fe, ldk, accw);
         ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->deu, lo, El, Fe, ldk);
         ops->fp8_grouped_wgrad(G(L->exp_up), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, D, Fe, ldk, accw);
         return;
     }
+    // the weight-grads' input: the dequantised FP8 input, re-gathered in one pass (no codes between)
+    if (regather) ops->fp8_fake_quantize_rows(m->fp8_deq, in, a->token_of_row, R, D);
+    else ops->fp8_dequantize_rows(m->fp8_deq, a->xq, a->xs, R, D);
     if (m->fp8_wgrad) { // deg and deu are used by these two weight-grads alone (the pair's data-grad read fp8_dq)
         ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, D);
         ops->fp8_fake_quantize_tokens(m->deg, lo, El, Fe);

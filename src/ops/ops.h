@@ -279,6 +279,9 @@ typedef struct Ops {
                                          const void *gate, const void *up, int R, int F);
     // x[R,C] (act) = the dequantised q, s.
     void (*fp8_dequantize_rows)(void *x, const uint8_t *q, const float *s, int R, int C);
+    // out[R,C] (act) = fp8_quantize_rows of x, token_of_row dequantised (the
+    // bits of the two ops, without the codes and scales between them).
+    void (*fp8_fake_quantize_rows)(void *out, const void *x, const int *token_of_row, int R, int C);
     // fp8.wgrad: fp8: x [R,C] act quantised and dequantised in place per
     // 128 x 1 tile along the rows of each expert segment (the offsets, where
     // they live): the weight-grads' operands (fp8_fake_quantize_128x1 of
@@ -292,6 +295,11 @@ typedef struct Ops {
     // tokens (fp8_tokens_ldk of ops/fp8.h); and dw [E, OC, C] (=|+=, as
     // grouped_matmul_backward's) of qa/sa from dout [R, OC], qb/sb from inp [R, C].
     void (*fp8_quantize_tokens_t)(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C, int ldk);
+    // The same (qt, st) of the act values fp8_dequantize_rows makes of q [R,C],
+    // s (1 x 128 codes and scales), without writing them (NULL where
+    // fp8_quantize_tokens_t is: the model dequantises, then quantises).
+    void (*fp8_requantize_tokens_t)(uint8_t *qt, float *st, const uint8_t *q, const float *s, const int *offsets,
+                                    int E, int C, int ldk);
     void (*fp8_grouped_wgrad)(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
                               const int *offsets, int E, int C, int OC, int ldk, int accumulate);
     // The FP8 grouped matmul forward: out[R,OC] (act) = deq(qa) deq(qw[e])^T

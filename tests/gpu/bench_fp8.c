@@ -70,6 +70,16 @@ static void run_act_quant(void *p) {
     Case *c = p;
     cuda_fp8_quantize_1x128(c->qa, c->sa, c->a_bf16, c->R, c->C);
 }
+// the weight-grads' input under fp8.wgrad: bf16 (the backward's re-gather): quantise then dequantise, or one pass
+static void run_quant_deq(void *p) {
+    Case *c = p;
+    cuda_fp8_quantize_1x128(c->qa, c->sa, c->a_bf16, c->R, c->C);
+    cuda_fp8_dequantize_1x128(c->out, c->qa, c->sa, c->R, c->C);
+}
+static void run_fake_quant(void *p) {
+    Case *c = p;
+    cuda_fp8_gather_fake_quantize(c->out, c->a_bf16, NULL, c->R, c->C);
+}
 static void run_fp8_with_quant(void *p) {
     run_act_quant(p);
     run_fp8(p);
@@ -127,6 +137,20 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
     gt_check("fp8 grouped forward vs CPU FP8 reference", got, ref8, no, 4e-3);
     gt_check("fp8 grouped forward vs CPU FP32 (what FP8 costs)", got, ref, no, 1e30);
     free(got);
+    // every variant schedules the same arithmetic: the default's bits
+    uint16_t *bits3 = gt_host_bytes(c.out, no * 2);
+    for (int v = 0; v < 3; v++) {
+        char what[64];
+        snprintf(what, sizeof what, "fp8 grouped forward variant %d: the default's bits", v);
+        setenv("MOECORE_FP8_GEMM_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
+        gt_poison(c.out, no * 2);
+        run_fp8(&c);
+        uint16_t *bits = gt_host_bytes(c.out, no * 2);
+        gt_check_bits(what, bits, bits3, no, 2);
+        free(bits);
+    }
+    unsetenv("MOECORE_FP8_GEMM_VARIANT");
+    free(bits3);
 
     // ROUNDS rounds of {BF16, FP8 variants 0..3}, each entry the median of
     // RUNS runs: the median over rounds, its spread, and the median of the
@@ -173,6 +197,11 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
     double abytes = na * 2.0 + na + na / 128 * 4.0, wbytes = nw * 4.0 + nw + nw / 16384 * 4.0;
     double mbytes = na * 2.0 + na + na / 32.0;
     row("| %s | activation quantise 1x128, BF16 [%d, %d] | %.3f | %.0f GB/s | |\n", name, R, C, aq, abytes / aq / 1e6);
+    if ((size_t)R * OC >= na) { // out holds [R, C] BF16
+        double qd = time_ms(run_quant_deq, &c), fk = time_ms(run_fake_quant, &c);
+        row("| %s | quantise + dequantise 1x128 / one pass (fp8_fake_quantize_rows) | %.3f / %.3f | %.0f / %.0f GB/s | "
+            "%.2fx |\n", name, qd, fk, na * 6.0 / qd / 1e6, na * 4.0 / fk / 1e6, qd / fk);
+    }
     row("| %s | weight quantise 128x128, FP32 [%d, %d, %d] | %.3f | %.0f GB/s | |\n", name, E, OC, C, wq,
         wbytes / wq / 1e6);
     row("| %s | MXFP8 quantise, BF16 [%d, %d] | %.3f | %.0f GB/s | |\n", name, R, C, mx, mbytes / mx / 1e6);
@@ -328,8 +357,8 @@ typedef struct {
     int *doff;
     void *dout, *inp, *fdout, *finp; // BF16; f*: the fake-quantised copies
     float *dw;
-    uint8_t *qa, *qb;
-    float *sa, *sb;
+    uint8_t *qa, *qb, *qx; // qx, sx: inp quantised 1 x 128 (an FP8 input as the forward saved it)
+    float *sa, *sb, *sx;
 } WCase;
 
 static void w_bf16(void *p) { // the production BF16 weight-grad (+=, as every micro-batch after a step's first)
@@ -349,6 +378,16 @@ static void w_quant_t(void *p) {
     WCase *c = p;
     cuda_fp8_quantize_tokens_t(c->qa, c->sa, c->dout, c->doff, c->E, c->OC, c->ldk);
     cuda_fp8_quantize_tokens_t(c->qb, c->sb, c->inp, c->doff, c->E, c->C, c->ldk);
+}
+// an FP8 input's operand: dequantised, then quantised along the tokens, or in one pass
+static void w_deq_quant_t(void *p) {
+    WCase *c = p;
+    cuda_fp8_dequantize_1x128(c->finp, c->qx, c->sx, c->R, c->C);
+    cuda_fp8_quantize_tokens_t(c->qb, c->sb, c->finp, c->doff, c->E, c->C, c->ldk);
+}
+static void w_requant_t(void *p) {
+    WCase *c = p;
+    cuda_fp8_requantize_tokens_t(c->qb, c->sb, c->qx, c->sx, c->doff, c->E, c->C, c->ldk);
 }
 static void w_fp8(void *p) {
     WCase *c = p;
@@ -403,14 +442,26 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
     }
     float *got = gt_host_f32(c.dw, nw);
     gt_check("fp8 wgrad vs bf16 wgrad of the fake-quantised operands", got, ref, nw, 1e-2);
-    free(got); free(ref);
+    free(ref);
+    for (int v = 0; v < 1; v++) { // the other variant: the default's bits (=)
+        char what[64], var[2] = {(char)('0' + v), 0};
+        snprintf(what, sizeof what, "fp8 wgrad variant %d: the default's bits", v);
+        setenv("MOECORE_FP8_WGRAD_VARIANT", var, 1);
+        gt_poison(c.dw, nw * 4);
+        cuda_fp8_grouped_wgrad(c.dw, c.qa, c.sa, c.qb, c.sb, c.doff, E, C, OC, c.ldk, 0);
+        float *other = gt_host_f32(c.dw, nw);
+        gt_check_bits(what, other, got, nw, 4);
+        free(other);
+    }
+    unsetenv("MOECORE_FP8_WGRAD_VARIANT");
+    free(got);
 
     // ROUNDS interleaved rounds of {BF16, FP8 variant 0, FP8 variant 1 (default)}, all +=
     double flops = 2.0 * R * C * OC, t[3][ROUNDS];
     for (int rd = 0; rd < ROUNDS; rd++) {
         t[0][rd] = time_ms(w_bf16, &c);
         for (int v = 0; v < 2; v++) {
-            setenv("MOECORE_FP8_WGRAD_VARIANT", v ? "1" : "0", 1);
+            setenv("MOECORE_FP8_WGRAD_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
             t[1 + v][rd] = time_ms(w_fp8, &c);
         }
         unsetenv("MOECORE_FP8_WGRAD_VARIANT");
@@ -444,6 +495,13 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
         R, OC, R, C, fq, (ny + nx) * 4.0 / fq / 1e6);
     row("| %s | quantise along the tokens, transposed, both operands | %.3f | %.0f GB/s | |\n", name, qt,
         (ny + nx) * 3.0 / qt / 1e6);
+    c.qx = cuda_alloc(nx);
+    c.sx = cuda_alloc(nx / 128 * 4);
+    cuda_fp8_quantize_1x128(c.qx, c.sx, c.inp, R, C);
+    double dq = time_ms(w_deq_quant_t, &c), rq = time_ms(w_requant_t, &c);
+    row("| %s | FP8 input [%d, %d] along the tokens: dequantise + quantise / requantise in one pass | %.3f / %.3f | "
+        "%.0f / %.0f GB/s | %.2fx |\n", name, R, C, dq, rq, nx * 6.0 / dq / 1e6, nx * 2.0 / rq / 1e6, dq / rq);
+    cuda_free(c.qx); cuda_free(c.sx);
     row("| %s | before: fake quantise + BF16 weight-grad | %.3f | | |\n", name, fb);
     row("| %s | now: transposed quantise + FP8 weight-grad | %.3f | | %.2fx before |\n", name, qf, fb / qf);
     free(y); free(x);

@@ -285,6 +285,17 @@ static void test_fused(void) {
     gt_poison(ds, (size_t)R * nt * 4);
     cuda_fp8_quantize_rows(dq, ds, dx, drows, R, C);
     check_quantised("gather + 1x128 [1500 of 700 rows, 1024]", dq, ds, q, s, n, (size_t)R * nt);
+    { // gather + quantise + dequantise in one pass (fp8_fake_quantize_rows) = the two ops
+        void *d1 = cuda_alloc(n * 2), *d2 = cuda_alloc(n * 2);
+        gt_poison(d1, n * 2);
+        gt_poison(d2, n * 2);
+        check_rc(cuda_fp8_dequantize_1x128(d1, dq, ds, R, C), "dequantize_1x128");
+        check_rc(cuda_fp8_gather_fake_quantize(d2, dx, drows, R, C), "gather_fake_quantize");
+        uint16_t *h1 = gt_host_bytes(d1, n * 2), *h2 = gt_host_bytes(d2, n * 2);
+        gt_check_bits("gather + quantise + dequantise [1500 of 700 rows, 1024] = the two ops", h2, h1, n, 2);
+        free(h1); free(h2);
+        cuda_free(d1); cuda_free(d2);
+    }
 
     // SwiGLU + 1x128 = swiglu_forward then the quantiser (gate, up: ordinary values)
     float *g = gt_malloc(n * 4), *u = gt_malloc(n * 4);
@@ -515,6 +526,32 @@ static void check_tokens_t(const char *name, const float *x, const int *off, int
     *hs = s;
 }
 
+// The requantiser (cuda_fp8_requantize_tokens_t): x's 1 x 128 codes and
+// scales along the tokens in one pass against the two calls it replaces
+// (cuda_fp8_dequantize_1x128, then cuda_fp8_quantize_tokens_t), codes and
+// scales bit for bit over the whole outputs, both poisoned alike first.
+static void check_requant(const char *name, const int *off, int E, int C, int ldk, const void *dx, const int *doff) {
+    int R = off[E], nb = ldk / 128;
+    size_t nq = (size_t)C * ldk, ns = (size_t)nb * C * 4;
+    uint8_t *q = cuda_alloc((size_t)R * C), *qa = cuda_alloc(nq), *qb = cuda_alloc(nq);
+    float *s = cuda_alloc((size_t)R * (C / 128) * 4), *sa = cuda_alloc(ns), *sb = cuda_alloc(ns);
+    void *deq = cuda_alloc((size_t)R * C * 2);
+    check_rc(cuda_fp8_quantize_1x128(q, s, dx, R, C), "quantize_1x128");
+    gt_poison(qa, nq); gt_poison(qb, nq); gt_poison(sa, ns); gt_poison(sb, ns);
+    check_rc(cuda_fp8_dequantize_1x128(deq, q, s, R, C), "dequantize_1x128");
+    check_rc(cuda_fp8_quantize_tokens_t(qa, sa, deq, doff, E, C, ldk), "quantize_tokens_t");
+    check_rc(cuda_fp8_requantize_tokens_t(qb, sb, q, s, doff, E, C, ldk), "requantize_tokens_t");
+    uint8_t *ha = gt_host_bytes(qa, nq), *hb = gt_host_bytes(qb, nq);
+    float *hsa = gt_host_bytes(sa, ns), *hsb = gt_host_bytes(sb, ns);
+    char what[200];
+    snprintf(what, sizeof what, "requantise along the tokens %s [%d, %d]: codes as dequantise + quantise", name, R, C);
+    gt_check_bits(what, hb, ha, nq, 1);
+    snprintf(what, sizeof what, "requantise along the tokens %s: scales", name);
+    gt_check_bits(what, hsb, hsa, ns / 4, 4);
+    free(ha); free(hb); free(hsa); free(hsb);
+    cuda_free(q); cuda_free(qa); cuda_free(qb); cuda_free(s); cuda_free(sa); cuda_free(sb); cuda_free(deq);
+}
+
 // fp8.wgrad: fp8's speed path: the transposing quantiser on both operands
 // (check_tokens_t), then the FP8 grouped weight-grad against the CPU
 // reference (both operands fake-quantised, FP32 grouped weight-grad):
@@ -544,6 +581,7 @@ static void test_wgrad(const char *name, const int *off, int E, int C, int OC) {
     check_tokens_t(what, y, off, E, OC, ldk, dy, doff, &qy, &sy);
     snprintf(what, sizeof what, "%s inp", name);
     check_tokens_t(what, x, off, E, C, ldk, dx, doff, &qx, &sx);
+    check_requant(name, off, E, C, ldk, dx, doff);
     float *fy = gt_malloc(ny * 4), *fx = gt_malloc(nx * 4), *ref = gt_malloc(nw * 4);
     memcpy(fy, y, ny * 4);
     memcpy(fx, x, nx * 4);

@@ -203,6 +203,14 @@ static void c_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_t *q, f
 static void c_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
     fp8_dequantize_1x128(F(x), q, s, R, C);
 }
+static void c_fp8_fake_quantize_rows(void *out, const void *x, const int *token_of_row, int R, int C) {
+    uint8_t *q = mallocCheck((size_t)R * C + 1);
+    float *s = mallocCheck((size_t)R * (C / 128) * sizeof(float) + 1);
+    c_fp8_quantize_rows(q, s, x, token_of_row, R, C);
+    fp8_dequantize_1x128(F(out), q, s, R, C);
+    free(q);
+    free(s);
+}
 static void c_fp8_fake_quantize_tokens(void *x, const int *offsets, int E, int C) {
     fp8_fake_quantize_128x1(F(x), offsets, E, C);
 }
@@ -303,6 +311,7 @@ const Ops ops_cpu = {
     .fp8_swiglu_quantize = c_fp8_swiglu_quantize,
     .fp8_swiglu_backward_quantize = c_fp8_swiglu_backward_quantize,
     .fp8_dequantize_rows = c_fp8_dequantize_rows,
+    .fp8_fake_quantize_rows = c_fp8_fake_quantize_rows,
     .fp8_fake_quantize_tokens = c_fp8_fake_quantize_tokens,
     .fp8_grouped_matmul_forward = c_fp8_grouped_matmul_forward,
     .crossentropy_forward = c_crossentropy_forward,

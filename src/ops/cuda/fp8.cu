@@ -29,7 +29,11 @@
 // Measured (ncu, H200): the tensor pipe is busy ~55% of the time; the
 // consumers mostly wait on their own wgmma (issue, wait, promote), so the
 // next step is more overlap inside a warpgroup (A from registers, two
-// partial accumulators over column quarters), not more bandwidth. Tiles come from the device offsets like the BF16 kernels
+// partial accumulators over column quarters), not more bandwidth. Tried and
+// dropped (2026-12-02, bench/results/2026-12-02-h200-s4.md): the two
+// consumers taking turns to issue (named barriers), so that one's wait and
+// promotion would run under the other's wgmma: 0.92x (gate/up) and 0.94x
+// (down) with the stagger, 1.00x without; their wgmma already overlap. Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
 //
@@ -119,6 +123,22 @@ __global__ void encode_bits_kernel(uint8_t *q, uint32_t first, size_t n) {
     *(uint32_t *)(q + i) = w;
 }
 
+// 8 E4M3 bytes times s, rounded to BF16, as 16 bytes
+__device__ __forceinline__ uint4 dequant8(const uint8_t *q, float s) {
+    uint2 raw = *(const uint2 *)q;
+    const uint8_t *b = (const uint8_t *)&raw;
+    uint4 out;
+    uint32_t *o = (uint32_t *)&out;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        __nv_fp8_e4m3 lo, hi;
+        lo.__x = b[2 * j];
+        hi.__x = b[2 * j + 1];
+        __nv_bfloat162 h = __floats2bfloat162_rn((float)lo * s, (float)hi * s);
+        o[j] = *(uint32_t *)&h;
+    }
+    return out;
+}
 // 8 consecutive values of x as floats
 __device__ __forceinline__ void load8(float (&v)[8], const bf16 *x) {
     uint4 raw = *(const uint4 *)x;
@@ -138,7 +158,7 @@ __device__ __forceinline__ void load8(float (&v)[8], const float *x) {
 // The 1 x 128 tile holding v (8 values per thread, 16 threads per tile):
 // its amax by shuffles, then the values and (lane 0 of the 16) the scale.
 // BF: the values are BF16 (div_bf16).
-template <bool BF>
+template <bool BF, bool FAKE = false>
 __device__ __forceinline__ void quantize_tile8(uint8_t *q, float *scale, const float (&v)[8], bool live, size_t e0) {
     float amax = 0.0f;
     if (live) {
@@ -156,6 +176,10 @@ __device__ __forceinline__ void quantize_tile8(uint8_t *q, float *scale, const f
     } else {
         out = make_uint2(pack4(v[0], v[1], v[2], v[3], s), pack4(v[4], v[5], v[6], v[7], s));
     }
+    if (FAKE) { // q is BF16 [.., C]: the dequantised values (dequant8: the dequantiser's bits), no scale
+        *(uint4 *)((bf16 *)q + e0) = dequant8((const uint8_t *)&out, s);
+        return;
+    }
     *(uint2 *)(q + e0) = out;
     if ((threadIdx.x & 15) == 0) scale[e0 / 128] = s;
 }
@@ -163,7 +187,9 @@ __device__ __forceinline__ void quantize_tile8(uint8_t *q, float *scale, const f
 // 1 x 128 tiles: 16 threads per tile, 8 values each; the grid covers R * C / 8
 // threads. Row r of the output reads row rows[r] of x (rows NULL: row r):
 // the permute's gather, fused.
-template <typename T>
+// FAKE: q is BF16 and takes the dequantised values instead (no scales):
+// fp8_fake_quantize_rows, the bits of quantise then dequantise.
+template <typename T, bool FAKE = false>
 __global__ void quantize_1x128_kernel(uint8_t *q, float *scale, const T *x, const int *rows, int R, int C) {
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, e0 = t * 8;
     bool live = e0 < (size_t)R * C; // whole tiles are live or not (C % 128 == 0)
@@ -172,7 +198,7 @@ __global__ void quantize_1x128_kernel(uint8_t *q, float *scale, const T *x, cons
         size_t r = e0 / C, c = e0 % C;
         load8(v, x + (size_t)(rows ? rows[r] : (int)r) * C + c);
     }
-    quantize_tile8<sizeof(T) == 2>(q, scale, v, live, e0);
+    quantize_tile8<sizeof(T) == 2, FAKE>(q, scale, v, live, e0);
 }
 
 // SwiGLU then 1 x 128: o = silu(g) * u as swiglu_forward computes it
@@ -229,22 +255,8 @@ __global__ void swiglu_backward_quantize_kernel(bf16 *dgate, bf16 *dup, uint8_t 
     quantize_tile8<true>(q, scale, vu, live, q0 + F);
 }
 
-// 8 E4M3 bytes times s, rounded to BF16, stored as 16 bytes at x
-__device__ __forceinline__ void dequantize8(bf16 *x, const uint8_t *q, float s) {
-    uint2 raw = *(const uint2 *)q;
-    const uint8_t *b = (const uint8_t *)&raw;
-    uint4 out;
-    uint32_t *o = (uint32_t *)&out;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        __nv_fp8_e4m3 lo, hi;
-        lo.__x = b[2 * j];
-        hi.__x = b[2 * j + 1];
-        __nv_bfloat162 h = __floats2bfloat162_rn((float)lo * s, (float)hi * s);
-        o[j] = *(uint32_t *)&h;
-    }
-    *(uint4 *)x = out;
-}
+// ... stored at x
+__device__ __forceinline__ void dequantize8(bf16 *x, const uint8_t *q, float s) { *(uint4 *)x = dequant8(q, s); }
 
 // x = float(q) * scale, rounded to BF16; 8 values per thread.
 __global__ void dequantize_1x128_kernel(bf16 *x, const uint8_t *q, const float *scale, size_t n) {
@@ -666,14 +678,21 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
 // shared memory (row = column, 128 token bytes; the 8-byte chunk g at
 // position g ^ 2 ((row / 8) % 8), so that a warp's stores meet no bank
 // conflict), which goes out as 64 bytes per thread.
+// FP8_IN (fp8_requantize_tokens_t): x is E4M3 codes [R, C] with xs [R, C /
+// 128] their 1 x 128 scales, loaded 8 bytes a row and dequantised to BF16 in
+// registers (dequant8, dequantize_1x128's bits), so the tiles are those of
+// the BF16 values fp8_dequantize_rows would have written, at a third of
+// the bytes.
 // value j (0..7) of 8 BF16 in a 16-byte word, as a float
 __device__ __forceinline__ float bf16_at(const uint4 &w, int j) {
     uint32_t u = j < 2 ? w.x : j < 4 ? w.y : j < 6 ? w.z : w.w;
     return __uint_as_float(j & 1 ? u & 0xffff0000u : u << 16);
 }
 constexpr int QT_THREADS = 256;
-__global__ void __launch_bounds__(QT_THREADS, 4) quantize_tokens_t_kernel(uint8_t *qt, float *st, const bf16 *x,
-                                                                       const int *offsets, int E, int C, int ldk) {
+template <bool FP8_IN>
+__global__ void __launch_bounds__(QT_THREADS, 4) quantize_tokens_t_kernel(uint8_t *qt, float *st, const void *x,
+                                                                       const float *xs, const int *offsets, int E,
+                                                                       int C, int ldk) {
     __shared__ __align__(16) uint8_t s_q[128 * 128];
     __shared__ float s_amax[QT_THREADS / 32][128];
     extern __shared__ int qt_smem[];
@@ -695,7 +714,9 @@ __global__ void __launch_bounds__(QT_THREADS, 4) quantize_tokens_t_kernel(uint8_
         for (int i = 0; i < 8; i++) {
             int r = r0 + 8 * g + i;
             raw[i] = make_uint4(0, 0, 0, 0); // rows past the segment: zeros, which quantise to 0
-            if (r < r1) raw[i] = *(const uint4 *)(x + (size_t)r * C + c0 + 8 * cc);
+            if (r < r1 && FP8_IN)
+                raw[i] = dequant8((const uint8_t *)x + (size_t)r * C + c0 + 8 * cc, xs[(size_t)r * (C / 128) + c0 / 128]);
+            else if (r < r1) raw[i] = *(const uint4 *)((const bf16 *)x + (size_t)r * C + c0 + 8 * cc);
         }
 #pragma unroll
         for (int i = 0; i < 8; i++) amax8_bf16(amax, raw[i]);
@@ -949,6 +970,15 @@ extern "C" int cuda_fp8_quantize_1x128_f32(uint8_t *q, float *scale, const float
 extern "C" int cuda_fp8_gather_quantize(uint8_t *q, float *scale, const void *x, const int *rows, int R, int C) {
     return quantize_1x128(q, scale, (const bf16 *)x, rows, R, C);
 }
+extern "C" int cuda_fp8_gather_fake_quantize(void *out, const void *x, const int *rows, int R, int C) {
+    if (R < 0 || C <= 0 || C % 128 || ((uintptr_t)out | (uintptr_t)x) & 15) return -1;
+    size_t threads = (size_t)R * C / 8;
+    if (!threads) return 0;
+    quantize_1x128_kernel<bf16, true><<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>(
+        (uint8_t *)out, NULL, (const bf16 *)x, rows, R, C);
+    cudaLaunchCheck();
+    return 0;
+}
 extern "C" int cuda_fp8_swiglu_quantize_1x128(uint8_t *q, float *scale, const void *gate, const void *up, int R, int F) {
     if (R < 0 || F <= 0 || F % 128) return -1;
     size_t n = (size_t)R * F, threads = n / 8;
@@ -1055,17 +1085,30 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     return 0;
 }
 
-extern "C" int cuda_fp8_quantize_tokens_t(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C,
-                                          int ldk) {
+static int quantize_tokens_t(uint8_t *qt, float *st, const void *x, const float *xs, const int *offsets, int E, int C,
+                             int ldk) {
     if (E == 0) return 0;
     if (E < 0 || C <= 0 || C % 128 || ldk <= 0 || ldk % 128) return -1;
-    if (((uintptr_t)x | (uintptr_t)qt | (uintptr_t)st) & 15) return -1;
+    if (((uintptr_t)x | (uintptr_t)qt | (uintptr_t)st) & 15 || ((uintptr_t)xs & 3)) return -1;
     int smem = 2 * (E + 1) * (int)sizeof(int);
     if (smem > 48 * 1024 - 128 * 128 - 8 * 128 * 4) return -1;
-    quantize_tokens_t_kernel<<<cuda_num_sms() * 8, QT_THREADS, smem, cuda_stream()>>>(qt, st, (const bf16 *)x, offsets,
-                                                                                     E, C, ldk);
+    if (xs)
+        quantize_tokens_t_kernel<true><<<cuda_num_sms() * 8, QT_THREADS, smem, cuda_stream()>>>(qt, st, x, xs, offsets,
+                                                                                               E, C, ldk);
+    else
+        quantize_tokens_t_kernel<false><<<cuda_num_sms() * 8, QT_THREADS, smem, cuda_stream()>>>(qt, st, x, NULL,
+                                                                                                offsets, E, C, ldk);
     cudaLaunchCheck();
     return 0;
+}
+extern "C" int cuda_fp8_quantize_tokens_t(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C,
+                                          int ldk) {
+    return quantize_tokens_t(qt, st, x, NULL, offsets, E, C, ldk);
+}
+extern "C" int cuda_fp8_requantize_tokens_t(uint8_t *qt, float *st, const uint8_t *q, const float *s,
+                                            const int *offsets, int E, int C, int ldk) {
+    if (!s) return -1;
+    return quantize_tokens_t(qt, st, q, s, offsets, E, C, ldk);
 }
 
 static int wgrad_smem(int E) { return W8Smem<true>::bytes(E) > W8Smem<false>::bytes(E) ? W8Smem<true>::bytes(E) : W8Smem<false>::bytes(E); }
@@ -1139,6 +1182,9 @@ extern "C" void cuda_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_
     fp8_ok(cuda_fp8_swiglu_backward_quantize_1x128(dgate, dup, q, s, dout, gate, up, R, F),
            "fp8_swiglu_backward_quantize", R, F);
 }
+extern "C" void cuda_fp8_fake_quantize_rows(void *out, const void *x, const int *token_of_row, int R, int C) {
+    fp8_ok(cuda_fp8_gather_fake_quantize(out, x, token_of_row, R, C), "fp8_fake_quantize_rows", R, C);
+}
 extern "C" void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C) {
     fp8_ok(cuda_fp8_dequantize_1x128(x, q, s, R, C), "fp8_dequantize_rows", R, C);
 }
@@ -1160,6 +1206,10 @@ extern "C" int cuda_fp8_wgrad_supports(int E, int C, int OC, char *why, size_t w
 extern "C" void cuda_fp8_quantize_tokens_t_op(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C,
                                               int ldk) {
     fp8_ok(cuda_fp8_quantize_tokens_t(qt, st, x, offsets, E, C, ldk), "fp8_quantize_tokens_t", C, ldk);
+}
+extern "C" void cuda_fp8_requantize_tokens_t_op(uint8_t *qt, float *st, const uint8_t *q, const float *s,
+                                                const int *offsets, int E, int C, int ldk) {
+    fp8_ok(cuda_fp8_requantize_tokens_t(qt, st, q, s, offsets, E, C, ldk), "fp8_requantize_tokens_t", C, ldk);
 }
 extern "C" void cuda_fp8_grouped_wgrad_op(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb,
                                           const float *sb, const int *offsets, int E, int C, int OC, int ldk,

@@ -36,6 +36,9 @@ int cuda_fp8_quantize_128x128_t(uint8_t *q, float *scale, uint8_t *qt, float *st
 // The same with row r of q read from row rows[r] of x (BF16): the permute's
 // gather and the quantiser in one pass.
 int cuda_fp8_gather_quantize(uint8_t *q, float *scale, const void *x, const int *rows, int R, int C);
+// out [R, C] (BF16) = the dequantised values of cuda_fp8_gather_quantize's
+// codes and scales, without them: the bits of it and cuda_fp8_dequantize_1x128.
+int cuda_fp8_gather_fake_quantize(void *out, const void *x, const int *rows, int R, int C);
 // silu(gate) * up [R, F] (BF16, as cuda_swiglu_forward rounds it), quantised
 // 1 x 128: the bits of cuda_swiglu_forward + cuda_fp8_quantize_1x128. F % 128 == 0.
 int cuda_fp8_swiglu_quantize_1x128(uint8_t *q, float *scale, const void *gate, const void *up, int R, int F);
@@ -64,6 +67,11 @@ int cuda_fp8_fake_quantize_128x1(void *x, const int *offsets, int E, int C);
 // the codes and scales of fp8_fake_quantize_128x1's tiles. C % 128 == 0,
 // ldk >= fp8_tokens_ldk(offsets[E], E), a multiple of 128.
 int cuda_fp8_quantize_tokens_t(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C, int ldk);
+// The same of the BF16 values cuda_fp8_dequantize_1x128 makes of q [R, C],
+// s [R, C / 128] (1 x 128 codes and scales), without writing them: the
+// bits of the two calls.
+int cuda_fp8_requantize_tokens_t(uint8_t *qt, float *st, const uint8_t *q, const float *s, const int *offsets, int E,
+                                 int C, int ldk);
 // dw [E, OC, C] (accumulate: +=, else =) = sum over each expert's token
 // blocks kb of deq(qa)_kb^T deq(qb)_kb, qa/sa [OC, ldk] from dout [R, OC]
 // and qb/sb [C, ldk] from inp [R, C] (cuda_fp8_quantize_tokens_t): the

@@ -146,9 +146,12 @@ void cuda_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_t *q, float
 void cuda_fp8_fake_quantize_tokens(void *x, const int *offsets, int E, int C);
 int cuda_fp8_wgrad_supports(int E, int C, int OC, char *why, size_t whylen);
 void cuda_fp8_quantize_tokens_t_op(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C, int ldk);
+void cuda_fp8_requantize_tokens_t_op(uint8_t *qt, float *st, const uint8_t *q, const float *s, const int *offsets, int E,
+                                     int C, int ldk);
 void cuda_fp8_grouped_wgrad_op(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
                                const int *offsets, int E, int C, int OC, int ldk, int accumulate);
 void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, int C);
+void cuda_fp8_fake_quantize_rows(void *out, const void *x, const int *token_of_row, int R, int C);
 void cuda_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                                  const int *offsets, int E, int C, int OC);
 #ifdef __cplusplus

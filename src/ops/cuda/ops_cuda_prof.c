@@ -179,10 +179,15 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (dgate, dup, q, s, dout, gate, up, R, F))                                                              \
     X(fp8_dequantize_rows, C_OTHER, (void *x, const uint8_t *q, const float *s, int R, int C),               \
       (x, q, s, R, C))                                                                                       \
+    X(fp8_fake_quantize_rows, C_DISPATCH, (void *out, const void *x, const int *token_of_row, int R, int C),  \
+      (out, x, token_of_row, R, C))                                                                          \
     X(fp8_fake_quantize_tokens, C_OTHER, (void *x, const int *offsets, int E, int C), (x, offsets, E, C))     \
     X(fp8_quantize_tokens_t, C_OTHER,                                                                        \
       (uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C, int ldk),                    \
       (qt, st, x, offsets, E, C, ldk))                                                                       \
+    X(fp8_requantize_tokens_t, C_OTHER,                                                                      \
+      (uint8_t *qt, float *st, const uint8_t *q, const float *s, const int *offsets, int E, int C, int ldk),  \
+      (qt, st, q, s, offsets, E, C, ldk))                                                                    \
     X(fp8_grouped_wgrad, C_EXPERT,                                                                           \
       (float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb, const int *offsets, \
        int E, int C, int OC, int ldk, int accumulate),                                                       \
@@ -264,6 +269,7 @@ static void timed_end(int op) {
 // The two ops whose CUDA functions carry an _op suffix (fp8_cuda.h has the
 // unsuffixed ones, which return a status).
 #define cuda_fp8_quantize_tokens_t cuda_fp8_quantize_tokens_t_op
+#define cuda_fp8_requantize_tokens_t cuda_fp8_requantize_tokens_t_op
 #define cuda_fp8_grouped_wgrad cuda_fp8_grouped_wgrad_op
 #define OP_WRAPPER(name, cls, params, args) \
     static void timed_##name params { timed_begin(); cuda_##name args; timed_end(OP_##name); }
