@@ -19,7 +19,8 @@ compare() { # ref run, tol_loss, tol_weights, [first step to compare]
 }
 # against_one_rank TAG WHAT "ARGS" "ONE-RANK ARGS" LAYOUT...: runs single_TAG on one
 # rank with ARGS and ONE-RANK ARGS, then each LAYOUT ("NAME NP ARGS...") as NAME_TAG
-# with ARGS, and compares each with the one-rank run (1e-5 for losses and weights)
+# with ARGS, and compares each with the one-rank run (losses within tol_loss,
+# weights within tol_weights: 1e-5 where the caller sets neither)
 against_one_rank() {
   local tag=$1 what=$2 layout name np
   local -a all=($3) one=($4)
@@ -31,7 +32,7 @@ against_one_rank() {
     if ! run "${name}_$tag" "$np" "${all[@]}" "$@"; then
       tail -n 5 "$tmp/${name}_$tag.log"; bad "$name $what: run failed"; continue
     fi
-    if out=$(compare "single_$tag" "${name}_$tag" 1e-5 1e-5); then ok "$name $what: $out"
+    if out=$(compare "single_$tag" "${name}_$tag" "${tol_loss:-1e-5}" "${tol_weights:-1e-5}"); then ok "$name $what: $out"
     else bad "$name $what: $out"; fi
   done
 }

@@ -11,7 +11,9 @@
 //   dequantisation error bounds;
 // - the FP8 GEMM reference against a naive double-precision triple loop
 //   over the dequantised operands, and its error against the unquantised
-//   FP32 product (what FP8 costs).
+//   FP32 product (what FP8 costs);
+// - the FP8 dispatch payload: rows quantised at the source, packed, moved
+//   and unpacked equal the rows quantised after the dispatch.
 #include <check.h>
 
 #include "check_main.h"
@@ -460,6 +462,53 @@ START_TEST(test_fake_quantize_128x1) {
 }
 END_TEST
 
+// The FP8 dispatch payload (ep > 1) through the CPU op table: rows
+// quantised at the source (the gather's quantiser), packed, moved as bytes
+// in an arbitrary received order (the all-to-all), unpacked through a
+// regroup map, must be the codes and scales that quantising the regrouped
+// rows after the dispatch gives, bit for bit; and a payload row is its
+// codes, then its scales' bits, fp8_payload_bytes(C) = C + 4 C/128 bytes.
+START_TEST(test_dispatch_payload) {
+    enum { N = 50, R = 120, C = 384, NT = C / 128 };
+    ck_assert_uint_eq(fp8_payload_bytes(C), 396);
+    size_t pb = fp8_payload_bytes(C);
+    float *x = malloc((size_t)N * C * 4);
+    fill_tiles(x, N, C, 128);
+    int tor[R], perm[R], regroup[R], after[R];
+    for (int r = 0; r < R; r++) tor[r] = (int)(urand() * N);
+    for (int r = 0; r < R; r++) perm[r] = regroup[r] = r;
+    for (int r = R - 1; r > 0; r--) { // two random orders: received, then regrouped
+        int i = (int)(urand() * (r + 1)), j = (int)(urand() * (r + 1)), t;
+        t = perm[r]; perm[r] = perm[i]; perm[i] = t;
+        t = regroup[r]; regroup[r] = regroup[j]; regroup[j] = t;
+    }
+    uint8_t *q = malloc((size_t)R * C), *p = malloc(R * pb), *recv = malloc(R * pb), *ql = malloc((size_t)R * C);
+    uint8_t *qr = malloc((size_t)R * C);
+    float *sq = malloc((size_t)R * NT * 4), *sl = malloc((size_t)R * NT * 4), *sr = malloc((size_t)R * NT * 4);
+    ops_cpu.fp8_quantize_rows(q, sq, x, tor, R, C);
+    memset(p, 0xa5, R * pb);
+    ops_cpu.fp8_pack_rows(p, q, sq, R, C);
+    for (int r = 0; r < R; r++) {
+        ck_assert(memcmp(p + r * pb, q + (size_t)r * C, C) == 0);
+        ck_assert(memcmp(p + r * pb + C, sq + (size_t)r * NT, NT * 4) == 0);
+    }
+    for (int r = 0; r < R; r++) memcpy(recv + r * pb, p + (size_t)perm[r] * pb, pb);
+    ops_cpu.fp8_unpack_rows(ql, sl, recv, regroup, R, C);
+    for (int r = 0; r < R; r++) after[r] = tor[perm[regroup[r]]]; // the token of each regrouped row
+    ops_cpu.fp8_quantize_rows(qr, sr, x, after, R, C);
+    for (int r = 0; r < R; r++) {
+        ck_assert_msg(memcmp(ql + (size_t)r * C, qr + (size_t)r * C, C) == 0, "row %d: codes differ", r);
+        ck_assert_msg(memcmp(sl + (size_t)r * NT, sr + (size_t)r * NT, NT * 4) == 0, "row %d: scales differ", r);
+    }
+    ops_cpu.fp8_unpack_rows(ql, sl, recv, NULL, R, C); // no map: the received order
+    for (int r = 0; r < R; r++) {
+        ck_assert(memcmp(ql + (size_t)r * C, q + (size_t)perm[r] * C, C) == 0);
+        ck_assert(memcmp(sl + (size_t)r * NT, sq + (size_t)perm[r] * NT, NT * 4) == 0);
+    }
+    free(x); free(q); free(p); free(recv); free(ql); free(qr); free(sq); free(sl); free(sr);
+}
+END_TEST
+
 int main(void) {
     init_values();
     Suite *s = suite_create("fp8");
@@ -476,6 +525,7 @@ int main(void) {
     tcase_add_test(tc, test_dgrad_ref);
     tcase_add_test(tc, test_quantize_pair);
     tcase_add_test(tc, test_fake_quantize_128x1);
+    tcase_add_test(tc, test_dispatch_payload);
     suite_add_tcase(s, tc);
     return check_run(s);
 }

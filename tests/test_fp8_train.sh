@@ -19,8 +19,9 @@
 #  1b. fp8.wgrad: fp8 (the weight-grads' operands quantised per 128 x 1 tile
 #     along each expert's tokens) trains under the same bound and
 #     its losses differ from fp8.wgrad: bf16's;
-#  4. the configs it refuses name the key: mxfp8, experts_dense, ep > 1, a
-#     dense model, an expert width not a multiple of 128.
+#  4. the configs it refuses name the key: mxfp8, experts_dense, the
+#     symmetric expert dispatch (ep > 1 itself runs: tests/test_fp8_ep.sh),
+#     a dense model, an expert width not a multiple of 128.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -97,7 +98,7 @@ refused() { # pattern, args...
 refused "fp8.recipe: mxfp8" --train.precision=fp8 --fp8.recipe=mxfp8
 refused "fp8.gemms: experts_dense" --train.precision=fp8 --fp8.gemms=experts_dense
 refused "needs MoE layers" --train.precision=fp8 --model.n_experts=0
-refused "parallel.ep = 1" --train.precision=fp8 --parallel.ep=2 --parallel.dp=2
+refused "fp8 with parallel.ep_backend: symmetric is not supported" --train.precision=fp8 --parallel.ep_backend=symmetric
 refused "multiples of 128" --train.precision=fp8 --model.expert_hidden=192
 refused "unknown value\|expected one of\|bf16" --train.precision=fp4
 

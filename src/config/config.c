@@ -674,7 +674,11 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
             FAIL("fp8.gemms: experts_dense is not implemented yet (the dense GEMMs stay BF16); use fp8.gemms: experts");
         if (c->model.n_experts <= 0)
             FAIL("train.precision: fp8 with fp8.gemms: experts needs MoE layers (model.n_experts > 0)");
-        if (p->ep > 1) FAIL("train.precision: fp8 runs with parallel.ep = 1 only for now (the FP8 dispatch is not built)");
+        if (p->ep_backend == 2)
+            FAIL("train.precision: fp8 with parallel.ep_backend: symmetric is not supported: the symmetric dispatch "
+                 "leaves the received rows' count in device memory, and the FP8 quantisers take it from the host "
+                 "(they would run over the whole receive buffer); use parallel.ep_backend: a2a or auto (auto "
+                 "picks a2a for fp8)");
         if (p->pp > 1) FAIL("train.precision: fp8 with parallel.pp > 1 is not supported yet");
         if (c->optim_sharded && p->dp > 1 && c->device.type == 1)
             FAIL("train.precision: fp8 with optim.sharded on GPUs is not supported yet (the FP8 expert weights are "
@@ -705,6 +709,11 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
     if (c->device.cuda.attention_group < 0)
         FAIL("device.cuda.attention_group must be >= 0 (0: auto), got %d", c->device.cuda.attention_group);
     return 0;
+}
+
+int run_config_ep_backend(const RunConfig *c) {
+    int b = c->parallel.ep_backend;
+    return b == 0 && c->train.precision == PRECISION_FP8 ? 1 : b; // 0 auto, 1 a2a (ep_backend_names)
 }
 
 int run_config_validate(RunConfig *c, int world, char *err, size_t errlen) {

@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "ops/fp8.h"
+
 size_t ep_plan_ints(int ep, int E_local, int max_rows) {
     return 2 * (size_t)ep * E_local + (E_local + 1) + 2 * (size_t)max_rows;
 }
@@ -72,9 +74,26 @@ void ep_plan(Comm *c, const Ops *ops, EpPlan *p, const int *offsets) {
     ops->to_device(p->local_offsets_b, p->local_offsets, ((size_t)El + 1 + 2 * (size_t)p->rows) * sizeof(int));
 }
 
+size_t ep_sent_rows(const EpPlan *p) {
+    size_t n = 0;
+    for (int r = 0; r < p->ep; r++) n += p->send_rows[r];
+    return n;
+}
+
+void ep_exchange(Comm *c, const EpPlan *p, const void *xp, void *recv, size_t row_bytes) {
+    comm_all_to_all_v(c, xp, p->send_rows, recv, p->recv_rows, row_bytes);
+}
+
 void ep_dispatch(Comm *c, const Ops *ops, const EpPlan *p, const void *xp, void *xl, void *scratch, int C) {
-    comm_all_to_all_v(c, xp, p->send_rows, scratch, p->recv_rows, (size_t)C * ops->act_bytes);
+    ep_exchange(c, p, xp, scratch, (size_t)C * ops->act_bytes);
     ops->permute_forward(xl, scratch, p->local_to_recv_b, p->rows, C);
+}
+
+void ep_dispatch_fp8(Comm *c, const Ops *ops, const EpPlan *p, const uint8_t *q, const float *s, uint8_t *ql,
+                     float *sl, void *send, void *recv, int C) {
+    ops->fp8_pack_rows(send, q, s, (int)ep_sent_rows(p), C);
+    ep_exchange(c, p, send, recv, fp8_payload_bytes(C));
+    ops->fp8_unpack_rows(ql, sl, recv, p->local_to_recv_b, p->rows, C);
 }
 
 void ep_combine(Comm *c, const Ops *ops, const EpPlan *p, const void *yl, void *y, void *scratch, int C) {

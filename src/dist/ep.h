@@ -56,9 +56,25 @@ void ep_plan_carve(EpPlan *p, int ep, int E_local, int max_rows, int *host_ints,
 // From this rank's global-expert offsets [E+1] (E = ep * E_local, backend
 // memory): exchange the counts and fill the plan. The host waits here, once.
 void ep_plan(Comm *c, const Ops *ops, EpPlan *p, const int *offsets);
+// Rows this rank sends (its routed rows, sum of send_rows).
+size_t ep_sent_rows(const EpPlan *p);
+// The exchange alone, for rows of any width: row_bytes bytes a row, xp
+// [sum send_rows] (sorted by global expert) -> recv [rows] in the received
+// order (source rank, then the source's order).
+void ep_exchange(Comm *c, const EpPlan *p, const void *xp, void *recv, size_t row_bytes);
 // Rows are C act elements wide, in backend memory.
 // xp [sum send_rows] (sorted by global expert) -> xl [rows] regrouped by
 // local expert. scratch: [rows].
 void ep_dispatch(Comm *c, const Ops *ops, const EpPlan *p, const void *xp, void *xl, void *scratch, int C);
+// train.precision: fp8: rows quantised 1 x 128 at their source (q [sum
+// send_rows, C] bytes, s their scales, in xp's order) -> ql [rows, C], sl
+// regrouped by local expert, as ep_dispatch would move and regroup the
+// unquantised rows. A 1 x 128 tile lies inside one row, so these are the
+// codes and scales the rows would get if quantised after the dispatch.
+// Each row travels as one payload row of fp8_payload_bytes(C) bytes
+// (ops/fp8.h: the codes, then the scales), packed into send [sum
+// send_rows] and received into recv [rows]; the unpack regroups.
+void ep_dispatch_fp8(Comm *c, const Ops *ops, const EpPlan *p, const uint8_t *q, const float *s, uint8_t *ql,
+                     float *sl, void *send, void *recv, int C);
 // yl [rows] (regrouped order) -> y [sum send_rows] in xp's order. scratch: [rows].
 void ep_combine(Comm *c, const Ops *ops, const EpPlan *p, const void *yl, void *y, void *scratch, int C);

@@ -95,10 +95,11 @@ int model_set_fp8(Model *m, char *err, size_t errlen) {
         snprintf(err, errlen, "train.precision: fp8 (fp8.gemms: experts) needs MoE layers (model.n_experts > 0)");
         return -1;
     }
-    if (m->par.ep_size > 1 || m->ep_sym) {
-        snprintf(err, errlen, "train.precision: fp8 runs with parallel.ep = 1 only for now (the FP8 dispatch of "
-                 "routed rows to other ranks is not built); got ep %d%s", m->par.ep_size,
-                 m->ep_sym ? " with the symmetric dispatch" : "");
+    if (m->ep_sym) {
+        snprintf(err, errlen, "train.precision: fp8 with parallel.ep_backend: symmetric (ep %d) is not supported: "
+                 "the symmetric dispatch leaves the received rows' count in device memory, and the FP8 "
+                 "quantisers take it from the host (they would run over the whole receive buffer); use "
+                 "parallel.ep_backend: a2a (auto picks it for fp8)", m->par.ep_size);
         return -1;
     }
     if (m->staged) {
@@ -343,18 +344,18 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         a->offsets = itake(cv, E + 1);
         a->counts = ftake(cv, E); a->lb_counts = ftake(cv, E);
         a->ey = take(cv, R * D);
-        if (fp8) { // one rank (model_set_fp8): the rows stay here
-            a->xq = rc_xp ? xq_shared : take_bytes(cv, R * D); a->xs = rc_xp ? xs_shared : ftake(cv, R * fp8_blocks((int)D));
+        if (fp8) { // the inputs as the experts' FP8 GEMMs read them: ep > 1 received (all-to-all only, model_set_fp8)
+            a->xq = rc_xp ? xq_shared : take_bytes(cv, Rl * D); a->xs = rc_xp ? xs_shared : ftake(cv, Rl * fp8_blocks((int)D));
             a->eaq = rc_ea ? eaq_shared : take_bytes(cv, Rl * Fe); a->eas = rc_ea ? eas_shared : ftake(cv, Rl * fp8_blocks((int)Fe));
-            a->yl = a->ey;
+            a->yl = ep > 1 ? take(cv, Rl * D) : a->ey;
             a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe);
-            goto experts_carved;
+        } else {
+            a->xp = sh_xp ? xp_shared : take(cv, R * D);
+            a->xl = sym ? take(sv, Rl * D) : ep > 1 ? take(cv, Rl * D) : a->xp;
+            a->yl = sym ? NULL : ep > 1 ? take(cv, Rl * D) : a->ey; // symmetric: the shared m->sym_out
+            if (sym) { a->sym_plan = itake(cv, ep_sym_plan_ints(ep, (int)E)); a->sym_recv = take_bytes(cv, tab); }
+            a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe); a->ea = rc_ea ? ea_shared : take(cv, Rl * Fe);
         }
-        a->xp = sh_xp ? xp_shared : take(cv, R * D);
-        a->xl = sym ? take(sv, Rl * D) : ep > 1 ? take(cv, Rl * D) : a->xp;
-        a->yl = sym ? NULL : ep > 1 ? take(cv, Rl * D) : a->ey; // symmetric: the shared m->sym_out
-        if (sym) { a->sym_plan = itake(cv, ep_sym_plan_ints(ep, (int)E)); a->sym_recv = take_bytes(cv, tab); }
-        a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe); a->ea = rc_ea ? ea_shared : take(cv, Rl * Fe);
         if (ep > 1 && !sym) { // the plan's backend arrays here, its host ones in plan_host
             size_t pn = ep_plan_ints(ep, El, (int)Rl);
             int *plan_ints = itake(cv, pn);
@@ -362,7 +363,6 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
                 ep_plan_carve(&a->plan, ep, El, (int)Rl, m->plan_host + (size_t)l * pn, plan_ints,
                               m->plan_sizes + (size_t)l * ep_plan_sizes(ep));
         }
-    experts_carved:
         if (Fs) { a->sg = take(cv, N * Fs); a->su = take(cv, N * Fs); a->sa = rc_sa ? sa_shared : take(cv, N * Fs); a->so = take(cv, N * D); }
     carved:
         if (rl) { shared[moe] = *a; have_shared[moe] = 1; }
@@ -402,17 +402,26 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
     m->att_scratch = ftake(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads, c->n_kv_heads, c->head_dim));
     if (F) { m->da = take(cv, N * F); m->dg = take(cv, N * F); m->du = take(cv, N * F); }
     if (m->n_moe) {
-        m->dey = take(cv, R * D); m->dxp = take(cv, R * D);
-        m->dyl = sym ? m->sym_dout : ep > 1 ? take(cv, Rl * D) : m->dey;
-        m->dxl = sym ? m->sym_dxl : ep > 1 ? take(cv, Rl * D) : m->dxp;
+        // fp8 with ep > 1 swaps the two pairs (fp8_moe_experts_backward_ep):
+        // dey, dxp hold the experts' rows [Rl, D], dyl, dxl the routed ones [R, D]
+        size_t Rx = m->fp8 ? Rl : R, Rr = m->fp8 ? R : Rl;
+        m->dey = take(cv, Rx * D); m->dxp = take(cv, Rx * D);
+        m->dyl = sym ? m->sym_dout : ep > 1 ? take(cv, Rr * D) : m->dey;
+        m->dxl = sym ? m->sym_dxl : ep > 1 ? take(cv, Rr * D) : m->dxp;
         m->dea = take(cv, Rl * Fe); m->deg = take(cv, Rl * Fe); m->deu = take(cv, Rl * Fe);
-        m->fp8_deq = m->fp8 ? take(cv, R * (D > Fe ? D : Fe)) : NULL;
-        size_t dqw = D > 2 * Fe ? D : 2 * Fe; // the down's output grads [R, D], the gate/up pair's [R, 2 Fe]
-        m->fp8_dq = m->fp8 ? take_bytes(cv, R * dqw) : NULL;
-        m->fp8_ds = m->fp8 ? ftake(cv, R * fp8_blocks((int)dqw)) : NULL;
+        m->fp8_deq = m->fp8 ? take(cv, Rl * (D > Fe ? D : Fe)) : NULL;
+        size_t dqw = D > 2 * Fe ? D : 2 * Fe; // the down's output grads [Rl, D], the gate/up pair's [Rl, 2 Fe]
+        m->fp8_dq = m->fp8 ? take_bytes(cv, Rl * dqw) : NULL;
+        m->fp8_ds = m->fp8 ? ftake(cv, Rl * fp8_blocks((int)dqw)) : NULL;
+        // ep > 1: the routed rows quantised at this rank and packed for the
+        // dispatch (ep_dispatch_fp8; received into ep_scratch)
+        int fp8_ep = m->fp8 && ep > 1;
+        m->fp8_src_q = fp8_ep ? take_bytes(cv, R * D) : NULL;
+        m->fp8_src_s = fp8_ep ? ftake(cv, R * fp8_blocks((int)D)) : NULL;
+        m->fp8_send = fp8_ep ? take_bytes(cv, R * fp8_payload_bytes((int)D)) : NULL;
         // the FP8 weight-grad's operands along the tokens (dout^T, inp^T) and their scales
         int fw = model_fp8_wgrad_gemm(m);
-        size_t wide = D > Fe ? D : Fe, ldk = fw ? (size_t)fp8_tokens_ldk((int)R, m->E_local) : 0;
+        size_t wide = D > Fe ? D : Fe, ldk = fw ? (size_t)fp8_tokens_ldk((int)Rl, m->E_local) : 0;
         m->fp8_ldk = (int)ldk;
         m->fp8_wqa = fw ? take_bytes(cv, wide * ldk) : NULL;
         m->fp8_wqb = fw ? take_bytes(cv, wide * ldk) : NULL;
@@ -689,6 +698,7 @@ void model_begin_step(Model *m) {
     m->ops->zero(m->z_step, nm * sizeof(float));
     m->ops->zero(m->ce_acc, 2 * sizeof(double));
     m->step_tokens = 0;
+    m->step_dispatch_rows = m->step_dispatch_bytes = 0;
     model_fp8_refresh(m);
 }
 
@@ -812,6 +822,14 @@ static void sym_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     ops->ep_sym_combine(m->dxp, m->sym_dxl_tab, a->sym_plan, a->offsets, P, E, R, D);
 }
 
+// Counts what a forward dispatch sent (not again when a block is recomputed).
+static void count_dispatch(Model *m, const EpPlan *p, size_t row_bytes) {
+    if (m->recomputing) return;
+    size_t rows = ep_sent_rows(p);
+    m->step_dispatch_rows += (double)rows;
+    m->step_dispatch_bytes += (double)rows * (double)row_bytes;
+}
+
 // The same without symmetric memory: dispatch to the experts' ranks with the
 // all-to-all (dist/ep.h), run the local experts on their segments, combine
 // back. One rank needs no plan: the experts' segments are the routed rows'
@@ -830,6 +848,7 @@ static void a2a_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
         Rl = a->plan.rows;
         a->local_offsets = a->plan.local_offsets_b;
         ep_dispatch(epc, ops, &a->plan, a->xp, a->xl, m->ep_scratch, D);
+        count_dispatch(m, &a->plan, (size_t)D * ops->act_bytes);
     }
     a->rows_local = Rl;
     ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->local_offsets, El, D, Fe);
@@ -846,25 +865,45 @@ static void a2a_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
     if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
 }
 
-// train.precision: fp8 (one rank, model_set_fp8): the routed rows gathered
-// and quantised in one pass, the three grouped GEMMs in FP8 with FP32
+// train.precision: fp8 (model_set_fp8): the routed rows gathered and
+// quantised in one pass, the three grouped GEMMs in FP8 with FP32
 // accumulation, the SwiGLU output quantised as it is made. The backward
-// reads the FP8 inputs (xq, eaq) and the BF16 eg, eu.
+// reads the FP8 inputs (xq, eaq) and the BF16 eg, eu. With ep > 1 the
+// rows are quantised here, at their source, in the plan's send order, and
+// travel to the experts' ranks in FP8 with their scales (ep_dispatch_fp8:
+// a 1 x 128 tile lies inside one row, so these are the codes and scales
+// that quantising after the dispatch would give); the expert outputs come
+// back in the compute dtype (ep_combine), as DeepSeek-V3's combine does.
+// Local offsets, capacity and recompute as a2a_moe_experts_forward.
 static void fp8_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a, const void *in, int li) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int R = m->B * m->T * c->top_k, D = c->d_model, Fe = c->expert_hidden, El = m->E_local;
-    a->use_plan = 0;
+    Comm *epc = m->par.ep_comm;
+    a->use_plan = m->par.ep_size > 1;
     a->local_offsets = a->offsets;
-    a->rows_local = R;
-    ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
-    ops->fp8_grouped_matmul_forward(a->eg, a->xq, a->xs, fp8_weight(m, li, 0), fp8_scales(m, li, 0), a->offsets, El, D, Fe);
-    ops->fp8_grouped_matmul_forward(a->eu, a->xq, a->xs, fp8_weight(m, li, 1), fp8_scales(m, li, 1), a->offsets, El, D, Fe);
-    ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
-    ops->fp8_grouped_matmul_forward(a->ey, a->eaq, a->eas, fp8_weight(m, li, 2), fp8_scales(m, li, 2), a->offsets, El, Fe, D);
+    int Rl = R;
+    if (a->use_plan) {
+        ep_plan(epc, ops, &a->plan, a->offsets);
+        Rl = a->plan.rows;
+        a->local_offsets = a->plan.local_offsets_b;
+        // received into ep_scratch: a payload row (33/32 D bytes) fits in D act elements
+        ops->fp8_quantize_rows(m->fp8_src_q, m->fp8_src_s, in, a->token_of_row, R, D);
+        ep_dispatch_fp8(epc, ops, &a->plan, m->fp8_src_q, m->fp8_src_s, a->xq, a->xs, m->fp8_send, m->ep_scratch, D);
+        count_dispatch(m, &a->plan, fp8_payload_bytes(D));
+    } else {
+        ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
+    }
+    a->rows_local = Rl;
+    const int *lo = a->local_offsets;
+    ops->fp8_grouped_matmul_forward(a->eg, a->xq, a->xs, fp8_weight(m, li, 0), fp8_scales(m, li, 0), lo, El, D, Fe);
+    ops->fp8_grouped_matmul_forward(a->eu, a->xq, a->xs, fp8_weight(m, li, 1), fp8_scales(m, li, 1), lo, El, D, Fe);
+    ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, Rl, Fe);
+    ops->fp8_grouped_matmul_forward(a->yl, a->eaq, a->eas, fp8_weight(m, li, 2), fp8_scales(m, li, 2), lo, El, Fe, D);
     int capacity = expert_capacity(m); // as a2a_moe_experts_forward
     if (capacity > 0)
-        ops->moe_capacity_drop(a->ey, m->recomputing ? NULL : m->dropped_step + li, a->offsets, El, R, D, capacity);
+        ops->moe_capacity_drop(a->yl, m->recomputing ? NULL : m->dropped_step + li, lo, El, Rl, D, capacity);
+    if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
 }
 
 static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in) {
@@ -1165,12 +1204,13 @@ static void fp8_input_tokens_t(Model *m, const uint8_t *q, const float *s, const
 // FP8 weight-grad GEMM where the backend has it, else fake-quantised in
 // place for the compute-dtype weight-grad.
 // Each output grad's data- and weight-grad read the same values (dey;
-// deg, deu), only the data-grad's quantised.
+// deg, deu), only the data-grad's quantised. On the rows at this rank's
+// experts (ep > 1: fp8_moe_experts_backward_ep below moves them).
 static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    int D = c->d_model, R = m->B * m->T * c->top_k, Fe = c->expert_hidden, El = m->E_local;
-    const int *lo = a->offsets;
+    int D = c->d_model, R = a->rows_local, Fe = c->expert_hidden, El = m->E_local;
+    const int *lo = a->local_offsets;
     int capacity = expert_capacity(m); // dropped rows get zero grads
     if (capacity > 0) ops->moe_capacity_drop(m->dey, NULL, lo, El, R, D, capacity);
     // recompute: a->eaq and (both) a->xq are shared buffers that later layers overwrote
@@ -1195,7 +1235,8 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     ops->fp8_swiglu_backward_quantize(m->deg, m->deu, m->fp8_dq, m->fp8_ds, m->dea, a->eg, a->eu, R, Fe);
     ops->fp8_grouped_matmul_forward(m->dxp, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 0), fp8_scales_t(m, li, 0), lo,
                                     El, 2 * Fe, D);
-    int regather = m->recompute == 1 || m->recompute == 2; // xq: a shared buffer, overwritten since
+    // xq: a shared buffer, overwritten since; ep > 1 keeps the received rows (carve_slot)
+    int regather = (m->recompute == 1 || m->recompute == 2) && !a->use_plan;
     if (m->fp8_wqa) { // the input along the tokens once, then each output grad in turn
         if (regather) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
         fp8_input_tokens_t(m, a->xq, a->xs, lo, R, D);
@@ -1217,6 +1258,25 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, m->fp8_deq, P(L->exp_up), lo, El, D, Fe, accw);
 }
 
+// With ep > 1, fp8_moe_experts_backward between the moves of
+// a2a_moe_experts_backward: the routed rows' output grads dy to the
+// experts' ranks (into dey, in their rows' order), the input grads back
+// from dxp into dx. Both travel in the compute dtype, dY unquantised: the
+// weight-grads read it so under fp8.wgrad: bf16, and fp8.wgrad: fp8
+// quantises it per 128 x 1 tile along each expert's tokens, which come from
+// every source rank, so 1 x 128 codes made at the sources could not give
+// those tiles (only a second rounding of them); dY with its 1 x 128 codes
+// as well would be more bytes than dY alone. The data-grad's 1 x 128 codes
+// are then made at the experts, from the values ep = 1 quantises.
+static void fp8_moe_experts_backward_ep(Model *m, const LayerParams *L, LayerActs *a, const void *in, void *dy,
+                                        void *dx) {
+    if (!a->use_plan) { fp8_moe_experts_backward(m, L, a, in); return; } // dy, dx are dey, dxp
+    Comm *epc = m->par.ep_comm;
+    ep_dispatch(epc, m->ops, &a->plan, dy, m->dey, m->ep_scratch, m->cfg.d_model);
+    fp8_moe_experts_backward(m, L, a, in);
+    ep_combine(epc, m->ops, &a->plan, m->dxp, dx, m->ep_scratch, m->cfg.d_model);
+}
+
 static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,
                          const void *dout, const void *in, float aux_scale, int accumulate) {
     const Ops *ops = m->ops;
@@ -1229,12 +1289,14 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
                             L->sh_gate, L->sh_up, L->sh_down, N, Fs, accumulate);
         accumulate = 1;
     }
-    ops->unpermute_backward(m->dey, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
-    // the output grads to the experts and the input grads back (m->dey -> m->dxp)
-    if (m->fp8) fp8_moe_experts_backward(m, L, a, in);
+    // the routed rows' output grads dy to the experts and the input grads dx
+    // back (dey, dxp; fp8 with ep > 1: dyl, dxl, carve_shared)
+    void *dy = m->fp8 && a->use_plan ? m->dyl : m->dey, *dx = m->fp8 && a->use_plan ? m->dxl : m->dxp;
+    ops->unpermute_backward(dy, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
+    if (m->fp8) fp8_moe_experts_backward_ep(m, L, a, in, dy, dx);
     else if (m->ep_sym) sym_moe_experts_backward(m, L, a);
     else a2a_moe_experts_backward(m, L, a, in);
-    ops->permute_backward(dinp, m->dxp, a->token_of_row, N, R, D, accumulate);
+    ops->permute_backward(dinp, dx, a->token_of_row, N, R, D, accumulate);
     // router: weights <- probs <- logits, plus the aux losses
     ops->router_weights_backward(m->dprobs, m->dweights, a->probs, a->idx, N, E, k, c->renorm_topk, 0);
     if (c->lb_coef > 0)

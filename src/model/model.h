@@ -186,6 +186,12 @@ typedef struct {
     void *fp8_deq;                    // backward scratch [R, max(d_model, expert_hidden)] act: a dequantised input
     uint8_t *fp8_dq;                  // backward scratch [R, max(d_model, 2 expert_hidden)]: quantised output grads
     float *fp8_ds;                    // their scales [R, max(d_model, 2 expert_hidden) / 128]
+    // (the three above and the weight-grad's operands: Rl rows with ep > 1,
+    // the rows at this rank's experts)
+    // ep > 1: the routed rows quantised here [R, d_model], their scales, and
+    // the payload rows that carry both to the experts' ranks (ep_dispatch_fp8)
+    uint8_t *fp8_src_q, *fp8_send;
+    float *fp8_src_s;
     // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
     // backward leaves the weight grads of the attention projections and the
     // LM head to model_wgrad_chunk, keeping their output grads in the slot
@@ -228,7 +234,7 @@ typedef struct {
     // backward scratch
     void *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao;
     float *att_scratch;
-    void *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxp;
+    void *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxp; // (fp8 with ep > 1: carve_shared)
     size_t *plan_sizes;               // host: the plans' sizes, and (ep > 1) their host arrays (dist/ep.h)
     int *plan_host;
     float *dweights, *dprobs, *dlogits;
@@ -255,6 +261,9 @@ typedef struct {
     float *dropped_step;              // [n_moe] rows dropped by capacity this step (at the experts)
     float *step_dropped;              // host copy of dropped_step: model_forward and the trainer's step read fill it
     float *step_rows;                 // host [n_moe] rows routed from this rank this step
+    // host: the rows and payload bytes this rank's forward dispatches sent
+    // this step (the all-to-all, ep > 1; the recomputed blocks' not counted)
+    double step_dispatch_rows, step_dispatch_bytes;
     // losses (backend memory): this micro-batch's LB and z per MoE layer,
     // their sums over the step, and CE sums [micro-batch, step]
     float *lb_mb, *z_mb, *lb_step, *z_step;
@@ -276,8 +285,8 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
                         char *err, size_t errlen);
 // train.precision: fp8 (fp8.recipe block128, fp8.gemms experts): call after
 // model_init, before model_alloc_acts. -1 with a message naming what the
-// model or the backend cannot do (one expert-parallel rank, no pipeline
-// stages, the backend's FP8 kernel sizes).
+// model or the backend cannot do (the all-to-all expert dispatch only, no
+// pipeline stages, the backend's FP8 kernel sizes).
 int model_set_fp8(Model *m, char *err, size_t errlen);
 // The FP8 expert weights from the FP32 main weights. model_begin_step calls
 // it; call it after the weights change outside a step, before a forward

@@ -82,6 +82,18 @@ void fp8_fake_quantize_128x1(float *x, const int *offsets, int E, int C);
 // 128 x (the blocks of the experts before it); ldk is enough for any
 // routing of R rows over E experts.
 static inline int fp8_tokens_ldk(int R, int E) { return ((R + 127) / 128 + E) * 128; }
+// The FP8 dispatch payload (train.precision: fp8 with parallel.ep > 1): a
+// 1 x 128 tile lies inside one row, so a routed row quantised at its
+// source rank has the codes and scales it would get after the dispatch.
+// It travels as one row of fp8_payload_bytes(C) bytes: its C E4M3 codes,
+// then its C/128 FP32 scales (C % 128 == 0, so the scales start 4-byte
+// aligned in every row). fp8_pack_rows: payload row r from q [R, C],
+// scale [R, C/128] (fp8_quantize_1x128's layout); fp8_unpack_rows: q row r
+// and its scales from payload row src_row[r] (NULL: row r), the regroup
+// of the received rows in the same pass. Bytes are moved, never converted.
+static inline size_t fp8_payload_bytes(int C) { return (size_t)C + sizeof(float) * (size_t)(C / FP8_BLOCK); }
+void fp8_pack_rows(uint8_t *payload, const uint8_t *q, const float *scale, int R, int C);
+void fp8_unpack_rows(uint8_t *q, float *scale, const uint8_t *payload, const int *src_row, int R, int C);
 // MXFP8: x [R, C] -> q [R, C], scale bytes [R, ceil(C/32)]; and back.
 void fp8_quantize_mx(uint8_t *q, uint8_t *scale, const float *x, int R, int C);
 void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, int C);

@@ -282,6 +282,11 @@ typedef struct Ops {
     // out[R,C] (act) = fp8_quantize_rows of x, token_of_row dequantised (the
     // bits of the two ops, without the codes and scales between them).
     void (*fp8_fake_quantize_rows)(void *out, const void *x, const int *token_of_row, int R, int C);
+    // The FP8 dispatch payload (ep > 1; fp8_pack_rows / fp8_unpack_rows of
+    // ops/fp8.h): p [R, fp8_payload_bytes(C)] bytes from q [R,C], s; and q,
+    // s row r from p row src_row[r] (NULL: row r). C % 128 == 0.
+    void (*fp8_pack_rows)(void *p, const uint8_t *q, const float *s, int R, int C);
+    void (*fp8_unpack_rows)(uint8_t *q, float *s, const void *p, const int *src_row, int R, int C);
     // fp8.wgrad: fp8: x [R,C] act quantised and dequantised in place per
     // 128 x 1 tile along the rows of each expert segment (the offsets, where
     // they live): the weight-grads' operands (fp8_fake_quantize_128x1 of

@@ -196,8 +196,9 @@ void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops
     l->stage = stage;
     l->ops = ops;
     // the symmetric dispatch: what model_init_parallel picks where symmetric
-    // memory is available (auto with ep > 1, or asked for)
-    int sym = cfg->model.n_experts > 0 && (par->ep_backend == EP_SYMMETRIC || (par->ep_backend == EP_AUTO && ep > 1));
+    // memory is available (auto with ep > 1 but not for fp8, or asked for)
+    int be = run_config_ep_backend(cfg);
+    int sym = cfg->model.n_experts > 0 && (be == EP_SYMMETRIC || (be == EP_AUTO && ep > 1));
     l->act = (ModelArenaSpec){.B = cfg->train.micro_batch, .T = cfg->model.seq_len, .n_slots = n_slots, .ep = ep,
                               .ep_sym = sym, .ep_recv_factor = par->ep_recv_factor,
                               .recompute = cfg->train.recompute, .recompute_every = cfg->train.recompute_every,

@@ -295,7 +295,7 @@ static int setup_model(Trainer *tr) {
     // pipeline parallelism: the split and this rank's stage, before the model
     if (pipeline_plan(tr, tr->print_schedule, err, sizeof err)) return fatal("%s", err);
     ModelParallel par = {.ep_rank = tr->mesh.ep_rank, .ep_size = tr->mesh.ep, .ep_comm = tr->mesh.ep_comm,
-                         .dp_comm = tr->mesh.dp_comm, .ep_backend = cfg->parallel.ep_backend,
+                         .dp_comm = tr->mesh.dp_comm, .ep_backend = run_config_ep_backend(cfg),
                          .ep_recv_factor = cfg->parallel.ep_recv_factor,
                          .stage = tr->pipe.on ? &tr->pipe.stage : NULL};
     if (model_init_parallel(m, &cfg->model, ops, &par, err, sizeof err)) return fatal("%s", err);
@@ -543,7 +543,7 @@ static int train_setup(Trainer *tr) {
     print_header(tr);
 
     int E = tr->E = tr->m.cfg.n_experts, L = tr->L = tr->m.n_moe;
-    tr->red = mallocCheck((size_t)(4 + 2 * L + 2 * L) * sizeof(double));
+    tr->red = mallocCheck((size_t)(4 + 2 * L + 2 * L) * sizeof(double)); // CE, aux, drops, dispatch (train_step)
     tr->lb_step = mallocCheck((L + 1) * sizeof(double));
     tr->z_step = mallocCheck((L + 1) * sizeof(double));
     tr->maxload = mallocCheck((L + 1) * sizeof(double));
@@ -677,11 +677,13 @@ static int train_step(Trainer *tr, StepResult *r) {
         red[k++] = ce_sum;
         for (int l = 0; l < L; l++) { red[k++] = lb_step[l]; red[k++] = z_step[l]; }
         for (int l = 0; l < L; l++) { red[k++] = m->step_dropped[l]; red[k++] = m->step_rows[l]; }
+        red[k++] = m->step_dispatch_rows; red[k++] = m->step_dispatch_bytes;
         comm_allreduce(stats, red, k, COMM_F64);
         k = 0;
         ce_sum = red[k++];
         for (int l = 0; l < L; l++) { lb_step[l] = red[k++] / M_total; z_step[l] = red[k++] / M_total; }
         for (int l = 0; l < L; l++) { m->step_dropped[l] = (float)red[k++]; m->step_rows[l] = (float)red[k++]; }
+        m->step_dispatch_rows = red[k++]; m->step_dispatch_bytes = red[k++];
         comm_allreduce(stats, m->step_counts, (size_t)L * E, COMM_F32);
         m->ops->to_host(tr->counts_host, m->step_counts, (size_t)L * E * sizeof(float));
     }

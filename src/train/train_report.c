@@ -335,6 +335,12 @@ json_object *step_record(Trainer *tr, const StepResult *r, double *worst_max, do
                                json_object_new_boolean(tr->gflags[l]));
     json_object_object_add(o, "moe_layers", layers);
     json_object_object_add(o, "dropped_fraction", json_object_new_double(*rows_total > 0 ? *dropped_total / *rows_total : 0));
+    // the all-to-all dispatch's rows and payload bytes, all ranks, the step's
+    // forwards (the symmetric dispatch's sizes stay on the device)
+    if (m->par.ep_size > 1 && !m->ep_sym) {
+        json_object_object_add(o, "ep_dispatch_rows", json_object_new_double(m->step_dispatch_rows));
+        json_object_object_add(o, "ep_dispatch_bytes", json_object_new_double(m->step_dispatch_bytes));
+    }
     json_object_object_add(o, "gerrymander_flag", json_object_new_boolean(*flagged > 0));
     // an unknown device peak (mfu.h): no MFU rather than a guess
     if (!(tr->peak > 0)) {

@@ -21,8 +21,11 @@
 //   the speed path (codes and scales bit for bit, its dequantised values
 //   the fake quantiser's) and the FP8 grouped weight-grad against the CPU
 //   reference (fake-quantised operands, FP32 weight-grad), = and +=.
+// - the FP8 dispatch payload of ep > 1 (test_payload): pack and unpack bit
+//   for bit against the CPU's, and the whole chain (quantise at the source,
+//   pack, move, unpack) against the CPU quantiser after the move.
 // Argument "dgrad": the data-grad checks and the small GEMM check only;
-// "wgrad": wgrad_tests only.
+// "wgrad": wgrad_tests only; "payload": test_payload only.
 // Ends with "N passed, N failed".
 #include <math.h>
 #include <stdint.h>
@@ -671,6 +674,93 @@ static void test_dgrad(const char *name, const int *off, int E, int C, int OC, i
 }
 
 // fp8.wgrad: fp8's checks (the fake quantiser, the speed path)
+// A random permutation of 0..n-1 (gt_irand's stream).
+static int *random_perm(int n) {
+    int *p = gt_malloc(n * sizeof(int));
+    for (int i = 0; i < n; i++) p[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = gt_irand(i + 1), t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+    return p;
+}
+
+// The FP8 dispatch payload of train.precision: fp8 with ep > 1
+// (fp8_payload.cu): pack and unpack against the CPU's fp8_pack_rows /
+// fp8_unpack_rows, bit for bit, outputs poisoned first, on random bytes as
+// codes and scales (any bit pattern, NaN among them: the kernels move words,
+// never floats), rows of 128 values (132-byte payload rows, 4-byte aligned
+// only) and of 2048, through a random regroup map and none. Then the
+// dispatch's chain on one device: the gather's quantiser, pack, the rows
+// moved in another order (the all-to-all), unpack through a regroup map:
+// the CPU quantiser's codes and scales of the regrouped rows.
+static void test_payload(void) {
+    int Cs[2] = {128, 2048};
+    for (int ci = 0; ci < 2; ci++) {
+        int R = 777, C = Cs[ci], ns = C / 128;
+        size_t pb = fp8_payload_bytes(C), n = (size_t)R * C;
+        uint8_t *q = gt_malloc(n), *p = gt_malloc(R * pb), *ql = gt_malloc(n);
+        uint32_t *s = gt_malloc((size_t)R * ns * 4);
+        float *sl = gt_malloc((size_t)R * ns * 4);
+        for (size_t i = 0; i < n; i++) q[i] = (uint8_t)gt_next(&gt_rng);
+        for (size_t i = 0; i < (size_t)R * ns; i++) s[i] = (uint32_t)gt_next(&gt_rng);
+        int *map = random_perm(R);
+        fp8_pack_rows(p, q, (const float *)s, R, C);
+        fp8_unpack_rows(ql, sl, p, map, R, C);
+        uint8_t *dq = gt_dev_bytes(q, n), *dp = cuda_alloc(R * pb), *dql = cuda_alloc(n);
+        float *ds = gt_dev_bytes(s, (size_t)R * ns * 4), *dsl = cuda_alloc((size_t)R * ns * 4);
+        int *dmap = gt_dev_bytes(map, R * sizeof(int));
+        char what[160];
+        gt_poison(dp, R * pb);
+        check_rc(cuda_fp8_payload_pack(dp, dq, ds, R, C), "payload pack");
+        uint8_t *gp = gt_host_bytes(dp, R * pb);
+        snprintf(what, sizeof what, "payload pack [%d rows of %d: %zu bytes a row]", R, C, pb);
+        gt_check_bits(what, gp, p, R * pb, 1);
+        gt_poison(dql, n);
+        gt_poison(dsl, (size_t)R * ns * 4);
+        check_rc(cuda_fp8_payload_unpack(dql, dsl, dp, dmap, R, C), "payload unpack");
+        snprintf(what, sizeof what, "payload unpack through a regroup map [%d, %d]", R, C);
+        check_quantised(what, dql, dsl, ql, sl, n, (size_t)R * ns);
+        gt_poison(dql, n);
+        gt_poison(dsl, (size_t)R * ns * 4);
+        check_rc(cuda_fp8_payload_unpack(dql, dsl, dp, NULL, R, C), "payload unpack");
+        snprintf(what, sizeof what, "payload unpack, no map [%d, %d]", R, C);
+        check_quantised(what, dql, dsl, q, (const float *)s, n, (size_t)R * ns);
+        free(q); free(p); free(ql); free(s); free(sl); free(map); free(gp);
+        cuda_free(dq); cuda_free(dp); cuda_free(dql); cuda_free(ds); cuda_free(dsl); cuda_free(dmap);
+    }
+
+    int N = 300, R = 600, C = 1024, nt = C / 128;
+    size_t n = (size_t)R * C, pb = fp8_payload_bytes(C);
+    float *x = gt_malloc((size_t)N * C * 4), *xr = gt_malloc(n * 4);
+    fill_tiles(x, N, C, 128, 1);
+    int *rows = gt_malloc(R * sizeof(int)), *recv = random_perm(R), *regroup = random_perm(R);
+    for (int r = 0; r < R; r++) rows[r] = gt_irand(N);
+    for (int r = 0; r < R; r++) // the regrouped row r is sent row recv[regroup[r]]
+        memcpy(xr + (size_t)r * C, x + (size_t)rows[recv[regroup[r]]] * C, C * 4);
+    uint8_t *qr = gt_malloc(n);
+    float *sr = gt_malloc((size_t)R * nt * 4);
+    fp8_quantize_1x128(qr, sr, xr, R, C);
+    void *dx = gt_dev_bf16(x, (size_t)N * C);
+    int *drows = gt_dev_bytes(rows, R * sizeof(int)), *dregroup = gt_dev_bytes(regroup, R * sizeof(int));
+    uint8_t *dq = cuda_alloc(n), *dp = cuda_alloc(R * pb), *dql = cuda_alloc(n);
+    float *ds = cuda_alloc((size_t)R * nt * 4), *dsl = cuda_alloc((size_t)R * nt * 4);
+    cuda_fp8_quantize_rows(dq, ds, dx, drows, R, C);
+    check_rc(cuda_fp8_payload_pack(dp, dq, ds, R, C), "payload pack");
+    uint8_t *sent = gt_host_bytes(dp, R * pb), *got = gt_malloc(R * pb);
+    for (int r = 0; r < R; r++) memcpy(got + r * pb, sent + (size_t)recv[r] * pb, pb);
+    uint8_t *drecv = gt_dev_bytes(got, R * pb);
+    gt_poison(dql, n);
+    gt_poison(dsl, (size_t)R * nt * 4);
+    check_rc(cuda_fp8_payload_unpack(dql, dsl, drecv, dregroup, R, C), "payload unpack");
+    check_quantised("dispatch chain: gather + 1x128 at the source, pack, move, unpack = 1x128 after [600, 1024]", dql,
+                    dsl, qr, sr, n, (size_t)R * nt);
+    free(x); free(xr); free(rows); free(recv); free(regroup); free(qr); free(sr); free(sent); free(got);
+    cuda_free(dx); cuda_free(drows); cuda_free(dregroup); cuda_free(dq); cuda_free(dp); cuda_free(dql);
+    cuda_free(ds); cuda_free(dsl); cuda_free(drecv);
+}
+
 static void wgrad_tests(void) {
     int edges[9] = {0, 0, 1, 128, 256, 385, 512, 512, 900}; // empty, 1, 127, 128, 129, 127, empty, 388 rows
     test_fake_quantize_128x1("edges", edges, 8, 328, 37);
@@ -685,6 +775,10 @@ static void wgrad_tests(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "payload")) {
+        test_payload();
+        return gt_finish();
+    }
     if (argc > 1 && !strcmp(argv[1], "wgrad")) {
         test_div_bf16_all();
         wgrad_tests();
@@ -695,6 +789,7 @@ int main(int argc, char **argv) {
         test_encode_all();
         test_div_bf16_all();
         test_fused();
+        test_payload();
         test_quantize_1x128(1);
         test_quantize_1x128(0);
         test_quantize_128x128();

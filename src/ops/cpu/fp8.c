@@ -113,6 +113,26 @@ void fp8_dequantize_1x128(float *x, const uint8_t *q, const float *scale, int R,
             x[(size_t)r * C + c] = fp8_e4m3_to_float(q[(size_t)r * C + c]) * scale[(size_t)r * nt + c / FP8_BLOCK];
 }
 
+void fp8_pack_rows(uint8_t *payload, const uint8_t *q, const float *scale, int R, int C) {
+    size_t pb = fp8_payload_bytes(C), ns = (size_t)C / FP8_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) {
+        uint8_t *p = payload + (size_t)r * pb;
+        memcpy(p, q + (size_t)r * C, (size_t)C);
+        memcpy(p + C, scale + (size_t)r * ns, ns * sizeof(float));
+    }
+}
+
+void fp8_unpack_rows(uint8_t *q, float *scale, const uint8_t *payload, const int *src_row, int R, int C) {
+    size_t pb = fp8_payload_bytes(C), ns = (size_t)C / FP8_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) {
+        const uint8_t *p = payload + (size_t)(src_row ? src_row[r] : r) * pb;
+        memcpy(q + (size_t)r * C, p, (size_t)C);
+        memcpy(scale + (size_t)r * ns, p + C, ns * sizeof(float));
+    }
+}
+
 void fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K) {
     int mb = (M + FP8_BLOCK - 1) / FP8_BLOCK, kb = (K + FP8_BLOCK - 1) / FP8_BLOCK;
 #pragma omp parallel for collapse(2) schedule(static)

@@ -211,6 +211,10 @@ static void c_fp8_fake_quantize_rows(void *out, const void *x, const int *token_
     free(q);
     free(s);
 }
+static void c_fp8_pack_rows(void *p, const uint8_t *q, const float *s, int R, int C) { fp8_pack_rows(p, q, s, R, C); }
+static void c_fp8_unpack_rows(uint8_t *q, float *s, const void *p, const int *src_row, int R, int C) {
+    fp8_unpack_rows(q, s, p, src_row, R, C);
+}
 static void c_fp8_fake_quantize_tokens(void *x, const int *offsets, int E, int C) {
     fp8_fake_quantize_128x1(F(x), offsets, E, C);
 }
@@ -312,6 +316,8 @@ const Ops ops_cpu = {
     .fp8_swiglu_backward_quantize = c_fp8_swiglu_backward_quantize,
     .fp8_dequantize_rows = c_fp8_dequantize_rows,
     .fp8_fake_quantize_rows = c_fp8_fake_quantize_rows,
+    .fp8_pack_rows = c_fp8_pack_rows,
+    .fp8_unpack_rows = c_fp8_unpack_rows,
     .fp8_fake_quantize_tokens = c_fp8_fake_quantize_tokens,
     .fp8_grouped_matmul_forward = c_fp8_grouped_matmul_forward,
     .crossentropy_forward = c_crossentropy_forward,

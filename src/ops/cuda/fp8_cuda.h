@@ -80,6 +80,12 @@ int cuda_fp8_requantize_tokens_t(uint8_t *qt, float *st, const uint8_t *q, const
 // C % 256 == 0, dw 8-byte aligned (16 for the TMA epilogue, the default).
 int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
                            const int *offsets, int E, int C, int OC, int ldk, int accumulate);
+// The FP8 dispatch payload (fp8_payload.cu; fp8_pack_rows / fp8_unpack_rows
+// of fp8.h, the same bytes): payload [R, fp8_payload_bytes(C)] from q [R,
+// C] and scale [R, C/128]; and back, q and scale row r from payload row
+// src_row[r] (src_row NULL: r). C % 128 == 0, buffers 4-byte aligned.
+int cuda_fp8_payload_pack(void *payload, const uint8_t *q, const float *scale, int R, int C);
+int cuda_fp8_payload_unpack(uint8_t *q, float *scale, const void *payload, const int *src_row, int R, int C);
 // The FP8 grouped GEMM forward: out[R, OC] (BF16) = dequant(qa) dequant(qw_e)^T
 // over the expert segments offsets[e]..offsets[e+1] (device offsets; the
 // host never reads them), qa/sa from cuda_fp8_quantize_1x128 ([R, C]), qw/sw

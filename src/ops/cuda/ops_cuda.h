@@ -154,6 +154,9 @@ void cuda_fp8_dequantize_rows(void *x, const uint8_t *q, const float *s, int R, 
 void cuda_fp8_fake_quantize_rows(void *out, const void *x, const int *token_of_row, int R, int C);
 void cuda_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                                  const int *offsets, int E, int C, int OC);
+// fp8_payload.cu: the FP8 dispatch payload's entries
+void cuda_fp8_pack_rows(void *payload, const uint8_t *q, const float *s, int R, int C);
+void cuda_fp8_unpack_rows(uint8_t *q, float *s, const void *payload, const int *src_row, int R, int C);
 #ifdef __cplusplus
 }
 #endif

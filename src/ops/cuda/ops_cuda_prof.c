@@ -181,6 +181,9 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (x, q, s, R, C))                                                                                       \
     X(fp8_fake_quantize_rows, C_DISPATCH, (void *out, const void *x, const int *token_of_row, int R, int C),  \
       (out, x, token_of_row, R, C))                                                                          \
+    X(fp8_pack_rows, C_DISPATCH, (void *p, const uint8_t *q, const float *s, int R, int C), (p, q, s, R, C))     \
+    X(fp8_unpack_rows, C_DISPATCH, (uint8_t *q, float *s, const void *p, const int *src_row, int R, int C),    \
+      (q, s, p, src_row, R, C))                                                                              \
     X(fp8_fake_quantize_tokens, C_OTHER, (void *x, const int *offsets, int E, int C), (x, offsets, E, C))     \
     X(fp8_quantize_tokens_t, C_OTHER,                                                                        \
       (uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C, int ldk),                    \
