@@ -670,10 +670,9 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
         if (c->fp8.recipe == FP8_RECIPE_MXFP8)
             FAIL("fp8.recipe: mxfp8 is not implemented for training: no GEMM consumes MXFP8 here (Blackwell's "
                  "tensor cores would; the H200 has none); use fp8.recipe: block128");
-        if (c->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE)
-            FAIL("fp8.gemms: experts_dense is not implemented yet (the dense GEMMs stay BF16); use fp8.gemms: experts");
         if (c->model.n_experts <= 0)
-            FAIL("train.precision: fp8 with fp8.gemms: experts needs MoE layers (model.n_experts > 0)");
+            FAIL("train.precision: fp8 with fp8.gemms: %s needs MoE layers (model.n_experts > 0)",
+                 c->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE ? "experts_dense" : "experts");
         if (p->ep > 1) FAIL("train.precision: fp8 runs with parallel.ep = 1 only for now (the FP8 dispatch is not built)");
         if (p->pp > 1) FAIL("train.precision: fp8 with parallel.pp > 1 is not supported yet");
         if (c->optim_sharded && p->dp > 1 && c->device.type == 1)
