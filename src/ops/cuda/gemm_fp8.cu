@@ -179,6 +179,53 @@ extern "C" int cuda_fp8_quantize_rows_t(uint8_t *q, float *st, const void *x, in
     return 0;
 }
 
+// Which block-scale assignments cuBLASLt has an algorithm for on this
+// device, for the record (tests/gpu/test_fp8 prints it): the TN product
+// [m, n] = op(A)[m, k] B[k, n] with (A, B) = (weight 2D, activation 1D) as
+// we run it, the roles swapped (activation 1D as A, weight 2D as B: the
+// transposed output), and both 1D. One line per variant into out.
+extern "C" void cuda_fp8_dense_probe(int N, int C, int OC, char *out, size_t len) {
+    struct { const char *name; int m, n; cublasLtMatmulMatrixScale_t a, b; } v[3] = {
+        {"A = weight BLK128x128, B = activation VEC128 (ours)", OC, N, CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+         CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F},
+        {"A = activation VEC128, B = weight BLK128x128", N, OC, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+         CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F},
+        {"A, B both VEC128", OC, N, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F}};
+    size_t used = 0;
+    out[0] = 0;
+    for (int i = 0; i < 3; i++) {
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatrixLayout_t la, lb, ld;
+        cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+        size_t ws_bytes;
+        const void *stand_in = cuda_blaslt_workspace(&ws_bytes);
+        cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &v[i].a, sizeof v[i].a));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &v[i].b, sizeof v[i].b));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in, sizeof stand_in));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in, sizeof stand_in));
+        cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, C, v[i].m, C));
+        cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, C, v[i].n, C));
+        cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, v[i].m, v[i].n, v[i].m));
+        cublasLtMatmulPreference_t pref;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t ws = ws_bytes;
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        cublasLtMatmulHeuristicResult_t res[8];
+        int found = 0;
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda_blaslt(), desc, la, lb, ld, ld, pref, 8, res, &found);
+        used += snprintf(out + used, used < len ? len - used : 0, "%s: status %d, %d algorithms\n", v[i].name, (int)st,
+                         st == CUBLAS_STATUS_SUCCESS ? found : 0);
+        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        cublasCheck(cublasLtMatmulDescDestroy(desc));
+        cublasCheck(cublasLtMatrixLayoutDestroy(la));
+        cublasCheck(cublasLtMatrixLayoutDestroy(lb));
+        cublasCheck(cublasLtMatrixLayoutDestroy(ld));
+    }
+}
+
 extern "C" int cuda_fp8_dense_supports(int N, int C, int OC, char *why, size_t whylen) {
     if (N <= 0 || C % FP8_BLOCK || OC % FP8_BLOCK || C <= 0 || OC <= 0) {
         snprintf(why, whylen, "the FP8 dense GEMM needs both matrix sizes multiples of 128 (got %d and %d, %d tokens)",

@@ -141,6 +141,7 @@ void cuda_fp8_quantize_rows_t_op(uint8_t *q, float *st, const void *x, int R, in
 void cuda_fp8_matmul_op(void *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C,
                         int OC, int accumulate);
 int cuda_fp8_quantize_rows_t(uint8_t *q, float *st, const void *x, int R, int C);
+void cuda_fp8_dense_probe(int N, int C, int OC, char *out, size_t len);
 int cuda_fp8_dense_matmul(void *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C,
                           int OC, int accumulate);
 
