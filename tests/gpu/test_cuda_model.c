@@ -57,6 +57,16 @@
 // gradients at 2x GRAD_TOL. The loss and the curves, averages over many
 // tokens, keep their bounds.
 #define FP8_GRAD_TOL 1e-1
+// fp8.gemms: experts_dense quantises every attention projection's input and
+// output grad too, so those code flips reach every gradient directly: on
+// the CPU alone, the quantisers fed BF16-rounded values instead of FP32
+// ones move this config's one-step gradients by up to 1.16e-1 (layers.3
+// attn.k_norm; 8e-2 on most tensors; the experts alone: 3.4e-2), and the
+// H200 gave 1.31e-1 at the same tensor against 1e-1 (2026-12-02,
+// bench/results/2026-12-02-h200-fp8-dense.md). A scale read from the wrong
+// tile moves a GEMM by O(1) (tests/test_fp8.c's mutation: 1.23); the
+// GEMMs' own accuracy is test_fp8 dense's (4e-3).
+#define FP8_DENSE_GRAD_TOL 2e-1
 
 typedef struct {
     const char *name;
@@ -149,6 +159,8 @@ static float *grads_host(const Model *m, int idx) {
     return h;
 }
 
+static double grad_tol(void) { return fp8 == 4 ? FP8_DENSE_GRAD_TOL : fp8 ? FP8_GRAD_TOL : GRAD_TOL; }
+
 static void compare_step(const TestConfig *tc) {
     int B = 2, T = 128;
     Model cpu, gpu;
@@ -214,7 +226,7 @@ static void compare_step(const TestConfig *tc) {
         }
         double err = r > 0 ? sqrt(d / r) : sqrt(d);
         if (err > worst) { worst = err; worst_name = e->name; }
-        if ((!finite || err > (fp8 ? FP8_GRAD_TOL : GRAD_TOL)) && strcmp(routing, "learned")) {
+        if ((!finite || err > grad_tol()) && strcmp(routing, "learned")) {
             printf("      grad %-40s rel err %.3e%s\n", e->name, err, finite ? "" : " NONFINITE");
             bad++;
         }
@@ -225,7 +237,7 @@ static void compare_step(const TestConfig *tc) {
                tag(tc), cpu.store.table.n, worst, worst_name);
     } else {
         printf("%s %s, %s routing: %d gradients, worst rel err %.3e (%s), tol %.0e\n", bad ? "FAIL" : "ok  ",
-               tag(tc), routing, cpu.store.table.n, worst, worst_name, fp8 ? FP8_GRAD_TOL : GRAD_TOL);
+               tag(tc), routing, cpu.store.table.n, worst, worst_name, grad_tol());
         if (bad) gt_fail++; else gt_pass++;
     }
     free(tok); free(tgt);
