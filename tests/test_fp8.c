@@ -11,7 +11,8 @@
 //   dequantisation error bounds;
 // - the FP8 GEMM reference against a naive double-precision triple loop
 //   over the dequantised operands, and its error against the unquantised
-//   FP32 product (what FP8 costs);
+//   FP32 product (what FP8 costs); the dense FP8 GEMM's (transposed
+//   activation scales, the data-grad's transposed weights) likewise;
 // - the FP8 dispatch payload: rows quantised at the source, packed, moved
 //   and unpacked equal the rows quantised after the dispatch.
 #include <check.h>
@@ -395,6 +396,72 @@ START_TEST(test_dgrad_ref) {
 }
 END_TEST
 
+// ---- the dense FP8 GEMMs (fp8.gemms: experts_dense) ---------------------------------
+
+// fp8_quantize_1x128_t: fp8_quantize_1x128's codes and scales, the scales
+// transposed; the CPU op fp8_matmul (forward, accumulate, and the data-grad
+// with the transposed weight copy) against the naive double product of the
+// dequantised operands from the definition (the untransposed scales). The
+// values' magnitude changes per 1 x 128 tile and per 128 x 128 block, so a
+// scale read from the wrong tile moves the product far past the bound.
+START_TEST(test_dense_matmul_ref) {
+    int N = 40, C = 384, OC = 256, nt = C / 128, ot = OC / 128;
+    float *x = malloc((size_t)N * C * 4), *w = malloc((size_t)OC * C * 4), *dy = malloc((size_t)N * OC * 4);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) x[(size_t)r * C + c] = (float)((urand() * 2 - 1) * ldexp(1.0, (r * 3 + c / 128 * 5) % 11 - 5));
+    for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++) w[(size_t)o * C + c] = (float)((urand() * 2 - 1) * ldexp(1.0, (o / 128 * 4 + c / 128 * 3) % 9 - 8));
+    for (int r = 0; r < N; r++)
+        for (int o = 0; o < OC; o++) dy[(size_t)r * OC + o] = (float)((urand() * 2 - 1) * ldexp(1.0, (r + o / 128 * 7) % 13 - 6));
+    uint8_t *qx = malloc((size_t)N * C), *qx2 = malloc((size_t)N * C), *qw = malloc((size_t)OC * C), *qwt = malloc((size_t)OC * C);
+    float *sx = malloc((size_t)N * nt * 4), *sxt = malloc((size_t)N * nt * 4), *sw = malloc((size_t)ot * nt * 4),
+          *swt = malloc((size_t)ot * nt * 4);
+    fp8_quantize_1x128(qx, sx, x, N, C);
+    ops_cpu.fp8_quantize_rows_t(qx2, sxt, x, N, C);
+    ck_assert(memcmp(qx, qx2, (size_t)N * C) == 0);
+    for (int r = 0; r < N; r++)
+        for (int t = 0; t < nt; t++) ck_assert(memcmp(&sxt[(size_t)t * N + r], &sx[(size_t)r * nt + t], 4) == 0);
+    ops_cpu.fp8_quantize_weights(qw, sw, qwt, swt, OC, 0, w, 1, OC, C);
+    float *out = malloc((size_t)N * OC * 4), *acc_out = malloc((size_t)N * OC * 4);
+    ops_cpu.fp8_matmul(out, qx2, sxt, qw, sw, N, C, OC, 0);
+    for (size_t i = 0; i < (size_t)N * OC; i++) acc_out[i] = (float)(i % 7) - 3.0f;
+    ops_cpu.fp8_matmul(acc_out, qx2, sxt, qw, sw, N, C, OC, 1);
+    double dn = 0, rn = 0, an = 0;
+    for (int r = 0; r < N; r++)
+        for (int o = 0; o < OC; o++) {
+            double acc = 0;
+            for (int c = 0; c < C; c++)
+                acc += oracle_decode(qx[(size_t)r * C + c]) * sx[r * nt + c / 128] *
+                       (oracle_decode(qw[(size_t)o * C + c]) * sw[(o / 128) * nt + c / 128]);
+            size_t i = (size_t)r * OC + o;
+            dn += (out[i] - acc) * (out[i] - acc);
+            an += (acc_out[i] - ((float)(i % 7) - 3.0f) - acc) * (acc_out[i] - ((float)(i % 7) - 3.0f) - acc);
+            rn += acc * acc;
+        }
+    ck_assert_msg(sqrt(dn / rn) < 1e-5, "FP8 dense GEMM vs naive double: rel err %.3g", sqrt(dn / rn));
+    ck_assert_msg(sqrt(an / rn) < 1e-5, "FP8 dense GEMM, accumulating: rel err %.3g", sqrt(an / rn));
+    // the data-grad dX [N, C] = deq(dY) deq(W): fp8_matmul with dY and the transposed copy
+    uint8_t *qy = malloc((size_t)N * OC);
+    float *syt = malloc((size_t)N * ot * 4), *dx = malloc((size_t)N * C * 4);
+    ops_cpu.fp8_quantize_rows_t(qy, syt, dy, N, OC);
+    ops_cpu.fp8_matmul(dx, qy, syt, qwt, swt, N, OC, C, 0);
+    dn = rn = 0;
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) {
+            double acc = 0;
+            for (int o = 0; o < OC; o++)
+                acc += oracle_decode(qy[(size_t)r * OC + o]) * syt[(o / 128) * N + r] *
+                       (oracle_decode(qw[(size_t)o * C + c]) * sw[(o / 128) * nt + c / 128]);
+            double got = dx[(size_t)r * C + c];
+            dn += (got - acc) * (got - acc);
+            rn += acc * acc;
+        }
+    ck_assert_msg(sqrt(dn / rn) < 1e-5, "FP8 dense data-grad vs naive double: rel err %.3g", sqrt(dn / rn));
+    free(x); free(w); free(dy); free(qx); free(qx2); free(qw); free(qwt); free(sx); free(sxt); free(sw); free(swt);
+    free(out); free(acc_out); free(qy); free(syt); free(dx);
+}
+END_TEST
+
 // fp8_quantize_1x128_pair: row r of [a | b], which is a and b quantised on
 // their own (F % 128 == 0: no tile straddles them), placed side by side.
 START_TEST(test_quantize_pair) {
@@ -526,6 +593,7 @@ int main(void) {
     tcase_add_test(tc, test_quantize_pair);
     tcase_add_test(tc, test_fake_quantize_128x1);
     tcase_add_test(tc, test_dispatch_payload);
+    tcase_add_test(tc, test_dense_matmul_ref);
     suite_add_tcase(s, tc);
     return check_run(s);
 }

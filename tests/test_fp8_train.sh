@@ -19,9 +19,16 @@
 #  1b. fp8.wgrad: fp8 (the weight-grads' operands quantised per 128 x 1 tile
 #     along each expert's tokens) trains under the same bound and
 #     its losses differ from fp8.wgrad: bf16's;
-#  4. the configs it refuses name the key: mxfp8, experts_dense, the
-#     symmetric expert dispatch (ep > 1 itself runs: tests/test_fp8_ep.sh),
-#     a dense model, an expert width not a multiple of 128.
+#  5. fp8.gemms: experts_dense (the attention projections and the dense /
+#     shared-expert MLPs in FP8 too) trains under the same bound, on the
+#     model above and on one with a dense layer and a shared expert (its
+#     own FP32 run), differs from fp8.gemms: experts, gives the same losses
+#     bit for bit under recompute layers and the selective recomputes, says
+#     so and counts its FP8 dense weights in the memory line;
+#  4. the configs it refuses name the key: mxfp8, the symmetric expert
+#     dispatch (ep > 1 itself runs: tests/test_fp8_ep.sh), a dense model, an
+#     expert width not a multiple of 128, experts_dense with a dense width
+#     not a multiple of 128.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -88,6 +95,50 @@ done
 # ---- 3. memory ---------------------------------------------------------------------
 grep -q "FP8 expert weights [0-9]* B" "$tmp/fp8.log" && ok "memory line names the FP8 weights" || bad "no FP8 weights in the memory line"
 
+# ---- 5. fp8.gemms: experts_dense ----------------------------------------------------
+tracks() { # name of the bf16 run, name of the fp8 run: the part 1 bound (and its reason)
+  $py - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" <<'PY'
+import json, sys
+b, f = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+assert len(b) == len(f) == 40, (len(b), len(f))
+tail_b, tail_f = sum(b[-5:]) / 5, sum(f[-5:]) / 5
+rel = abs(tail_f - tail_b) / tail_b
+print(f"losses: bf16 {b[0]:.4f} -> {tail_b:.4f}, fp8 {f[0]:.4f} -> {tail_f:.4f} (means of the last 5); "
+      f"rel diff {rel:.2e}; worst step {max(abs(x - y) / y for x, y in zip(f, b)):.2e}")
+assert f[0] - tail_f > 0.5, "fp8 loss did not fall"
+assert rel < 0.02, rel
+PY
+}
+dense=(--train.precision=fp8 --fp8.gemms=experts_dense)
+train "${dense[@]}" --logging.run_dir="$tmp/fd" >"$tmp/fd.log" 2>&1 || { cat "$tmp/fd.log"; bad "experts_dense run failed"; }
+tracks bf16 fd && ok "experts_dense trains and tracks bf16" || bad "experts_dense vs bf16 losses"
+cmp -s <(losses "$tmp/fp8/metrics.jsonl") <(losses "$tmp/fd/metrics.jsonl") \
+  && bad "experts_dense gave fp8.gemms: experts' losses: the dense GEMMs did not run in FP8" \
+  || ok "experts_dense differs from experts"
+grep -q "and the dense GEMMs' (fp8.gemms: experts_dense" "$tmp/fd.log" && ok "experts_dense run says so" \
+  || bad "no experts_dense in the precision line"
+grep -q "FP8 dense weights [0-9]* B" "$tmp/fd.log" && ok "memory line names the FP8 dense weights" \
+  || bad "no FP8 dense weights in the memory line"
+for mode in "--train.recompute=layers" "--train.recompute_attention=true --train.recompute_norms=true --train.recompute=gather"; do
+  name=fd-$(echo "$mode" | tr -cd 'a-z')
+  train "${dense[@]}" $mode --logging.run_dir="$tmp/$name" >"$tmp/$name.log" 2>&1 \
+    || { cat "$tmp/$name.log"; bad "experts_dense $mode run failed"; }
+  diff <(losses "$tmp/fd/metrics.jsonl") <(losses "$tmp/$name/metrics.jsonl") >/dev/null \
+    && ok "experts_dense $mode: 40 losses identical" || bad "experts_dense $mode: losses differ"
+done
+# a dense block and a shared expert: the FP8 SwiGLU MLPs (recompute_swiglu redoes their input)
+mlp=(--model.dense_layers=1 --model.dense_hidden=256 --model.n_shared=1 --model.shared_hidden=128)
+train "${mlp[@]}" --train.precision=bf16 --logging.run_dir="$tmp/mlp-bf16" >"$tmp/mlp-bf16.log" 2>&1 \
+  || { cat "$tmp/mlp-bf16.log"; bad "dense-MLP bf16 run failed"; }
+train "${mlp[@]}" "${dense[@]}" --logging.run_dir="$tmp/mlp-fd" >"$tmp/mlp-fd.log" 2>&1 \
+  || { cat "$tmp/mlp-fd.log"; bad "dense-MLP experts_dense run failed"; }
+tracks mlp-bf16 mlp-fd && ok "experts_dense with dense and shared-expert MLPs tracks bf16" \
+  || bad "dense-MLP experts_dense vs bf16 losses"
+train "${mlp[@]}" "${dense[@]}" --train.recompute_swiglu=true --logging.run_dir="$tmp/mlp-fd-sw" >"$tmp/mlp-fd-sw.log" 2>&1 \
+  || { cat "$tmp/mlp-fd-sw.log"; bad "dense-MLP experts_dense recompute_swiglu run failed"; }
+diff <(losses "$tmp/mlp-fd/metrics.jsonl") <(losses "$tmp/mlp-fd-sw/metrics.jsonl") >/dev/null \
+  && ok "experts_dense recompute_swiglu: 40 losses identical" || bad "experts_dense recompute_swiglu: losses differ"
+
 # ---- 4. refused configs ---------------------------------------------------------------
 refused() { # pattern, args...
   local pat=$1; shift
@@ -96,7 +147,9 @@ refused() { # pattern, args...
   else bad "not refused as expected ($pat): $out"; fi
 }
 refused "fp8.recipe: mxfp8" --train.precision=fp8 --fp8.recipe=mxfp8
-refused "fp8.gemms: experts_dense" --train.precision=fp8 --fp8.gemms=experts_dense
+refused "fp8.gemms: experts_dense needs every dense GEMM size a multiple of 128.*model.dense_hidden 192" \
+  --train.precision=fp8 --fp8.gemms=experts_dense --model.dense_layers=1 --model.dense_hidden=192
+refused "fp8.gemms: experts_dense needs MoE layers" --train.precision=fp8 --fp8.gemms=experts_dense --model.n_experts=0
 refused "needs MoE layers" --train.precision=fp8 --model.n_experts=0
 refused "fp8 with parallel.ep_backend: symmetric is not supported" --train.precision=fp8 --parallel.ep_backend=symmetric
 refused "multiples of 128" --train.precision=fp8 --model.expert_hidden=192

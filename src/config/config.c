@@ -670,10 +670,9 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
         if (c->fp8.recipe == FP8_RECIPE_MXFP8)
             FAIL("fp8.recipe: mxfp8 is not implemented for training: no GEMM consumes MXFP8 here (Blackwell's "
                  "tensor cores would; the H200 has none); use fp8.recipe: block128");
-        if (c->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE)
-            FAIL("fp8.gemms: experts_dense is not implemented yet (the dense GEMMs stay BF16); use fp8.gemms: experts");
         if (c->model.n_experts <= 0)
-            FAIL("train.precision: fp8 with fp8.gemms: experts needs MoE layers (model.n_experts > 0)");
+            FAIL("train.precision: fp8 with fp8.gemms: %s needs MoE layers (model.n_experts > 0)",
+                 c->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE ? "experts_dense" : "experts");
         if (p->ep_backend == 2)
             FAIL("train.precision: fp8 with parallel.ep_backend: symmetric is not supported: the symmetric dispatch "
                  "leaves the received rows' count in device memory, and the FP8 quantisers take it from the host "

@@ -147,6 +147,8 @@ static uint8_t *fp8_weight_t(const Model *m, int li, int t) {
 }
 static float *fp8_scales_t(const Model *m, int li, int t) { return m->fp8_wts + ((size_t)li * 3 + t) * m->fp8_ws_per; }
 
+static void fp8d_refresh(Model *m);
+
 void model_fp8_refresh(Model *m) {
     if (!m->fp8) return;
     const ModelConfig *c = &m->cfg;
@@ -164,6 +166,137 @@ void model_fp8_refresh(Model *m) {
         m->ops->fp8_quantize_weights(fp8_weight(m, li, 2), fp8_scales(m, li, 2), down, down_s, D, 0,
                                      param_store_main(&m->store, L->exp_down), El, D, Fe);
     }
+    fp8d_refresh(m);
+}
+
+// ---- FP8 dense GEMMs (fp8.gemms: experts_dense) ----------------------------------
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// Bytes of one dense FP8 weight [M, K]: its copy and the transposed one,
+// and their 128 x 128 scales, each piece on a 256-byte boundary.
+static size_t fp8d_weight_bytes(int M, int K) {
+    return 2 * align256((size_t)M * K) + 2 * align256(fp8_blocks(M) * fp8_blocks(K) * sizeof(float));
+}
+
+// The dense FP8 GEMMs' weights of layer l as [M, K] (y = x W^T, W [M, K]),
+// in the order model_set_fp8_dense maps them to entries: wq, wk, wv, wo,
+// then the gate, up and down of its dense MLP or its shared experts.
+static int fp8d_layer_shapes(const ModelConfig *c, int l, int sh[7][2]) {
+    int D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c), n = 0;
+    int F = model_is_moe_layer(c, l) ? c->n_shared * c->shared_hidden : c->dense_hidden;
+    int mk[7][2] = {{qd, D}, {kvd, D}, {kvd, D}, {D, qd}, {F, D}, {F, D}, {D, F}};
+    for (int i = 0; i < (F > 0 ? 7 : 4); i++, n++) { sh[n][0] = mk[i][0]; sh[n][1] = mk[i][1]; }
+    return n;
+}
+
+// The widest input or output of the dense FP8 GEMMs (the scratch rows).
+static int fp8d_width(const ModelConfig *c) {
+    int w = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        int sh[7][2], n = fp8d_layer_shapes(c, l, sh);
+        for (int i = 0; i < n; i++) {
+            if (sh[i][0] > w) w = sh[i][0];
+            if (sh[i][1] > w) w = sh[i][1];
+        }
+    }
+    return w;
+}
+
+size_t model_fp8_dense_bytes(const ModelConfig *c, const ParamStage *stage) {
+    ParamStage all = stage ? *stage : param_stage_all(c);
+    size_t b = 0;
+    for (int ch = 0; ch < all.n_chunks; ch++)
+        for (int l = all.begin[ch]; l < all.end[ch]; l++) {
+            int sh[7][2], n = fp8d_layer_shapes(c, l, sh);
+            for (int i = 0; i < n; i++) b += fp8d_weight_bytes(sh[i][0], sh[i][1]);
+        }
+    return b;
+}
+
+int model_set_fp8_dense(Model *m, int tokens, char *err, size_t errlen) {
+    const ModelConfig *c = &m->cfg;
+    const Ops *ops = m->ops;
+    if (!m->fp8) {
+        snprintf(err, errlen, "fp8.gemms: experts_dense needs train.precision: fp8 (model_set_fp8 first)");
+        return -1;
+    }
+    if (!ops->fp8_matmul || !ops->fp8_quantize_rows_t) {
+        snprintf(err, errlen, "fp8.gemms: experts_dense: the %s backend has no dense FP8 GEMM", ops->name);
+        return -1;
+    }
+    if (m->defer_wgrad) { // model_wgrad_chunk would read the unquantised inputs
+        snprintf(err, errlen, "fp8.gemms: experts_dense with deferred weight-grads (parallel.pp_schedule: zb1) is "
+                 "not supported");
+        return -1;
+    }
+    int F = c->dense_layers > 0 ? c->dense_hidden : 0, Fs = c->n_shared * c->shared_hidden;
+    int qd = model_q_dim(c), kvd = model_kv_dim(c);
+    if (c->d_model % 128 || qd % 128 || kvd % 128 || F % 128 || Fs % 128) {
+        snprintf(err, errlen, "fp8.gemms: experts_dense needs every dense GEMM size a multiple of 128: model.d_model "
+                 "%d, model.n_heads x model.head_dim %d, model.n_kv_heads x model.head_dim %d, model.dense_hidden %d "
+                 "(with dense layers), model.n_shared x model.shared_hidden %d", c->d_model, qd, kvd, F, Fs);
+        return -1;
+    }
+    ParamStage st = m->staged ? m->stage : param_stage_all(c);
+    int n = 0;
+    for (int ch = 0; ch < st.n_chunks; ch++)
+        for (int l = st.begin[ch]; l < st.end[ch]; l++) {
+            int sh[7][2], k = fp8d_layer_shapes(c, l, sh);
+            for (int i = 0; i < k; i++) {
+                char why[300] = "";
+                OpDesc d = {.op = OP_FP8_DENSE, .N = tokens, .C = sh[i][1], .OC = sh[i][0]};
+                if (ops->supports && !ops->supports(&d, why, sizeof why)) {
+                    snprintf(err, errlen, "fp8.gemms: experts_dense: the %s backend cannot run the dense FP8 GEMM "
+                             "of layer %d ([%d, %d] weight, %d tokens per micro-batch): %s", ops->name, l, sh[i][0],
+                             sh[i][1], tokens, why);
+                    return -1;
+                }
+            }
+            n += k;
+        }
+    m->fp8d = mallocCheck((size_t)n * sizeof *m->fp8d + 1);
+    m->fp8d_of = mallocCheck((size_t)m->store.table.n * sizeof(int) + 1);
+    for (int i = 0; i < m->store.table.n; i++) m->fp8d_of[i] = -1;
+    m->fp8d_bytes = ops->alloc(model_fp8_dense_bytes(c, m->staged ? &m->stage : NULL));
+    uint8_t *p = m->fp8d_bytes;
+    m->n_fp8d = 0;
+    for (int ch = 0; ch < st.n_chunks; ch++)
+        for (int l = st.begin[ch]; l < st.end[ch]; l++) {
+            const LayerParams *L = &m->layers[l];
+            int moe = L->moe_index >= 0;
+            int entry[7] = {L->wq, L->wk, L->wv, L->wo, moe ? L->sh_gate : L->mlp_gate, moe ? L->sh_up : L->mlp_up,
+                            moe ? L->sh_down : L->mlp_down};
+            int sh[7][2], k = fp8d_layer_shapes(c, l, sh);
+            for (int i = 0; i < k; i++) {
+                int M = sh[i][0], K = sh[i][1];
+                if (entry[i] < 0 || m->store.table.entries[entry[i]].numel != (size_t)M * K)
+                    die("model_set_fp8_dense: layer %d weight %d is not the [%d, %d] tensor expected", l, i, M, K);
+                struct Fp8DenseWeight *w = &m->fp8d[m->n_fp8d];
+                size_t qb = align256((size_t)M * K), sb = align256(fp8_blocks(M) * fp8_blocks(K) * sizeof(float));
+                *w = (struct Fp8DenseWeight){.entry = entry[i], .M = M, .K = K, .q = p, .qt = p + qb,
+                                             .s = (float *)(p + 2 * qb), .st = (float *)(p + 2 * qb + sb)};
+                p += 2 * qb + 2 * sb;
+                m->fp8d_of[entry[i]] = m->n_fp8d++;
+            }
+        }
+    m->fp8_dense = 1;
+    return 0;
+}
+
+// The dense FP8 weights and their transposed copies from the FP32 main weights.
+static void fp8d_refresh(Model *m) {
+    for (int i = 0; i < m->n_fp8d; i++) {
+        const struct Fp8DenseWeight *w = &m->fp8d[i];
+        m->ops->fp8_quantize_weights(w->q, w->s, w->qt, w->st, w->M, 0, param_store_main(&m->store, w->entry), 1,
+                                     w->M, w->K);
+    }
+}
+
+static const struct Fp8DenseWeight *fp8d_weight(const Model *m, int w) {
+    int i = m->fp8d_of[w];
+    if (i < 0) die("fp8.gemms: experts_dense: parameter entry %d has no FP8 copy", w);
+    return &m->fp8d[i];
 }
 
 // Box-Muller over splitmix64: reproducible on every platform.
@@ -431,6 +564,12 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
         m->dweights = ftake(cv, N * k); m->dprobs = ftake(cv, N * E); m->dlogits = ftake(cv, N * E);
         if (Fs) { m->dsa = take(cv, N * Fs); m->dsg = take(cv, N * Fs); m->dsu = take(cv, N * Fs); }
     }
+    if (m->fp8_dense) { // the dense FP8 GEMMs' scratch (model.h)
+        size_t W = (size_t)fp8d_width(c);
+        m->fp8d_xq = take_bytes(cv, N * W); m->fp8d_gq = take_bytes(cv, N * W);
+        m->fp8d_xs = ftake(cv, N * (W / 128)); m->fp8d_gs = ftake(cv, N * (W / 128));
+        m->fp8d_deq = take(cv, N * W);
+    }
 }
 
 // Symmetric expert parallelism: the receive buffers' rows per layer. The
@@ -578,6 +717,7 @@ int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpe
     m->recompute_swiglu = s->recompute_swiglu;
     m->fp8 = s->fp8;
     m->fp8_wgrad = s->fp8_wgrad;
+    m->fp8_dense = s->fp8 && s->fp8_dense;
     m->defer_wgrad = s->defer_wgrad;
     m->doc_mask = s->doc_mask;
     m->B = s->B;
@@ -674,6 +814,7 @@ void model_free(Model *m) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) ops->free(dev[i]);
     ops->free(m->ce_acc);
     if (m->fp8) { ops->free(m->fp8_w); ops->free(m->fp8_ws); ops->free(m->fp8_wt); ops->free(m->fp8_wts); }
+    if (m->fp8_dense) { ops->free(m->fp8d_bytes); free(m->fp8d); free(m->fp8d_of); }
     memset(m, 0, sizeof(*m));
 }
 
@@ -720,6 +861,46 @@ static const void *maybe_norm(Model *m, void *out, float *rstd, const void *inp,
 // document boundary.
 static const int *model_docs(const Model *m) { return m->batch_docs ? m->doc_start : NULL; }
 
+// out[N, OC] = x[N, C] W^T, W the weights of entry w: in FP8 with
+// fp8.gemms: experts_dense (x quantised per 1 x 128 tile into the input
+// scratch, unless again: x is the previous call's, there already), else in
+// the compute dtype.
+static void dense_forward(Model *m, void *out, const void *x, int again, int w, int N, int C, int OC) {
+    const Ops *ops = m->ops;
+    if (!m->fp8_dense) { ops->matmul_forward(out, x, P(w), N, C, OC); return; }
+    const struct Fp8DenseWeight *fw = fp8d_weight(m, w);
+    if (!again) ops->fp8_quantize_rows_t(m->fp8d_xq, m->fp8d_xs, x, N, C);
+    ops->fp8_matmul(out, m->fp8d_xq, m->fp8d_xs, fw->q, fw->s, N, C, OC, 0);
+}
+
+// What the weight-grads of a GEMM with input x [N, C] multiply: x, or in
+// FP8 what the forward multiplied, x quantised and dequantised (into the
+// scratch fp8d_deq, valid until the next call; the same codes and scales as
+// the forward's fp8_quantize_rows_t, in fp8_dequantize_rows' layout).
+static const void *dense_wgrad_input(Model *m, const void *x, int N, int C) {
+    if (!m->fp8_dense) return x;
+    m->ops->fp8_quantize_rows(m->fp8d_xq, m->fp8d_xs, x, NULL, N, C);
+    m->ops->fp8_dequantize_rows(m->fp8d_deq, m->fp8d_xq, m->fp8d_xs, N, C);
+    return m->fp8d_deq;
+}
+
+// dense_forward's backward, as matmul_backward: dinp (=|+=) dout W, dw +=
+// dout^T xw (either may be NULL), xw from dense_wgrad_input. In FP8 the
+// data-grad multiplies dout quantised 1 x 128 by the transposed FP8 weight
+// (the gradient of what the forward computed); the weight-grad stays in the
+// compute dtype, from the unquantised dout.
+static void dense_backward(Model *m, void *dinp, float *dw, const void *dout, const void *xw, int w, int N, int C,
+                           int OC, int accumulate) {
+    const Ops *ops = m->ops;
+    if (!m->fp8_dense) { ops->matmul_backward(dinp, dw, dout, xw, P(w), N, C, OC, accumulate); return; }
+    if (dinp) {
+        const struct Fp8DenseWeight *fw = fp8d_weight(m, w);
+        ops->fp8_quantize_rows_t(m->fp8d_gq, m->fp8d_gs, dout, N, OC);
+        ops->fp8_matmul(dinp, m->fp8d_gq, m->fp8d_gs, fw->qt, fw->st, N, OC, C, accumulate);
+    }
+    if (dw) ops->matmul_backward(NULL, dw, dout, xw, P(w), N, C, OC, 0);
+}
+
 // From the projections q, k, v to the attention output ao: QK-norm, RoPE,
 // causal attention. recompute_attention runs it again in the backward.
 static void attention_core_forward(Model *m, const LayerParams *L, LayerActs *a) {
@@ -741,23 +922,22 @@ static void attention_core_forward(Model *m, const LayerParams *L, LayerActs *a)
 }
 
 static void attention_forward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
-    const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, qd = model_q_dim(c), kvd = model_kv_dim(c);
-    ops->matmul_forward(a->q, in, P(L->wq), N, D, qd);
-    ops->matmul_forward(a->k, in, P(L->wk), N, D, kvd);
-    ops->matmul_forward(a->v, in, P(L->wv), N, D, kvd);
+    dense_forward(m, a->q, in, 0, L->wq, N, D, qd);
+    dense_forward(m, a->k, in, 1, L->wk, N, D, kvd);
+    dense_forward(m, a->v, in, 1, L->wv, N, D, kvd);
     attention_core_forward(m, L, a);
-    ops->matmul_forward(a->o, a->ao, P(L->wo), N, qd, D);
+    dense_forward(m, a->o, a->ao, 0, L->wo, N, qd, D);
 }
 
 static void swiglu_mlp_forward(Model *m, void *out, void *g, void *u, void *act,
                                const void *in, int wg, int wu, int wd, int N, int F) {
     int D = m->cfg.d_model;
-    m->ops->matmul_forward(g, in, P(wg), N, D, F);
-    m->ops->matmul_forward(u, in, P(wu), N, D, F);
+    dense_forward(m, g, in, 0, wg, N, D, F);
+    dense_forward(m, u, in, 1, wu, N, D, F);
     m->ops->swiglu_forward(act, g, u, (size_t)N * F);
-    m->ops->matmul_forward(out, act, P(wd), N, F, D);
+    dense_forward(m, out, act, 0, wd, N, F, D);
 }
 
 // Rows each expert keeps per micro-batch (model.capacity_factor; 0:
@@ -1145,10 +1325,11 @@ static void swiglu_mlp_backward(Model *m, void *dinp, const void *dout, const vo
     const Ops *ops = m->ops;
     int D = m->cfg.d_model;
     if (m->recompute_swiglu) ops->swiglu_forward(act, g, u, (size_t)N * F);
-    ops->matmul_backward(da, G(wd), dout, act, P(wd), N, F, D, 0);
+    dense_backward(m, da, G(wd), dout, dense_wgrad_input(m, act, N, F), wd, N, F, D, 0);
     ops->swiglu_backward(dg, du, da, g, u, (size_t)N * F);
-    ops->matmul_backward(dinp, G(wg), dg, in, P(wg), N, D, F, accumulate);
-    ops->matmul_backward(dinp, G(wu), du, in, P(wu), N, D, F, 1);
+    const void *xw = dense_wgrad_input(m, in, N, D);
+    dense_backward(m, dinp, G(wg), dg, xw, wg, N, D, F, accumulate);
+    dense_backward(m, dinp, G(wu), du, xw, wu, N, D, F, 1);
 }
 
 // a2a_moe_experts_forward's backward: the grad of combine is a dispatch, and
@@ -1314,7 +1495,7 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
     int B = m->B, T = m->T, N = B * T, D = c->d_model, H = c->n_heads, KV = c->n_kv_heads;
     int hd = c->head_dim, qd = model_q_dim(c), kvd = model_kv_dim(c);
     int defer = m->defer_wgrad; // the weight grads come later, in model_wgrad_chunk
-    ops->matmul_backward(m->dao, defer ? NULL : G(L->wo), dout, a->ao, P(L->wo), N, qd, D, 0);
+    dense_backward(m, m->dao, defer ? NULL : G(L->wo), dout, dense_wgrad_input(m, a->ao, N, qd), L->wo, N, qd, D, 0);
     if (defer) ops->copy_act(a->w_do, dout, (size_t)N * D);
     ops->attention_backward(m->dq, m->dk, m->dv, m->dao, a->att, a->qr, a->kr, a->v, a->ao, model_docs(m),
                             m->att_scratch, B, T, H, KV, hd);
@@ -1336,9 +1517,10 @@ static void attention_backward(Model *m, const LayerParams *L, LayerActs *a, voi
         ops->copy_act(a->w_dk, dk, (size_t)N * kvd);
         ops->copy_act(a->w_dv, m->dv, (size_t)N * kvd);
     }
-    ops->matmul_backward(dinp, defer ? NULL : G(L->wq), dq, in, P(L->wq), N, D, qd, accumulate);
-    ops->matmul_backward(dinp, defer ? NULL : G(L->wk), dk, in, P(L->wk), N, D, kvd, 1);
-    ops->matmul_backward(dinp, defer ? NULL : G(L->wv), m->dv, in, P(L->wv), N, D, kvd, 1);
+    const void *xw = dense_wgrad_input(m, in, N, D);
+    dense_backward(m, dinp, defer ? NULL : G(L->wq), dq, xw, L->wq, N, D, qd, accumulate);
+    dense_backward(m, dinp, defer ? NULL : G(L->wk), dk, xw, L->wk, N, D, kvd, 1);
+    dense_backward(m, dinp, defer ? NULL : G(L->wv), m->dv, xw, L->wv, N, D, kvd, 1);
 }
 
 void model_wgrad_chunk(Model *m, int ch) {

@@ -192,6 +192,31 @@ typedef struct {
     // the payload rows that carry both to the experts' ranks (ep_dispatch_fp8)
     uint8_t *fp8_src_q, *fp8_send;
     float *fp8_src_s;
+    // fp8.gemms: experts_dense (model_set_fp8_dense, after model_set_fp8):
+    // the dense GEMMs too, through ops->fp8_matmul: the attention
+    // projections wq, wk, wv, wo and the SwiGLU MLPs of dense layers and
+    // shared experts (not the LM head, the router or attention itself).
+    // Forward and data-grad in FP8 (inputs and output grads 1 x 128,
+    // weights 128 x 128 with the data-grad's transposed copy made in the same
+    // pass by model_fp8_refresh); weight-grads in the compute dtype from the
+    // unquantised output grads and the dequantised FP8 inputs. The inputs
+    // are quantised again in the backward (same values, same bits) instead
+    // of being kept: no activation memory beyond the shared scratch below.
+    // The FP8 copies sit beside the BF16 ones (which stay: they share one
+    // buffer with the embedding, norms, router and LM head, which DDP and
+    // the optimizer address as a whole).
+    int fp8_dense;
+    int n_fp8d;                       // dense FP8 weights
+    struct Fp8DenseWeight {
+        int entry, M, K;              // its param entry, shape [M, K]
+        uint8_t *q, *qt;              // [M, K] and the transposed [K, M]
+        float *s, *st;                // [M/128, K/128] and [K/128, M/128]
+    } *fp8d;
+    int *fp8d_of;                     // [store.table.n]: index in fp8d, or -1
+    uint8_t *fp8d_bytes;              // one allocation for every copy and scale
+    uint8_t *fp8d_xq, *fp8d_gq;       // scratch [N, fp8d_width]: an input, an output grad, quantised
+    float *fp8d_xs, *fp8d_gs;         // their scales [fp8d_width / 128, N] (transposed: ops.h)
+    void *fp8d_deq;                   // scratch [N, fp8d_width] act: a dequantised input (the weight-grads')
     // Zero-bubble pipelines (ZB-H1), set before model_alloc_acts: the
     // backward leaves the weight grads of the attention projections and the
     // LM head to model_wgrad_chunk, keeping their output grads in the slot
@@ -288,6 +313,14 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
 // model or the backend cannot do (the all-to-all expert dispatch only, no
 // pipeline stages, the backend's FP8 kernel sizes).
 int model_set_fp8(Model *m, char *err, size_t errlen);
+// fp8.gemms: experts_dense: call after model_set_fp8, before model_alloc_acts,
+// with the tokens of a micro-batch (B T): the dense GEMMs in FP8 (the
+// Model fields above). -1 with a message naming the key where a dimension
+// is not a multiple of 128 or the backend cannot run the shapes.
+int model_set_fp8_dense(Model *m, int tokens, char *err, size_t errlen);
+// Bytes model_set_fp8_dense allocates for the dense FP8 weights and scales
+// (the memory plan's count).
+size_t model_fp8_dense_bytes(const ModelConfig *cfg, const ParamStage *stage);
 // The FP8 expert weights from the FP32 main weights. model_begin_step calls
 // it; call it after the weights change outside a step, before a forward
 // (eval after an optimizer step). A no-op without fp8.
@@ -311,6 +344,7 @@ typedef struct {
     int defer_wgrad, doc_mask;
     int fp8;                          // train.precision: fp8 (its FP8 activation buffers)
     int fp8_wgrad;                    // Model.fp8_wgrad's values (2: the FP8 weight-grad GEMM's operand buffers too)
+    int fp8_dense;                    // fp8.gemms: experts_dense (the dense FP8 GEMMs' scratch)
     const ParamStage *stage;          // NULL: the whole model
 } ModelArenaSpec;
 typedef struct {

@@ -106,3 +106,14 @@ void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, 
 // is this function with qa = dY [R, OC] and qw = W^T [E, C, OC].
 void fp8_grouped_matmul_ref(float *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                             const int *offsets, int E, int C, int OC);
+
+// The dense FP8 GEMMs' activations (fp8.gemms: experts_dense): the codes
+// and scales of fp8_quantize_1x128 with the scales transposed, st [C/128,
+// R] (tile t of row r at st[t R + r]); C % 128 == 0. And back.
+void fp8_quantize_1x128_t(uint8_t *q, float *st, const float *x, int R, int C);
+void fp8_dequantize_1x128_t(float *x, const uint8_t *q, const float *st, int R, int C);
+// The dense FP8 GEMM reference: out[N, OC] (FP32) = dequant(qa) dequant(qw)^T,
+// qa [N, C] with st [C/128, N] (fp8_quantize_1x128_t), qw [OC, C] with its
+// 128x128 scales [OC/128, C/128]. FP32 products (the CPU backend's matmul).
+void fp8_matmul_ref(float *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C,
+                    int OC);

@@ -40,6 +40,7 @@ typedef enum {
     OP_ROUTER,          // N, E, k, routing (RoutingMode): probs, top-k, weights, counts, LB and z losses
     OP_FP8_GROUPED,     // E, C, OC: the FP8 grouped forward and its quantisers (train.precision: fp8)
     OP_FP8_WGRAD,       // E, C, OC: the FP8 grouped weight-grad (fp8.wgrad: fp8; else the fake quantiser + BF16)
+    OP_FP8_DENSE,       // N, C, OC: fp8_matmul forward (out[N,OC]) and its data-grad (out[N,C]) (fp8.gemms: experts_dense)
 } OpKind;
 typedef struct {
     OpKind op;
@@ -314,6 +315,19 @@ typedef struct Ops {
     // with the transposed weights: dX = deq(dY) deq(W_e) with qw = W^T.
     void (*fp8_grouped_matmul_forward)(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                                 const int *offsets, int E, int C, int OC);
+    // The dense GEMMs in FP8 (fp8.gemms: experts_dense). q [R, C] and st
+    // [C/128, R] of x [R, C] act: fp8_quantize_rows's codes and scales with
+    // the scales stored transposed (tile t of row r at st[t R + r]: the
+    // layout cuBLASLt's VEC128_32F mode reads). C % 128 == 0.
+    void (*fp8_quantize_rows_t)(uint8_t *q, float *st, const void *x, int R, int C);
+    // out[N, OC] (act; =|+= by accumulate) = deq(qa) deq(qw)^T, qa [N, C]
+    // with st [C/128, N] from fp8_quantize_rows_t, qw [OC, C] with sw
+    // [OC/128, C/128] from fp8_quantize_weights (E = 1); FP32 accumulation.
+    // The data-grad dX [N, C] = deq(dY) deq(W) is this with qa = dY [N, OC]
+    // and qw = W^T [C, OC] (fp8_quantize_weights' transposed copy, ldt = OC).
+    // C and OC multiples of 128.
+    void (*fp8_matmul)(void *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C,
+                       int OC, int accumulate);
 
     // --- loss -------------------------------------------------------------
     // losses[N] = -log softmax(logits[n])[targets[n]] (0 where target < 0).

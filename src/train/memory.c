@@ -138,8 +138,10 @@ void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *
     p->fp8_weights =
         2 * (p->expert + (size_t)model_moe_layers(cfg) * 3 * (cfg->n_experts / l->ep) * blocks * sizeof(float));
     if (l->act_bytes != sizeof(float)) p->compute_weights -= p->expert * l->act_bytes;
+    // the dense ones: the allocation model_set_fp8_dense makes
+    p->fp8_dense_weights = l->act.fp8_dense ? model_fp8_dense_bytes(cfg, l->stage) : 0;
     if (p->peak) { // the FP8 copies are made before DDP (train.c): in set-up's peak too (a bound)
-        p->setup_peak += p->fp8_weights;
+        p->setup_peak += p->fp8_weights + p->fp8_dense_weights;
         size_t steady = memory_total(p);
         p->peak = steady > p->setup_peak ? steady : p->setup_peak;
     }
@@ -147,22 +149,25 @@ void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *
 
 double memory_bytes_per_param(const MemoryPlan *p) {
     size_t held = p->dense + p->expert;
-    return held ? (double)(p->compute_weights + p->fp8_weights + p->grads + p->main_weights + p->moments) / held : 0;
+    return held ? (double)(p->compute_weights + p->fp8_weights + p->fp8_dense_weights + p->grads + p->main_weights +
+                           p->moments) / held : 0;
 }
 
 size_t memory_total(const MemoryPlan *p) {
     return p->compute_weights + p->grads + p->main_weights + p->moments + p->comm + p->arena + p->dispatch + p->other +
-           p->small + p->pipe + p->workspace + p->context + p->fp8_weights;
+           p->small + p->pipe + p->workspace + p->context + p->fp8_weights + p->fp8_dense_weights;
 }
 
 void memory_print(FILE *f, int rank, const MemoryPlan *p) {
     char main_note[64] = "";
     if (p->main_weights == 0 && p->dense + p->expert > 0) snprintf(main_note, sizeof main_note, " (the FP32 compute weights)");
-    char arena[128];
+    char arena[256];
     if (p->arena) snprintf(arena, sizeof arena, "%zu B", p->arena);
     else snprintf(arena, sizeof arena, "unknown");
     if (p->dispatch) snprintf(arena + strlen(arena), sizeof arena - strlen(arena), ", expert dispatch %zu B", p->dispatch);
     if (p->fp8_weights) snprintf(arena + strlen(arena), sizeof arena - strlen(arena), ", FP8 expert weights %zu B", p->fp8_weights);
+    if (p->fp8_dense_weights)
+        snprintf(arena + strlen(arena), sizeof arena - strlen(arena), ", FP8 dense weights %zu B", p->fp8_dense_weights);
     fprintf(f, "rank %d: memory: %zu dense + %zu expert parameters; compute weights %zu B, grads %zu B, "
                "main weights %zu B%s, moments %zu B (1/%d of dense, 1/%d of expert), comm buffers %zu B, "
                "activations %s, router bias %zu B; %.4f B/param (weights + grads + main + moments), %.2f MiB in all\n",
@@ -207,6 +212,7 @@ void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops
                               .recompute_attention = cfg->train.recompute_attention,
                               .recompute_swiglu = cfg->train.recompute_swiglu,
                               .fp8 = cfg->train.precision == PRECISION_FP8,
+                              .fp8_dense = cfg->train.precision == PRECISION_FP8 && cfg->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE,
                               .fp8_wgrad = cfg->train.precision != PRECISION_FP8 || cfg->fp8.wgrad != FP8_WGRAD_FP8 ? 0
                                            : cfg->device.type == 1 && cfg->device.cuda.fp8_wgrad_gemm ? 2 : 1,
                               .defer_wgrad = par->pp > 1 && par->pp_schedule == PP_ZB1, .doc_mask = cfg->data.doc_mask,

@@ -67,6 +67,7 @@ typedef struct {
     // beside the stage's
     size_t setup_peak, peak;
     size_t fp8_weights;             // train.precision: fp8: the expert weights' E4M3 copies (forward and transposed) and their 128x128 scales
+    size_t fp8_dense_weights;       // fp8.gemms: experts_dense: the dense GEMMs' weights likewise (beside their compute weights)
 } MemoryPlan;
 
 // The plan of this rank of layout l for model cfg (validated). -1 with a
@@ -81,7 +82,9 @@ void memory_layout_for_run(MemoryLayout *l, const RunConfig *cfg, const Ops *ops
 // compute weights + grads + main weights + moments, per parameter held.
 // train.precision: fp8 (model_set_fp8), after memory_plan: the expert
 // weights' FP8 copies and 128x128 block scales, which replace their compute
-// weights where those are a separate copy (not the FP32 main weights).
+// weights where those are a separate copy (not the FP32 main weights); with
+// fp8.gemms: experts_dense (l->act.fp8_dense) the dense GEMMs' FP8 copies
+// too, which do not replace theirs (model.h).
 void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l);
 // compute weights (and FP8 weights) + grads + main weights + moments, per parameter held.
 double memory_bytes_per_param(const MemoryPlan *p);

@@ -332,8 +332,10 @@ static int setup_model(Trainer *tr) {
                              "tokens (the CPU backend can); use fp8.wgrad: bf16", m->ops->name);
             m->fp8_wgrad = cfg->device.type == 1 && cfg->device.cuda.fp8_wgrad_gemm ? 2 : 1; // 2: the FP8 GEMM, asked
         }
+        int dense = cfg->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE;
+        if (dense && model_set_fp8_dense(m, tr->MB * tr->T, err, sizeof err)) return fatal("%s", err);
         SAY("precision: fp8 (block128: E4M3, FP32 scales per 1x128 activation tile and 128x128 weight block) in the "
-            "experts' grouped GEMMs' forward and data-grads%s; %sthe dense GEMMs, attention and the router in "
+            "experts' grouped GEMMs' forward and data-grads%s%s; %s%sthe router, attention and the LM head in "
             "the compute dtype (BF16 on GPUs); "
             "MFU stays against the dense BF16 peak\n",
             !m->fp8_wgrad ? "" : model_fp8_wgrad_gemm(m) ?
@@ -341,7 +343,9 @@ static int setup_model(Trainer *tr) {
                            "tokens, on the FP8 weight-grad GEMM)" :
                            ", and their weight-grads (fp8.wgrad: fp8, one scale per 128 x 1 tile along each expert's "
                            "tokens, fake-quantised for the compute-dtype weight-grad)",
-            m->fp8_wgrad ? "" : "their weight-grads, ");
+            dense ? " and the dense GEMMs' (fp8.gemms: experts_dense: the attention projections q, k, v, o and the "
+                    "dense and shared-expert MLPs; their weight-grads in the compute dtype)" : "",
+            m->fp8_wgrad ? "" : "the experts' weight-grads, ", dense ? "" : "the dense GEMMs, ");
     }
     // DDP and the optimizer before the activations: the distributed
     // optimizer frees the whole FP32 main weights for its shard first, so

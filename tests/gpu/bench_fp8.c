@@ -16,6 +16,10 @@
 // the BF16 production data-grads, and the quantisers around them; each FP8
 // result checked against the BF16 one (the FP8 rounding, a few percent;
 // tests/gpu/test_fp8 holds them to the FP8 reference).
+// "bench_fp8 dense [FILE]": the dense GEMMs of fp8.gemms: experts_dense
+// (bench_dense): cuBLASLt's block-scaled FP8 forward and data-grad beside
+// its BF16 ones on the OLMoE-1B-7B attention projection (8192 tokens,
+// 2048 -> 2048), each FP8 result checked against the BF16 one first.
 // "bench_fp8 wgrad [FILE]": the weight-grads of fp8.wgrad: fp8
 // (bench_wgrad): the FP8 grouped weight-grad beside the BF16 production
 // one, and the whole of each path: fake quantisation of both operands +
@@ -509,6 +513,102 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
     cuda_free(c.qa); cuda_free(c.qb); cuda_free(c.sa); cuda_free(c.sb);
 }
 
+// ---- the dense GEMMs (fp8.gemms: experts_dense) --------------------------------
+
+typedef struct {
+    int N, C, OC; // out[N, OC] = x[N, C] W^T; the data-grad dX[N, C] = dY W
+    void *x, *w, *dy, *out, *dx;
+    uint8_t *qx, *qy, *qw, *qwt;
+    float *sx, *sy, *sw, *swt;
+} NCase;
+
+static void n_bf16_fwd(void *p) { NCase *c = p; cuda_matmul_forward(c->out, c->x, c->w, c->N, c->C, c->OC); }
+static void n_bf16_dgrad(void *p) {
+    NCase *c = p;
+    cuda_matmul_backward(c->dx, NULL, c->dy, c->x, c->w, c->N, c->C, c->OC, 0);
+}
+static void n_fp8_fwd(void *p) {
+    NCase *c = p;
+    cuda_fp8_dense_matmul(c->out, c->qx, c->sx, c->qw, c->sw, c->N, c->C, c->OC, 0);
+}
+static void n_fp8_dgrad(void *p) {
+    NCase *c = p;
+    cuda_fp8_dense_matmul(c->dx, c->qy, c->sy, c->qwt, c->swt, c->N, c->OC, c->C, 0);
+}
+static void n_xquant(void *p) { NCase *c = p; cuda_fp8_quantize_rows_t(c->qx, c->sx, c->x, c->N, c->C); }
+
+// BF16 (production: cuBLASLt's BF16 matmul) against FP8 (cuBLASLt block-scaled)
+// forward and data-grad, interleaved as the grouped rows; each FP8 result
+// first checked against the BF16 one (the FP8 rounding: a few percent).
+static void bench_dense(const char *name, int N, int C, int OC) {
+    NCase c = {.N = N, .C = C, .OC = OC};
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    printf("== dense %s: N=%d, %d -> %d\n", name, N, C, OC);
+    fflush(stdout);
+    char why[300] = "";
+    if (!cuda_fp8_dense_supports(N, C, OC, why, sizeof why)) {
+        printf("FAIL dense %s: %s\n", name, why);
+        gt_count(0);
+        return;
+    }
+    float *x = gt_malloc(nx * 4), *w = gt_malloc(nw * 4), *y = gt_malloc(ny * 4);
+    gt_fill(x, nx, GT_NORMAL, 0, 1, 1, 71);
+    gt_fill(w, nw, GT_NORMAL, 0, 1 / sqrtf((float)C), 1, 72);
+    gt_fill(y, ny, GT_NORMAL, 0, 1, 1, 73);
+    c.x = gt_dev_bf16(x, nx); c.w = gt_dev_bf16(w, nw); c.dy = gt_dev_bf16(y, ny);
+    float *wf = gt_dev_bytes(w, nw * 4);
+    c.out = cuda_alloc(ny * 2); c.dx = cuda_alloc(nx * 2);
+    c.qx = cuda_alloc(nx); c.qy = cuda_alloc(ny); c.qw = cuda_alloc(nw); c.qwt = cuda_alloc(nw);
+    c.sx = cuda_alloc(nx / 128 * 4); c.sy = cuda_alloc(ny / 128 * 4);
+    c.sw = cuda_alloc(nw / 16384 * 4); c.swt = cuda_alloc(nw / 16384 * 4);
+    cuda_fp8_quantize_rows_t(c.qx, c.sx, c.x, N, C);
+    cuda_fp8_quantize_rows_t(c.qy, c.sy, c.dy, N, OC);
+    cuda_fp8_quantize_128x128_t(c.qw, c.sw, c.qwt, c.swt, OC, 0, wf, 1, OC, C);
+    RunFn fns[4] = {n_bf16_fwd, n_fp8_fwd, n_bf16_dgrad, n_fp8_dgrad};
+    void *outs[2] = {c.out, c.dx};
+    size_t nouts[2] = {ny, nx};
+    for (int k = 0; k < 2; k++) {
+        gt_poison(outs[k], nouts[k] * 2);
+        fns[2 * k](&c);
+        float *ref = gt_host_bf16(outs[k], nouts[k]);
+        gt_poison(outs[k], nouts[k] * 2);
+        fns[2 * k + 1](&c);
+        float *got = gt_host_bf16(outs[k], nouts[k]);
+        char what[160];
+        snprintf(what, sizeof what, "dense %s: FP8 %s vs BF16 (FP8 rounding)", name, k ? "data-grad" : "forward");
+        gt_check(what, got, ref, nouts[k], 6e-2);
+        free(ref); free(got);
+    }
+    double flops = 2.0 * N * C * OC, t[4][ROUNDS];
+    for (int rd = 0; rd < ROUNDS; rd++)
+        for (int k = 0; k < 4; k++) t[k][rd] = time_ms(fns[k], &c);
+    const char *label[4] = {"BF16 forward (cuBLASLt)", "FP8 forward (cuBLASLt block-scaled)", "BF16 data-grad (cuBLASLt)",
+                            "FP8 data-grad (cuBLASLt block-scaled, W^T copy)"};
+    for (int k = 0; k < 4; k++) {
+        float v[ROUNDS], ratio[ROUNDS];
+        double lo = 1e30, hi = 0;
+        for (int rd = 0; rd < ROUNDS; rd++) {
+            v[rd] = (float)t[k][rd];
+            ratio[rd] = (float)(t[k & 2][rd] / t[k][rd]);
+            lo = t[k][rd] < lo ? t[k][rd] : lo;
+            hi = t[k][rd] > hi ? t[k][rd] : hi;
+        }
+        double med = gt_median(v, ROUNDS);
+        if (k & 1)
+            row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | %.2fx |\n", name, label[k], med, lo, hi,
+                flops / med / 1e9, gt_median(ratio, ROUNDS));
+        else
+            row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | |\n", name, label[k], med, lo, hi, flops / med / 1e9);
+    }
+    double xq = time_ms(n_xquant, &c);
+    row("| %s | input quantise 1x128 (transposed scales), BF16 [%d, %d] | %.3f | %.0f GB/s | |\n", name, N, C, xq,
+        (nx * 3.0 + nx / 128 * 4.0) / xq / 1e6);
+    free(x); free(w); free(y);
+    cuda_free(wf); cuda_free(c.x); cuda_free(c.w); cuda_free(c.dy); cuda_free(c.out); cuda_free(c.dx);
+    cuda_free(c.qx); cuda_free(c.qy); cuda_free(c.qw); cuda_free(c.qwt);
+    cuda_free(c.sx); cuda_free(c.sy); cuda_free(c.sw); cuda_free(c.swt);
+}
+
 int main(int argc, char **argv) {
     // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
     int off[N_EXP + 1];
@@ -528,13 +628,16 @@ int main(int argc, char **argv) {
     row("- OLMoE-1B-7B experts: %d tokens x top-%d of %d experts, random routing: %d rows, %d..%d per expert\n",
         TOKENS, TOP_K, N_EXP, off[N_EXP], mn, mxr);
     int dgrad = argc > 1 && !strcmp(argv[1], "dgrad"), wgrad = argc > 1 && !strcmp(argv[1], "wgrad");
+    int dense = argc > 1 && !strcmp(argv[1], "dense");
     row("- each entry the median of %d runs after %d warm-ups (CUDA events); GEMM rows: %d interleaved rounds of "
         "all %s, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
         "FLOPs 2 R C OC\n\n",
-        RUNS, WARMUP, ROUNDS, dgrad ? "two" : wgrad ? "three" : "five");
+        RUNS, WARMUP, ROUNDS, dgrad ? "two" : wgrad ? "three" : dense ? "four" : "five");
     row("| layer | kernel | ms | rate | vs BF16 |\n|---|---|---:|---:|---:|\n");
-    const char *out = argc > 1 + (dgrad || wgrad) ? argv[1 + (dgrad || wgrad)] : NULL;
-    if (wgrad) {
+    const char *out = argc > 1 + (dgrad || wgrad || dense) ? argv[1 + (dgrad || wgrad || dense)] : NULL;
+    if (dense) {
+        bench_dense("OLMoE-1B-7B q/k/v/o, 8192 tokens", 8192, 2048, 2048);
+    } else if (wgrad) {
         bench_wgrad("down: dY [R, 2048], act [R, 1024]", off, 1024, 2048);
         bench_wgrad("gate or up: dG [R, 1024], x [R, 2048]", off, 2048, 1024);
     } else if (dgrad) {

@@ -24,8 +24,12 @@
 // - the FP8 dispatch payload of ep > 1 (test_payload): pack and unpack bit
 //   for bit against the CPU's, and the whole chain (quantise at the source,
 //   pack, move, unpack) against the CPU quantiser after the move.
+// - fp8.gemms: experts_dense (dense_tests): the quantiser with transposed
+//   scales bit for bit, the cuBLASLt block-scaled FP8 GEMM (forward, +=,
+//   data-grad) against fp8_matmul_ref, outputs poisoned first.
 // Argument "dgrad": the data-grad checks and the small GEMM check only;
-// "wgrad": wgrad_tests only; "payload": test_payload only.
+// "wgrad": wgrad_tests only; "payload": test_payload only; "dense":
+// dense_tests only.
 // Ends with "N passed, N failed".
 #include <math.h>
 #include <stdint.h>
@@ -673,6 +677,96 @@ static void test_dgrad(const char *name, const int *off, int E, int C, int OC, i
     cuda_free(dy); cuda_free(dqy); cuda_free(dqt); cuda_free(dsy); cuda_free(dst); cuda_free(doff); cuda_free(dx);
 }
 
+// fp8.gemms: experts_dense (gemm_fp8.cu): the quantiser with transposed
+// scales (bit for bit against fp8_quantize_1x128_t of the BF16 values), and
+// the cuBLASLt block-scaled FP8 GEMM, forward (= and +=) and data-grad (the
+// transposed copy of cuda_fp8_quantize_128x128_t), against fp8_matmul_ref
+// on the device's own codes and scales; outputs poisoned first. Rows and
+// tiles of x, dY and the weights' blocks get different magnitudes, so a
+// scale read from the wrong tile or block shows.
+static void test_dense(const char *name, int N, int C, int OC) {
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    int ct = C / 128, ot = OC / 128;
+    char why[300] = "", what[160];
+    int sup = cuda_fp8_dense_supports(N, C, OC, why, sizeof why);
+    gt_ok(sup, "fp8 dense %s: cuBLASLt has block-scaled FP8 algorithms for N %d, %d -> %d and back%s%s", name, N, C,
+          OC, sup ? "" : ": ", why);
+    if (!sup) return;
+    float *x = gt_malloc(nx * 4), *w = gt_malloc(nw * 4), *y = gt_malloc(ny * 4), *y0 = gt_malloc(ny * 4);
+    gt_fill(x, nx, GT_NORMAL, 0, 1, 1, 61);
+    gt_fill(w, nw, GT_NORMAL, 0, 1 / sqrtf((float)C), 0, 62);
+    gt_fill(y, ny, GT_NORMAL, 0, 1, 1, 63);
+    gt_fill(y0, ny, GT_NORMAL, 0, 1, 1, 64);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) x[(size_t)r * C + c] *= (float)(1 << ((r % 3 + c / 128) % 6));
+    for (int r = 0; r < N; r++)
+        for (int o = 0; o < OC; o++) y[(size_t)r * OC + o] *= (float)(1 << ((r % 5 + 2 * (o / 128)) % 7));
+    for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++) w[(size_t)o * C + c] *= ldexpf(1.0f, (3 * (o / 128) + c / 128) % 5 - 2);
+    void *dx = gt_dev_bf16(x, nx), *dy = gt_dev_bf16(y, ny);
+    float *dw = gt_dev_bytes(w, nw * 4);
+    uint8_t *dqx = cuda_alloc(nx), *dqy = cuda_alloc(ny), *dqw = cuda_alloc(nw), *dqwt = cuda_alloc(nw);
+    float *dsx = cuda_alloc((size_t)N * ct * 4), *dsy = cuda_alloc((size_t)N * ot * 4);
+    float *dsw = cuda_alloc((size_t)ot * ct * 4), *dswt = cuda_alloc((size_t)ot * ct * 4);
+    gt_poison(dqx, nx); gt_poison(dsx, (size_t)N * ct * 4);
+    check_rc(cuda_fp8_quantize_rows_t(dqx, dsx, dx, N, C), "quantize_rows_t");
+    check_rc(cuda_fp8_quantize_rows_t(dqy, dsy, dy, N, OC), "quantize_rows_t");
+    check_rc(cuda_fp8_quantize_128x128_t(dqw, dsw, dqwt, dswt, OC, 0, dw, 1, OC, C), "quantize_128x128_t");
+    uint8_t *qx = gt_host_bytes(dqx, nx), *qy = gt_host_bytes(dqy, ny), *qw = gt_host_bytes(dqw, nw);
+    uint8_t *qwt = gt_host_bytes(dqwt, nw);
+    float *sx = gt_host_bytes(dsx, (size_t)N * ct * 4), *sy = gt_host_bytes(dsy, (size_t)N * ot * 4);
+    float *sw = gt_host_bytes(dsw, (size_t)ot * ct * 4), *swt = gt_host_bytes(dswt, (size_t)ot * ct * 4);
+    // the quantiser, bit for bit (x holds the BF16 values the device read)
+    uint8_t *rq = gt_malloc(nx);
+    float *rs = gt_malloc((size_t)N * ct * 4);
+    fp8_quantize_1x128_t(rq, rs, x, N, C);
+    snprintf(what, sizeof what, "fp8 dense %s: 1x128 quantiser, transposed scales: values", name);
+    gt_check_bits(what, qx, rq, nx, 1);
+    snprintf(what, sizeof what, "fp8 dense %s: 1x128 quantiser, transposed scales: scales", name);
+    gt_check_bits(what, sx, rs, (size_t)N * ct, 4);
+    // forward
+    float *ref = gt_malloc(ny * 4), *ref_acc = gt_malloc(ny * 4), *refd = gt_malloc(nx * 4);
+    fp8_matmul_ref(ref, qx, sx, qw, sw, N, C, OC);
+    void *dout = cuda_alloc(ny * 2), *ddx = cuda_alloc(nx * 2);
+    gt_poison(dout, ny * 2);
+    check_rc(cuda_fp8_dense_matmul(dout, dqx, dsx, dqw, dsw, N, C, OC, 0), "fp8 dense forward");
+    float *got = gt_host_bf16(dout, ny);
+    snprintf(what, sizeof what, "fp8 dense %s forward: [%d, %d] x [%d, %d]^T", name, N, C, OC, C);
+    gt_check(what, got, ref, ny, 4e-3);
+    // forward, accumulating into y0 (beta = 1)
+    void *dy0 = gt_dev_bf16(y0, ny);
+    check_rc(cuda_fp8_dense_matmul(dy0, dqx, dsx, dqw, dsw, N, C, OC, 1), "fp8 dense forward +=");
+    float *got_acc = gt_host_bf16(dy0, ny);
+    for (size_t i = 0; i < ny; i++) ref_acc[i] = ref[i] + y0[i];
+    snprintf(what, sizeof what, "fp8 dense %s forward, +=", name);
+    gt_check(what, got_acc, ref_acc, ny, 4e-3);
+    // data-grad dX [N, C] = deq(dY) deq(W): the transposed copy (its bytes: the forward copy's, moved)
+    uint8_t *tq = gt_malloc(nw);
+    float *ts = gt_malloc((size_t)ot * ct * 4);
+    fp8_transpose_128x128(tq, ts, OC, 0, qw, sw, 1, OC, C);
+    snprintf(what, sizeof what, "fp8 dense %s: transposed weight copy", name);
+    gt_check_bits(what, qwt, tq, nw, 1);
+    fp8_matmul_ref(refd, qy, sy, qwt, swt, N, OC, C);
+    gt_poison(ddx, nx * 2);
+    check_rc(cuda_fp8_dense_matmul(ddx, dqy, dsy, dqwt, dswt, N, OC, C, 0), "fp8 dense data-grad");
+    float *gotd = gt_host_bf16(ddx, nx);
+    snprintf(what, sizeof what, "fp8 dense %s data-grad: [%d, %d] x [%d, %d]", name, N, OC, OC, C);
+    gt_check(what, gotd, refd, nx, 4e-3);
+    free(x); free(w); free(y); free(y0); free(qx); free(qy); free(qw); free(qwt); free(sx); free(sy); free(sw);
+    free(swt); free(rq); free(rs); free(ref); free(ref_acc); free(refd); free(got); free(got_acc); free(tq); free(ts);
+    free(gotd);
+    cuda_free(dx); cuda_free(dy); cuda_free(dw); cuda_free(dqx); cuda_free(dqy); cuda_free(dqw); cuda_free(dqwt);
+    cuda_free(dsx); cuda_free(dsy); cuda_free(dsw); cuda_free(dswt); cuda_free(dout); cuda_free(ddx); cuda_free(dy0);
+}
+
+static void dense_tests(void) {
+    char probe[1024];
+    cuda_fp8_dense_probe(8192, 2048, 2048, probe, sizeof probe);
+    printf("cuBLASLt block-scaled FP8 heuristics, 8192 tokens, 2048 -> 2048:\n%s", probe);
+    test_dense("small (K/128 = 3: padded block scales)", 256, 384, 256);
+    test_dense("OLMoE-1B-7B q/k/v/o (8192 tokens, 2048 -> 2048)", 8192, 2048, 2048);
+}
+
 // fp8.wgrad: fp8's checks (the fake quantiser, the speed path)
 // A random permutation of 0..n-1 (gt_irand's stream).
 static int *random_perm(int n) {
@@ -779,6 +873,10 @@ int main(int argc, char **argv) {
         test_payload();
         return gt_finish();
     }
+    if (argc > 1 && !strcmp(argv[1], "dense")) {
+        dense_tests();
+        return gt_finish();
+    }
     if (argc > 1 && !strcmp(argv[1], "wgrad")) {
         test_div_bf16_all();
         wgrad_tests();
@@ -811,5 +909,6 @@ int main(int argc, char **argv) {
     test_dgrad("OLMoE gate/up pair ([dG | dU] [R, 2048] x [Wg; Wu])", off, 64, 2048, 1024, 1);
     free(off);
     if (!dgrad_only) wgrad_tests();
+    if (!dgrad_only) dense_tests();
     return gt_finish();
 }

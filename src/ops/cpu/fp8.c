@@ -232,3 +232,30 @@ void fp8_grouped_matmul_ref(float *out, const uint8_t *qa, const float *sa, cons
     free(a);
     free(w);
 }
+
+void fp8_quantize_1x128_t(uint8_t *q, float *st, const float *x, int R, int C) {
+    int nt = C / FP8_BLOCK;
+    float *s = mallocCheck((size_t)R * nt * sizeof(float) + 1);
+    fp8_quantize_1x128(q, s, x, R, C);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < nt; t++) st[(size_t)t * R + r] = s[(size_t)r * nt + t];
+    free(s);
+}
+
+void fp8_dequantize_1x128_t(float *x, const uint8_t *q, const float *st, int R, int C) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            x[(size_t)r * C + c] = fp8_e4m3_to_float(q[(size_t)r * C + c]) * st[(size_t)(c / FP8_BLOCK) * R + r];
+}
+
+void fp8_matmul_ref(float *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C,
+                    int OC) {
+    float *a = mallocCheck((size_t)N * C * sizeof(float) + 1);
+    float *w = mallocCheck((size_t)OC * C * sizeof(float) + 1);
+    fp8_dequantize_1x128_t(a, qa, st, N, C);
+    fp8_dequantize_128x128(w, qw, sw, 1, OC, C);
+    ops_cpu.matmul_forward(out, a, w, N, C, OC);
+    free(a);
+    free(w);
+}

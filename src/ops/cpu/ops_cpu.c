@@ -222,6 +222,19 @@ static void c_fp8_grouped_matmul_forward(void *out, const uint8_t *qa, const flo
                                   const int *offsets, int E, int C, int OC) {
     fp8_grouped_matmul_ref(F(out), qa, sa, qw, sw, offsets, E, C, OC);
 }
+static void c_fp8_quantize_rows_t(uint8_t *q, float *st, const void *x, int R, int C) {
+    fp8_quantize_1x128_t(q, st, CF(x), R, C);
+}
+// the reference's FP32 product, added in FP32 where the output accumulates
+static void c_fp8_matmul(void *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C,
+                         int OC, int accumulate) {
+    if (!accumulate) { fp8_matmul_ref(F(out), qa, st, qw, sw, N, C, OC); return; }
+    float *y = mallocCheck((size_t)N * OC * sizeof(float) + 1);
+    fp8_matmul_ref(y, qa, st, qw, sw, N, C, OC);
+    float *o = F(out);
+    for (size_t i = 0; i < (size_t)N * OC; i++) o[i] += y[i];
+    free(y);
+}
 static void c_crossentropy_forward(float *losses, const void *logits, const int *targets, int N, int V) {
     cpu_crossentropy_forward(losses, CF(logits), targets, N, V);
 }
@@ -320,6 +333,8 @@ const Ops ops_cpu = {
     .fp8_unpack_rows = c_fp8_unpack_rows,
     .fp8_fake_quantize_tokens = c_fp8_fake_quantize_tokens,
     .fp8_grouped_matmul_forward = c_fp8_grouped_matmul_forward,
+    .fp8_quantize_rows_t = c_fp8_quantize_rows_t,
+    .fp8_matmul = c_fp8_matmul,
     .crossentropy_forward = c_crossentropy_forward,
     .crossentropy_backward = c_crossentropy_backward,
     .crossentropy_fused = c_crossentropy_fused,

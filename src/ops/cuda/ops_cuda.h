@@ -135,6 +135,16 @@ void cuda_grouped_set_variant(int v);         // grouped_wgmma.cu
 void cuda_crossentropy_set_streaming(int on); // loss.cu
 int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen);             // router.cu
 int cuda_supports(const OpDesc *d, char *why, size_t whylen);                              // ops_cuda_table.c
+// gemm_fp8.cu: the dense GEMMs in FP8 (cuBLASLt block scaling) and their quantiser
+int cuda_fp8_dense_supports(int N, int C, int OC, char *why, size_t whylen);
+void cuda_fp8_quantize_rows_t_op(uint8_t *q, float *st, const void *x, int R, int C);
+void cuda_fp8_matmul_op(void *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C,
+                        int OC, int accumulate);
+int cuda_fp8_quantize_rows_t(uint8_t *q, float *st, const void *x, int R, int C);
+void cuda_fp8_dense_probe(int N, int C, int OC, char *out, size_t len);
+int cuda_fp8_dense_matmul(void *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C,
+                          int OC, int accumulate);
+
 // fp8.cu: the FP8 entries of the op table (ops.h) and the sizes they take
 int cuda_fp8_supports(int E, int C, int OC, char *why, size_t whylen);
 void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0, const float *w,

@@ -199,6 +199,11 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw, const int *offsets, \
        int E, int C, int OC),                                                                                \
       (out, qa, sa, qw, sw, offsets, E, C, OC))                                                              \
+    X(fp8_quantize_rows_t, C_OTHER, (uint8_t *q, float *st, const void *x, int R, int C), (q, st, x, R, C))      \
+    X(fp8_matmul, C_DENSE,                                                                                   \
+      (void *out, const uint8_t *qa, const float *st, const uint8_t *qw, const float *sw, int N, int C, int OC, \
+       int accumulate),                                                                                      \
+      (out, qa, st, qw, sw, N, C, OC, accumulate))                                                           \
     X(crossentropy_forward, C_OTHER, (float *losses, const void *logits, const int *targets, int N, int V),  \
       (losses, logits, targets, N, V))                                                                       \
     X(crossentropy_backward, C_OTHER,                                                                        \
@@ -269,11 +274,13 @@ static void timed_end(int op) {
     ev_op[n_pending++] = op;
 }
 
-// The two ops whose CUDA functions carry an _op suffix (fp8_cuda.h has the
+// The ops whose CUDA functions carry an _op suffix (fp8_cuda.h has the
 // unsuffixed ones, which return a status).
 #define cuda_fp8_quantize_tokens_t cuda_fp8_quantize_tokens_t_op
 #define cuda_fp8_requantize_tokens_t cuda_fp8_requantize_tokens_t_op
 #define cuda_fp8_grouped_wgrad cuda_fp8_grouped_wgrad_op
+#define cuda_fp8_quantize_rows_t cuda_fp8_quantize_rows_t_op
+#define cuda_fp8_matmul cuda_fp8_matmul_op
 #define OP_WRAPPER(name, cls, params, args) \
     static void timed_##name params { timed_begin(); cuda_##name args; timed_end(OP_##name); }
 TIMED_OPS(OP_WRAPPER)

@@ -10,6 +10,7 @@ int cuda_supports(const OpDesc *d, char *why, size_t whylen) {
     case OP_ROUTER: return cuda_router_supports(d->E, d->k, d->routing, why, whylen);
     case OP_FP8_GROUPED: return cuda_fp8_supports(d->E, d->C, d->OC, why, whylen);
     case OP_FP8_WGRAD: return cuda_fp8_wgrad_supports(d->E, d->C, d->OC, why, whylen);
+    case OP_FP8_DENSE: return cuda_fp8_dense_supports(d->N, d->C, d->OC, why, whylen);
     }
     return 1;
 }
@@ -89,6 +90,8 @@ const Ops ops_cuda = {
     .fp8_requantize_tokens_t = cuda_fp8_requantize_tokens_t_op,
     .fp8_grouped_wgrad = cuda_fp8_grouped_wgrad_op,
     .fp8_grouped_matmul_forward = cuda_fp8_grouped_matmul_forward,
+    .fp8_quantize_rows_t = cuda_fp8_quantize_rows_t_op,
+    .fp8_matmul = cuda_fp8_matmul_op,
     .crossentropy_forward = cuda_crossentropy_forward,
     .crossentropy_backward = cuda_crossentropy_backward,
     .crossentropy_fused = cuda_crossentropy_fused,
