@@ -31,6 +31,8 @@
 #     block), d_model + 4 d_model / 128 bytes a row in FP8, d_model act
 #     elements (FP32 on the CPU) in the compute dtype: FP8's payload is
 #     (D + 4 D/128) / (2 D) = 0.516 of a BF16 one (what GPUs send).
+#     fp8.gemms: experts_dense with ep2, 5 steps within 1e-3 (the reason at
+#     the check).
 #  4. the default dispatch (auto) is the all-to-all for fp8, and the symmetric
 #     one is refused with fp8, naming parallel.ep_backend.
 set -u
@@ -86,6 +88,20 @@ for w in bf16 fp8; do
   against_one_rank "train_$w" "5 steps, fp8.wgrad $w" "--train.steps=5 --train.warmup_steps=2 --optim.lr=3e-3 --fp8.wgrad=$w" \
     "--train.micro_batch=4" "ep2 2 --parallel.dp=2 --parallel.ep=2"
 done
+
+# fp8.gemms: experts_dense beside the dispatch (its dense FP8 GEMMs do not
+# move): the one-step check cannot hold it, since one rank's dense GEMMs run
+# the ep group's micro-batch (64 rows) where each ep rank runs its own 32 and
+# OpenBLAS's other rounding flips codes (one step: weights 9.7e-4 apart,
+# 2026-12-02); over 5 steps ep2 stayed within 1.7e-4..5.6e-4 of one rank
+# (seeds 1-3), while ep2 without experts_dense (the dense GEMMs in FP32) is
+# 2.3e-3..3.0e-3 away: 1e-3 tells them apart.
+tol_loss=1e-3
+against_one_rank train_dense "5 steps, fp8.gemms experts_dense" \
+  "--train.steps=5 --train.warmup_steps=2 --optim.lr=3e-3 --fp8.gemms=experts_dense" "--train.micro_batch=4" \
+  "ep2 2 --parallel.dp=2 --parallel.ep=2"
+grep -q "fp8.gemms: experts_dense" "$tmp/ep2_train_dense.log" && ok "ep2 with experts_dense says so" \
+  || bad "ep2 with experts_dense: no fp8.gemms: experts_dense in its log"
 
 # ---- 3. the dispatch's bytes ----------------------------------------------------------------
 run bf16_ep2 2 $one --train.precision=bf16 --parallel.dp=2 --parallel.ep=2 --parallel.ep_backend=a2a \
