@@ -729,7 +729,7 @@ static void print_table(FILE *f, const PlanInput *in, const Results *rs, int top
     for (int i = 0; i < rs->n && i < top; i++)
         if (rs->r[i].fits && (rs->r[i].lay.pp > 1 || rs->r[i].lay.fp8)) {
             fprintf(f, "(pp > 1 and mxfp8 are modelled: the trainer runs pp on CPU ranks only, and FP8 as block128 "
-                       "with ep 1 and pp 1 only, README \"FP8\")\n");
+                       "with pp 1 only (ep > 1 over the all-to-all dispatch), README \"FP8\")\n");
             break;
         }
 }
@@ -769,7 +769,7 @@ static int usage_plan(FILE *f) {
                "  (missing parts: dp1 ep1 pp1 v1 1f1b, not sharded, none, norms, attention and SwiGLU kept\n"
                "  (keepnorms, keepattn, keepswiglu), mb1, bf16). --where keeps the layouts\n"
                "  with the parts given (e.g. ep8/pp4/unsharded/keepattn). mxfp8 is modelled (the FP8 expert GEMM\n"
-               "  rate, activations at BF16); the trainer's FP8 (block128) runs with ep 1 and pp 1 only.\n");
+               "  rate, activations at BF16); the trainer's FP8 (block128) runs with pp 1 only.\n");
     return f == stdout ? 0 : 2;
 }
 
