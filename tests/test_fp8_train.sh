@@ -49,10 +49,8 @@ small=(--data.train="$tmp/train.bin" --data.eval="$tmp/eval.bin" --model.d_model
 train() { $bin train configs/tiny.yaml "${small[@]}" "$@"; }
 losses() { $py -c 'import json,sys; [print(json.loads(l)["step"], repr(json.loads(l)["loss"])) for l in open(sys.argv[1])]' "$1"; }
 
-for p in bf16 fp8; do
-  train --train.precision=$p --logging.run_dir="$tmp/$p" >"$tmp/$p.log" 2>&1 || { cat "$tmp/$p.log"; bad "$p run failed"; }
-done
-$py - "$tmp/bf16/metrics.jsonl" "$tmp/fp8/metrics.jsonl" <<'PY' && ok "fp8 trains and tracks bf16" || bad "fp8 vs bf16 losses"
+tracks() { # name of the bf16 run, name of the fp8 run: the bound of part 1 (its reason above)
+  $py - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" <<'PY'
 import json, sys
 b, f = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
 assert len(b) == len(f) == 40, (len(b), len(f))
@@ -63,6 +61,11 @@ print(f"losses: bf16 {b[0]:.4f} -> {tail_b:.4f}, fp8 {f[0]:.4f} -> {tail_f:.4f} 
 assert f[0] - tail_f > 0.5, "fp8 loss did not fall"
 assert rel < 0.02, rel
 PY
+}
+for p in bf16 fp8; do
+  train --train.precision=$p --logging.run_dir="$tmp/$p" >"$tmp/$p.log" 2>&1 || { cat "$tmp/$p.log"; bad "$p run failed"; }
+done
+tracks bf16 fp8 && ok "fp8 trains and tracks bf16" || bad "fp8 vs bf16 losses"
 grep -q "precision: fp8" "$tmp/fp8.log" && ok "fp8 run says its precision" || bad "no precision line"
 
 # ---- 1b. fp8.wgrad: fp8: the weight-grads' operands quantised along the tokens ----------
@@ -96,19 +99,6 @@ done
 grep -q "FP8 expert weights [0-9]* B" "$tmp/fp8.log" && ok "memory line names the FP8 weights" || bad "no FP8 weights in the memory line"
 
 # ---- 5. fp8.gemms: experts_dense ----------------------------------------------------
-tracks() { # name of the bf16 run, name of the fp8 run: the part 1 bound (and its reason)
-  $py - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" <<'PY'
-import json, sys
-b, f = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
-assert len(b) == len(f) == 40, (len(b), len(f))
-tail_b, tail_f = sum(b[-5:]) / 5, sum(f[-5:]) / 5
-rel = abs(tail_f - tail_b) / tail_b
-print(f"losses: bf16 {b[0]:.4f} -> {tail_b:.4f}, fp8 {f[0]:.4f} -> {tail_f:.4f} (means of the last 5); "
-      f"rel diff {rel:.2e}; worst step {max(abs(x - y) / y for x, y in zip(f, b)):.2e}")
-assert f[0] - tail_f > 0.5, "fp8 loss did not fall"
-assert rel < 0.02, rel
-PY
-}
 dense=(--train.precision=fp8 --fp8.gemms=experts_dense)
 train "${dense[@]}" --logging.run_dir="$tmp/fd" >"$tmp/fd.log" 2>&1 || { cat "$tmp/fd.log"; bad "experts_dense run failed"; }
 tracks bf16 fd && ok "experts_dense trains and tracks bf16" || bad "experts_dense vs bf16 losses"

@@ -344,7 +344,9 @@ void model_init_weights(Model *m, uint64_t seed) {
 }
 
 int model_fp8_wgrad_gemm(const Model *m) {
-    if (!m->fp8 || m->fp8_wgrad != 2 || !m->ops->fp8_grouped_wgrad || !m->ops->fp8_quantize_tokens_t) return 0;
+    if (!m->fp8 || m->fp8_wgrad != 2 || !m->ops->fp8_grouped_wgrad || !m->ops->fp8_quantize_tokens_t ||
+        !m->ops->fp8_requantize_tokens_t)
+        return 0;
     if (!m->ops->supports) return 1;
     const ModelConfig *c = &m->cfg;
     char why[300];
@@ -1363,19 +1365,6 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
 }
 
-// fp8.wgrad: fp8's B operand of an FP8 input q, s [R, C] (1 x 128): quantised
-// along the tokens from its dequantised values, in one pass where the
-// backend can (fp8_requantize_tokens_t), else through fp8_deq.
-static void fp8_input_tokens_t(Model *m, const uint8_t *q, const float *s, const int *lo, int R, int C) {
-    const Ops *ops = m->ops;
-    if (ops->fp8_requantize_tokens_t) {
-        ops->fp8_requantize_tokens_t(m->fp8_wqb, m->fp8_wsb, q, s, lo, m->E_local, C, m->fp8_ldk);
-        return;
-    }
-    ops->fp8_dequantize_rows(m->fp8_deq, q, s, R, C);
-    ops->fp8_quantize_tokens_t(m->fp8_wqb, m->fp8_wsb, m->fp8_deq, lo, m->E_local, C, m->fp8_ldk);
-}
-
 // fp8_moe_experts_forward's backward. The data-grads in FP8: the output
 // grads quantised 1 x 128 (the down's as they come, the gate/up pair's as
 // the SwiGLU backward writes them, side by side: one GEMM with K = 2 Fe),
@@ -1403,7 +1392,7 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     int ldk = m->fp8_ldk;
     if (m->fp8_wqa) { // fp8.wgrad: fp8 on the FP8 weight-grad GEMM
         ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->dey, lo, El, D, ldk);
-        fp8_input_tokens_t(m, a->eaq, a->eas, lo, R, Fe);
+        ops->fp8_requantize_tokens_t(m->fp8_wqb, m->fp8_wsb, a->eaq, a->eas, lo, El, Fe, ldk); // from the FP8 input
         ops->fp8_grouped_wgrad(G(L->exp_down), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, Fe, D, ldk, accw);
     } else {
         ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
@@ -1420,7 +1409,7 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     int regather = (m->recompute == 1 || m->recompute == 2) && !a->use_plan;
     if (m->fp8_wqa) { // the input along the tokens once, then each output grad in turn
         if (regather) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
-        fp8_input_tokens_t(m, a->xq, a->xs, lo, R, D);
+        ops->fp8_requantize_tokens_t(m->fp8_wqb, m->fp8_wsb, a->xq, a->xs, lo, El, D, ldk);
         ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->deg, lo, El, Fe, ldk);
         ops->fp8_grouped_wgrad(G(L->exp_gate), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, D, Fe, ldk, accw);
         ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->deu, lo, El, Fe, ldk);

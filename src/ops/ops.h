@@ -303,7 +303,7 @@ typedef struct Ops {
     void (*fp8_quantize_tokens_t)(uint8_t *qt, float *st, const void *x, const int *offsets, int E, int C, int ldk);
     // The same (qt, st) of the act values fp8_dequantize_rows makes of q [R,C],
     // s (1 x 128 codes and scales), without writing them (NULL where
-    // fp8_quantize_tokens_t is: the model dequantises, then quantises).
+    // fp8_quantize_tokens_t is; the FP8 weight-grad GEMM needs both).
     void (*fp8_requantize_tokens_t)(uint8_t *qt, float *st, const uint8_t *q, const float *s, const int *offsets,
                                     int E, int C, int ldk);
     void (*fp8_grouped_wgrad)(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
