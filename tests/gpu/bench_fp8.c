@@ -143,7 +143,7 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
     free(got);
     // every variant schedules the same arithmetic: the default's bits
     uint16_t *bits3 = gt_host_bytes(c.out, no * 2);
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < FP8_GEMM_VARIANTS; v++) {
         char what[64];
         snprintf(what, sizeof what, "fp8 grouped forward variant %d: the default's bits", v);
         setenv("MOECORE_FP8_GEMM_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
@@ -161,22 +161,27 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
     // per-round ratios BF16 / FP8 (paired, so that a drift of the card's
     // clock between rounds cancels)
     double flops = 2.0 * R * C * OC;
-    double t[5][ROUNDS];
+    double t[1 + FP8_GEMM_VARIANTS][ROUNDS];
     for (int rd = 0; rd < ROUNDS; rd++) {
         t[0][rd] = time_ms(run_bf16, &c);
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < FP8_GEMM_VARIANTS; v++) {
             setenv("MOECORE_FP8_GEMM_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
             t[1 + v][rd] = time_ms(run_fp8, &c);
         }
         unsetenv("MOECORE_FP8_GEMM_VARIANT");
     }
-    static const char *label[5] = {"BF16 grouped forward (production)",
-                                   "FP8 variant 0: scales loaded at each stage's start, 4-byte stores",
-                                   "FP8 variant 1: scale prefetch, 4-byte stores",
-                                   "FP8 variant 2: scale prefetch, 16-byte stores",
-                                   "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups"};
-    double med[5];
-    for (int k = 0; k < 5; k++) {
+    static const char *label[1 + FP8_GEMM_VARIANTS] = {
+        "BF16 grouped forward (production)",
+        "FP8 variant 0: scales loaded at each stage's start, 4-byte stores",
+        "FP8 variant 1: scale prefetch, 4-byte stores",
+        "FP8 variant 2: scale prefetch, 16-byte stores",
+        "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups",
+        "FP8 variant 4: 128 x 128 tiles, double-buffered partials",
+        "FP8 variant 5: variant 4 in 2-CTA clusters, A multicast",
+        "FP8 variant 6: variant 5, the next tile's first stage under the epilogue",
+        "FP8 variant 7: variant 4, the next tile's first stage under the epilogue"};
+    double med[1 + FP8_GEMM_VARIANTS];
+    for (int k = 0; k < 1 + FP8_GEMM_VARIANTS; k++) {
         float x[ROUNDS], ratio[ROUNDS];
         double lo = 1e30, hi = 0;
         for (int rd = 0; rd < ROUNDS; rd++) {
@@ -447,7 +452,7 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
     float *got = gt_host_f32(c.dw, nw);
     gt_check("fp8 wgrad vs bf16 wgrad of the fake-quantised operands", got, ref, nw, 1e-2);
     free(ref);
-    for (int v = 0; v < 1; v++) { // the other variant: the default's bits (=)
+    for (int v = 0; v < 3; v++) { // every variant: the default's bits (=)
         char what[64], var[2] = {(char)('0' + v), 0};
         snprintf(what, sizeof what, "fp8 wgrad variant %d: the default's bits", v);
         setenv("MOECORE_FP8_WGRAD_VARIANT", var, 1);
@@ -460,21 +465,22 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
     unsetenv("MOECORE_FP8_WGRAD_VARIANT");
     free(got);
 
-    // ROUNDS interleaved rounds of {BF16, FP8 variant 0, FP8 variant 1 (default)}, all +=
-    double flops = 2.0 * R * C * OC, t[3][ROUNDS];
+    // ROUNDS interleaved rounds of {BF16, FP8 variants 0, 1 (default), 2}, all +=
+    double flops = 2.0 * R * C * OC, t[4][ROUNDS];
     for (int rd = 0; rd < ROUNDS; rd++) {
         t[0][rd] = time_ms(w_bf16, &c);
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 3; v++) {
             setenv("MOECORE_FP8_WGRAD_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
             t[1 + v][rd] = time_ms(w_fp8, &c);
         }
         unsetenv("MOECORE_FP8_WGRAD_VARIANT");
     }
-    static const char *label[3] = {"BF16 weight-grad (production, +=)",
+    static const char *label[4] = {"BF16 weight-grad (production, +=)",
                                    "FP8 weight-grad, variant 0: stores from registers (+=)",
-                                   "FP8 weight-grad, variant 1 (default): TMA reduce-add from shared memory (+=)"};
-    double med[3];
-    for (int k = 0; k < 3; k++) {
+                                   "FP8 weight-grad, variant 1 (default): TMA reduce-add from shared memory (+=)",
+                                   "FP8 weight-grad, variant 2: 128 x 128 tiles, double-buffered partials (+=)"};
+    double med[4];
+    for (int k = 0; k < 4; k++) {
         float v[ROUNDS], ratio[ROUNDS];
         double lo = 1e30, hi = 0;
         for (int rd = 0; rd < ROUNDS; rd++) {

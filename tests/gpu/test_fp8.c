@@ -28,6 +28,7 @@
 //   scales bit for bit, the cuBLASLt block-scaled FP8 GEMM (forward, +=,
 //   data-grad) against fp8_matmul_ref, outputs poisoned first.
 // Argument "dgrad": the data-grad checks and the small GEMM check only;
+// "gemm": the grouped GEMM checks (every kernel variant) and the data-grads;
 // "wgrad": wgrad_tests only; "payload": test_payload only; "dense":
 // dense_tests only.
 // Ends with "N passed, N failed".
@@ -226,7 +227,7 @@ static void test_gemm(const char *name, const int *off, int E, int C, int OC) {
     fp8_grouped_matmul_ref(ref, qa, sa, qw, sw, off, E, C, OC);
     int *doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
     void *dout = cuda_alloc(no * 2 + 16);
-    for (int v = 0; v < 4; v++) { // the kernel's variants (fp8.cu), then the default (3) again
+    for (int v = 0; v < FP8_GEMM_VARIANTS; v++) { // the kernel's variants (fp8.cu), then the default again
         setenv("MOECORE_FP8_GEMM_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
         gt_poison(dout, no * 2);
         check_rc(cuda_fp8_grouped_forward(dout, dqa, dsa, dqw, dsw, doff, E, C, OC), "fp8 grouped forward");
@@ -601,8 +602,8 @@ static void test_wgrad(const char *name, const int *off, int E, int C, int OC) {
     float *ref2 = gt_malloc(nw * 4);
     for (size_t i = 0; i < nw; i++) ref2[i] = 2 * ref[i];
     int dims[4] = {E, OC, C, 0};
-    for (int v = 0; v < 2; v++) { // the epilogue variants (fp8.cu): stores from registers, TMA from shared memory
-        setenv("MOECORE_FP8_WGRAD_VARIANT", v ? "1" : "0", 1);
+    for (int v = 0; v < 3; v++) { // the variants (fp8.cu): stores from registers, TMA from shared memory, double-buffered
+        setenv("MOECORE_FP8_WGRAD_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
         gt_poison(ddw, nw * 4);
         check_rc(cuda_fp8_grouped_wgrad(ddw, dqy, dsy, dqx, dsx, doff, E, C, OC, ldk, 0), "fp8 grouped wgrad");
         float *g = gt_host_f32(ddw, nw);
@@ -666,12 +667,22 @@ static void test_dgrad(const char *name, const int *off, int E, int C, int OC, i
     fp8_grouped_matmul_ref(ref, qy, sy, qt, st, off, E, K, C);
     int *doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
     void *dx = cuda_alloc(nx * 2 + 16);
+    char what[128];
+    int dims[3] = {R, C, 0};
+    for (int v = 0; v < FP8_GEMM_VARIANTS; v++) { // every variant of the kernel, then the default
+        setenv("MOECORE_FP8_GEMM_VARIANT", (char[2]){(char)('0' + v), 0}, 1);
+        gt_poison(dx, nx * 2);
+        check_rc(cuda_fp8_grouped_forward(dx, dqy, dsy, dqt, dst, doff, E, K, C), "fp8 data-grad");
+        float *g = gt_host_bf16(dx, nx);
+        snprintf(what, sizeof what, "fp8 data-grad %s (variant %d)", name, v);
+        gt_check(what, g, ref, nx, 4e-3);
+        free(g);
+    }
+    unsetenv("MOECORE_FP8_GEMM_VARIANT");
     gt_poison(dx, nx * 2);
     check_rc(cuda_fp8_grouped_forward(dx, dqy, dsy, dqt, dst, doff, E, K, C), "fp8 data-grad");
     float *got = gt_host_bf16(dx, nx);
-    char what[128];
     snprintf(what, sizeof what, "fp8 data-grad %s R=%d %d->%d", name, R, K, C);
-    int dims[3] = {R, C, 0};
     gt_check_diag(what, got, ref, nx, 4e-3, dims, off, E);
     free(y); free(w); free(qt); free(st); free(qy); free(sy); free(ref); free(got);
     cuda_free(dy); cuda_free(dqy); cuda_free(dqt); cuda_free(dsy); cuda_free(dst); cuda_free(doff); cuda_free(dx);
@@ -882,7 +893,9 @@ int main(int argc, char **argv) {
         wgrad_tests();
         return gt_finish();
     }
-    int dgrad_only = argc > 1 && !strcmp(argv[1], "dgrad");
+    // dgrad: the data-grads alone; gemm: the grouped GEMM (every variant) and the data-grads
+    int gemm_only = argc > 1 && !strcmp(argv[1], "gemm");
+    int dgrad_only = gemm_only || (argc > 1 && !strcmp(argv[1], "dgrad"));
     if (!dgrad_only) {
         test_encode_all();
         test_div_bf16_all();
@@ -893,15 +906,17 @@ int main(int argc, char **argv) {
         test_quantize_128x128();
         test_quantize_mx();
     }
-    test_transposed();
-    test_swiglu_backward_quantize();
+    if (!gemm_only) {
+        test_transposed();
+        test_swiglu_backward_quantize();
+    }
     int small[7] = {0, 1, 1, 131, 431, 508, 700}; // uneven, one empty expert, one of a single row
     test_gemm("uneven", small, 6, 384, 512);
     test_dgrad("uneven", small, 6, 512, 256, 0);
     test_dgrad("uneven pair", small, 6, 512, 256, 1);
     int *off = malloc(65 * sizeof(int));
     gt_random_offsets(off, 2048, 64, 8);
-    if (!dgrad_only) {
+    if (!dgrad_only || gemm_only) {
         test_gemm("OLMoE up", off, 64, 2048, 1024);
         test_gemm("OLMoE down", off, 64, 1024, 2048);
     }

@@ -95,6 +95,9 @@ int cuda_fp8_payload_unpack(uint8_t *q, float *scale, const void *payload, const
 // and qw = W^T [E, C, OC] (cuda_fp8_quantize_128x128_t's copy).
 int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                              const int *offsets, int E, int C, int OC);
+// Its kernel variants (MOECORE_FP8_GEMM_VARIANT=0..FP8_GEMM_VARIANTS-1,
+// benchmarks and tests only; fp8.cu says what each does): the same bits.
+#define FP8_GEMM_VARIANTS 8
 
 #ifdef __cplusplus
 }
