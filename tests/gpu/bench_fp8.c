@@ -175,11 +175,7 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
         "FP8 variant 0: scales loaded at each stage's start, 4-byte stores",
         "FP8 variant 1: scale prefetch, 4-byte stores",
         "FP8 variant 2: scale prefetch, 16-byte stores",
-        "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups",
-        "FP8 variant 4: 128 x 128 tiles, double-buffered partials",
-        "FP8 variant 5: variant 4 in 2-CTA clusters, A multicast",
-        "FP8 variant 6: variant 5, the next tile's first stage under the epilogue",
-        "FP8 variant 7: variant 4, the next tile's first stage under the epilogue"};
+        "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups"};
     double med[1 + FP8_GEMM_VARIANTS];
     for (int k = 0; k < 1 + FP8_GEMM_VARIANTS; k++) {
         float x[ROUNDS], ratio[ROUNDS];
@@ -465,7 +461,7 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
     unsetenv("MOECORE_FP8_WGRAD_VARIANT");
     free(got);
 
-    // ROUNDS interleaved rounds of {BF16, FP8 variants 0, 1 (default), 2}, all +=
+    // ROUNDS interleaved rounds of {BF16, FP8 variants 0, 1, 2 (default)}, all +=
     double flops = 2.0 * R * C * OC, t[4][ROUNDS];
     for (int rd = 0; rd < ROUNDS; rd++) {
         t[0][rd] = time_ms(w_bf16, &c);
@@ -477,8 +473,8 @@ static void bench_wgrad(const char *name, const int *off, int C, int OC) {
     }
     static const char *label[4] = {"BF16 weight-grad (production, +=)",
                                    "FP8 weight-grad, variant 0: stores from registers (+=)",
-                                   "FP8 weight-grad, variant 1 (default): TMA reduce-add from shared memory (+=)",
-                                   "FP8 weight-grad, variant 2: 128 x 128 tiles, double-buffered partials (+=)"};
+                                   "FP8 weight-grad, variant 1: TMA reduce-add from shared memory (+=)",
+                                   "FP8 weight-grad, variant 2 (default): 128 x 128 tiles, double-buffered partials (+=)"};
     double med[4];
     for (int k = 0; k < 4; k++) {
         float v[ROUNDS], ratio[ROUNDS];
@@ -638,7 +634,7 @@ int main(int argc, char **argv) {
     row("- each entry the median of %d runs after %d warm-ups (CUDA events); GEMM rows: %d interleaved rounds of "
         "all %s, ms = median over rounds (min..max), vs BF16 = median of the rounds' BF16 / FP8 time ratios; "
         "FLOPs 2 R C OC\n\n",
-        RUNS, WARMUP, ROUNDS, dgrad ? "two" : wgrad ? "three" : dense ? "four" : "five");
+        RUNS, WARMUP, ROUNDS, dgrad ? "two" : wgrad ? "four" : dense ? "four" : "five");
     row("| layer | kernel | ms | rate | vs BF16 |\n|---|---|---:|---:|---:|\n");
     const char *out = argc > 1 + (dgrad || wgrad || dense) ? argv[1 + (dgrad || wgrad || dense)] : NULL;
     if (dense) {

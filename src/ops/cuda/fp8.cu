@@ -33,7 +33,20 @@
 // dropped (2026-12-02, bench/results/2026-12-02-h200-s4.md): the two
 // consumers taking turns to issue (named barriers), so that one's wait and
 // promotion would run under the other's wgmma: 0.92x (gate/up) and 0.94x
-// (down) with the stagger, 1.00x without; their wgmma already overlap. Tiles come from the device offsets like the BF16 kernels
+// (down) with the stagger, 1.00x without; their wgmma already overlap.
+// Also tried and dropped (2026-12-07, H100, bench/results/2026-12-07-h100-s5.md;
+// the code is commit 4585e2c's variants 4-7): 128 x 128 tiles with two
+// partial accumulators, so that a stage's wgmma run while the previous
+// stage is promoted: 0.95x / 0.91x variant 3 (gate/up / down), with the
+// tensor pipe no busier (ncu: 53.8% against 55.9%), so the promotion's
+// wait is not what holds the kernel at ~43% of the FP8 peak either; the
+// same in 2-CTA clusters with A multicast (TMA .multicast::cluster, remote
+// mbarrier arrivals): 0.34x / 0.38x, L2 71% busy for a third of the work
+// (not understood); the next tile's first stage issued under the epilogue:
+// slower (it spilled). What the shared pipe (ncu: 55.9%, the highest)
+// and the issue of four m64n128k32 per half leave is the next question:
+// an m64n256 wgmma per stage (one instruction stream for the whole tile
+// width, 128 partial registers) or A from registers. Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
 //
@@ -661,202 +674,11 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
     }
 }
 
-// ---- variants 4 and 5: 128 x 128 tiles, double-buffered partials ------------------
-// Why: above, a consumer warpgroup issues a half's four wgmma, waits for all
-// of them and only then promotes, so its tensor-core work stops at every
-// promotion, and the two warpgroups, released by the same full barrier,
-// drift into doing so at the same time (ncu: tensor pipe ~55% busy). Here a
-// consumer warpgroup owns 64 x 128 of a 128 x 128 tile, which leaves room
-// for two partial accumulators: stage kt's wgmma go into one while stage
-// kt - 1's, waited for with one group still in flight, are promoted from
-// the other, so each warpgroup keeps a batch queued on the tensor cores
-// while it promotes. Registers per consumer thread: 64 accumulators and 2 x
-// 64 partials. The same products and the same promotion order as the
-// kernel above, so the same bits.
-// The smaller tile reads 32 KB from L2 per K = 128 stage for half the
-// FLOPs of the 48 KB stage above; variant 5 (MCAST) pairs the blocks in
-// 2-CTA clusters over adjacent column tiles of the same rows (OC % 256 == 0,
-// so a pair never straddles two experts), each block loading its 64 rows of
-// A once for both (TMA multicast) and its own B: 24 KB from L2 a stage.
-// Then a stage's slot is free only when both blocks' consumers are done
-// with it: each consumer warp arrives on both blocks' empty barriers.
-constexpr int F8P_BN = 128, F8P_STAGES = 6;
+// 128 x 128 tiles of the weight-grad's variant 2 (below): a 16 KB A box and a
+// 16 KB B box a stage.
+constexpr int F8P_BN = 128;
 constexpr int F8P_A_BYTES = F8_BM * F8_BK, F8P_B_BYTES = F8P_BN * F8_BK; // 16 KB each
 constexpr int F8P_STAGE_BYTES = F8P_A_BYTES + F8P_B_BYTES;
-constexpr int F8P_TILE_BYTES = F8P_STAGES * F8P_STAGE_BYTES; // 192 KB
-
-__device__ __forceinline__ F8Tile f8p_locate(int t, const int *s_off, const int *s_tile, int E, int col_tiles) {
-    int e = grouped_tile_expert(t, s_tile, E), local = t - s_tile[e];
-    F8Tile tl;
-    tl.e = e;
-    tl.m0 = local / col_tiles * F8_BM;
-    tl.n0 = local % col_tiles * F8P_BN;
-    tl.r0 = s_off[e];
-    tl.rows = s_off[e + 1] - tl.r0;
-    return tl;
-}
-
-// A consumer warp's release of a stage slot (lane 0 for the warp).
-template <bool MCAST> __device__ __forceinline__ void f8p_release(uint32_t empty, int lane) {
-    if (lane == 0) {
-        if (MCAST) {
-            mbar_arrive_cluster(empty, 0);
-            mbar_arrive_cluster(empty, 1);
-        } else {
-            mbar_arrive(empty);
-        }
-    }
-}
-
-// The state a consumer warpgroup carries from stage to stage.
-struct F8PRing {
-    int slot, prev_slot;
-    uint32_t phase;
-    float s_lo, s_hi; // the previous stage's promotion scales (rows r, r + 8)
-};
-
-// Stage kt's four wgmma into cur, its promotion scales into g (they are
-// used one stage later). ptxas keeps the wgmma asynchronous only where every
-// read of a partial follows an unconditional wait (C7514 otherwise), hence
-// the peeled first stage and the pairs of stages below.
-__device__ __forceinline__ void f8p_issue(float (&cur)[64], int kt, F8PRing &g, float &s_lo, float &s_hi,
-                                          const float *sa_lo, const float *sa_hi, const float *sb_t, bool lo_ok,
-                                          bool hi_ok, uint32_t tiles, uint32_t full0, int cw) {
-    float a_lo = lo_ok ? sa_lo[kt] : 0.0f, a_hi = hi_ok ? sa_hi[kt] : 0.0f, b = sb_t[kt];
-    mbar_wait(full0 + 8 * g.slot, g.phase);
-    uint32_t st = tiles + g.slot * F8P_STAGE_BYTES;
-    uint64_t da = smem_desc(st + cw * 64 * 128), db = smem_desc(st + F8P_A_BYTES);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < F8_BK / 32; kk++) wgmma_fp8_n128(cur, da + 2 * kk, db + 2 * kk, kk > 0);
-    wgmma_commit();
-    fence_regs(cur);
-    s_lo = a_lo * b, s_hi = a_hi * b;
-}
-// Stage kt into cur; then stage kt - 1's (in prev) done, its slot handed
-// back and prev promoted into acc.
-template <bool MCAST>
-__device__ __forceinline__ void f8p_stage(float (&acc)[64], float (&cur)[64], float (&prev)[64], int kt, F8PRing &g,
-                                          const float *sa_lo, const float *sa_hi, const float *sb_t, bool lo_ok,
-                                          bool hi_ok, uint32_t tiles, uint32_t full0, uint32_t empty0, int cw, int lane) {
-    float s_lo, s_hi;
-    f8p_issue(cur, kt, g, s_lo, s_hi, sa_lo, sa_hi, sb_t, lo_ok, hi_ok, tiles, full0, cw);
-    wgmma_wait<1>();
-    fence_regs(prev);
-    f8p_release<MCAST>(empty0 + 8 * g.prev_slot, lane);
-    promote(acc, prev, g.s_lo, g.s_hi);
-    g.s_lo = s_lo, g.s_hi = s_hi;
-    g.prev_slot = g.slot;
-    ring_next(g.slot, g.phase, F8P_STAGES);
-}
-// The last stage's partial (in last): done, its slot handed back, promoted.
-template <bool MCAST>
-__device__ __forceinline__ void f8p_finish(float (&acc)[64], float (&last)[64], F8PRing &g, uint32_t empty0, int lane) {
-    wgmma_wait<0>();
-    fence_regs(last);
-    f8p_release<MCAST>(empty0 + 8 * g.prev_slot, lane);
-    promote(acc, last, g.s_lo, g.s_hi);
-}
-
-template <bool MCAST, bool OVERLAP>
-__global__ void __launch_bounds__(F8_THREADS, 1)
-fp8_grouped_fwd_pipe_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const float *sa, const float *sb,
-                            const int *offsets, int E, int N, int K) {
-    constexpr int S = F8P_STAGES;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
-    uint32_t tiles = (raw + 1023) & ~1023u; // the same offset in both blocks of a pair
-    uint32_t full0 = tiles + F8P_TILE_BYTES, empty0 = full0 + 8 * S;
-    int *s_off = (int *)(smem_raw + (tiles - raw) + F8P_TILE_BYTES + 16 * S);
-    int *s_tile = s_off + E + 1;
-    int col_tiles = N / F8P_BN, kb = K / F8_BK;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; s++) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, MCAST ? 16 : 8); // one arrival per consumer warp (of both blocks)
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
-    int total = grouped_tile_prefix<F8_BM>(s_off, E, col_tiles, s_tile);
-    // MCAST: tiles 2p and 2p + 1 (same expert and rows, adjacent columns) go
-    // to the two blocks of cluster p; both walk the same number of pairs.
-    uint32_t rank = MCAST ? cluster_ctarank() : 0;
-    int first = MCAST ? 2 * (int)cluster_id_x() + (int)rank : (int)blockIdx.x;
-    int step = MCAST ? 2 * (int)cluster_count_x() : (int)gridDim.x;
-    if (MCAST) cluster_sync_all(); // the peer's barriers exist before anything reaches them
-    int wg = threadIdx.x >> 7;
-
-    if (wg == 0) { // producer
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x == 0) {
-            int slot = 0;
-            uint32_t phase = 0;
-            for (int t = first; t < total; t += step) {
-                F8Tile tl = f8p_locate(t, s_off, s_tile, E, col_tiles);
-                for (int kt = 0; kt < kb; kt++) {
-                    mbar_wait(empty0 + 8 * slot, phase ^ 1);
-                    uint32_t st = tiles + slot * F8P_STAGE_BYTES, fb = full0 + 8 * slot;
-                    mbar_expect_tx(fb, F8P_STAGE_BYTES);
-                    if (MCAST)
-                        tma_load_2d_mcast(st + rank * (F8P_A_BYTES / 2), &maps.a, kt * F8_BK,
-                                          tl.r0 + tl.m0 + 64 * (int)rank, fb, (uint16_t)3);
-                    else
-                        tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
-                    tma_load_2d(st + F8P_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
-                    ring_next(slot, phase, S);
-                }
-            }
-        }
-        __syncwarp();
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-        int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-        F8PRing g = {0, 0, 0, 0.0f, 0.0f};
-        float acc[64], p0[64], p1[64];
-        bool issued = false; // OVERLAP: this tile's first stage was issued under the last one's epilogue
-        for (int t = first; t < total; t += step) {
-            F8Tile tl = f8p_locate(t, s_off, s_tile, E, col_tiles);
-            int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2); // this thread's rows r and r + 8 of the segment
-            bool lo_ok = r < tl.rows, hi_ok = r + 8 < tl.rows;
-            const float *sa_lo = sa + (size_t)(tl.r0 + r) * kb, *sa_hi = sa_lo + (size_t)8 * kb;
-            const float *sb_t = sb + ((size_t)tl.e * (N / 128) + tl.n0 / 128) * kb;
-#pragma unroll
-            for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-            if (!issued) {
-                f8p_issue(p0, 0, g, g.s_lo, g.s_hi, sa_lo, sa_hi, sb_t, lo_ok, hi_ok, tiles, full0, cw);
-                g.prev_slot = g.slot;
-                ring_next(g.slot, g.phase, F8P_STAGES);
-            }
-            int kt = 1;
-            for (; kt + 1 < kb; kt += 2) {
-                f8p_stage<MCAST>(acc, p1, p0, kt, g, sa_lo, sa_hi, sb_t, lo_ok, hi_ok, tiles, full0, empty0, cw, lane);
-                f8p_stage<MCAST>(acc, p0, p1, kt + 1, g, sa_lo, sa_hi, sb_t, lo_ok, hi_ok, tiles, full0, empty0, cw,
-                                 lane);
-            }
-            if (kt < kb) {
-                f8p_stage<MCAST>(acc, p1, p0, kt, g, sa_lo, sa_hi, sb_t, lo_ok, hi_ok, tiles, full0, empty0, cw, lane);
-                f8p_finish<MCAST>(acc, p1, g, empty0, lane);
-            } else {
-                f8p_finish<MCAST>(acc, p0, g, empty0, lane);
-            }
-            issued = false;
-            if (OVERLAP && t + step < total) { // the next tile's first stage, under this one's epilogue
-                F8Tile tn = f8p_locate(t + step, s_off, s_tile, E, col_tiles);
-                int rn = tn.m0 + cw * 64 + warp * 16 + (lane >> 2);
-                const float *na = sa + (size_t)(tn.r0 + rn) * kb;
-                f8p_issue(p0, 0, g, g.s_lo, g.s_hi, na, na + (size_t)8 * kb,
-                          sb + ((size_t)tn.e * (N / 128) + tn.n0 / 128) * kb, rn < tn.rows, rn + 8 < tn.rows, tiles,
-                          full0, cw);
-                g.prev_slot = g.slot;
-                ring_next(g.slot, g.phase, F8P_STAGES);
-                issued = true;
-            }
-            store_half_vec(acc, out + (size_t)tl.r0 * N, N, r, tl.n0, tl.rows);
-        }
-    }
-    if (MCAST) cluster_sync_all(); // no block leaves while its peer may still arrive on its barriers
-}
 
 // ---- fp8.wgrad: fp8, the speed path ------------------------------------------------
 // The weight-grad dw[e] = dout_e^T inp_e has the tokens as K, and FP8 wgmma
@@ -1132,13 +954,20 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
     if (TMA_EPI && issuer) bulk_wait<0>(); // the last writes done before the staging goes away
 }
 
-// Variant 2 of the weight-grad: the forward's variant 4 applied to it. A
-// consumer warpgroup owns 64 x 128 of a 128 x 128 tile with two partial
-// accumulators, so token block kb's wgmma run while block kb - 1's partial
-// is promoted (elementwise, the column scales from that block's stage,
-// which is handed back only after the promotion has read them); the TMA
-// epilogue of variant 1 (a 64 x 128 FP32 half a warpgroup). Same products,
-// same promotion order: the same bits.
+// Variant 2 of the weight-grad (the default): a consumer warpgroup owns 64 x
+// 128 of a 128 x 128 tile with two partial accumulators, so token block kb's
+// wgmma run while block kb - 1's partial is promoted (elementwise, the
+// column scales from that block's stage, which is handed back only after
+// the promotion has read them); the TMA epilogue of variant 1 (a 64 x 128
+// FP32 half a warpgroup). Same products, same promotion order: the same
+// bits. Its promotion is elementwise (a scale product per element), so
+// hiding it pays here where it did not in the forward (above): H100,
+// OLMoE shapes, 7 interleaved rounds, paired medians: 1.25x / 1.31x the
+// BF16 weight-grad (down / gate or up) against variant 1's 1.21x / 1.24x
+// (bench/results/2026-12-07-h100-s5.md). ptxas keeps the wgmma
+// asynchronous only where every read of a partial follows an unconditional
+// wait (warning C7514 otherwise): hence the peeled first block and the
+// pairs of blocks in the loop.
 constexpr int W8P_STAGES = 4, W8P_SCALE_BYTES = (F8_BM + F8P_BN) * 4;
 constexpr int W8P_TILES = W8P_STAGES * F8P_STAGE_BYTES, W8P_STAGING = 2 * 64 * 128 * 4;
 constexpr int W8P_FIXED = 1024 + W8P_TILES + W8P_STAGING + W8P_STAGES * (W8P_SCALE_BYTES + 16);
@@ -1392,50 +1221,6 @@ extern "C" int cuda_fp8_fake_quantize_128x1(void *x, const int *offsets, int E, 
     return 0;
 }
 
-// Variants 4-7: which = variant - 4 (1, 2: MCAST, 2-CTA clusters; 2, 3: OVERLAP)
-// Variants 4 and 5 (MCAST: 2-CTA clusters): the maps' boxes are 128 x 128
-// bytes for B and 128 (64 with MCAST) rows of 128 bytes for A. With MCAST
-// the grid is as many pairs as can be resident at once (asked once).
-static int fp8_grouped_forward_pipe(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
-                                    const int *offsets, int E, int C, int OC, int which) {
-    bool mcast = which == 1 || which == 2;
-    F8Maps maps;
-    memset(&maps, 0, sizeof maps);
-    if (cuda_tensor_map_2d(&maps.a, qa, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, cuda_rows_to_end(qa, C), F8_BK,
-                           mcast ? F8_BM / 2 : F8_BM))
-        return -1;
-    if (cuda_tensor_map_2d(&maps.b, qw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, (uint64_t)E * OC, F8_BK, F8P_BN))
-        return -1;
-    int smem = F8P_TILE_BYTES + 1024 + 16 * F8P_STAGES + 2 * (E + 1) * (int)sizeof(int);
-    if (smem > 227 * 1024) return -1;
-    typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
-    static const Kernel kernels[4] = {fp8_grouped_fwd_pipe_kernel<false, false>, fp8_grouped_fwd_pipe_kernel<true, false>,
-                                      fp8_grouped_fwd_pipe_kernel<true, true>, fp8_grouped_fwd_pipe_kernel<false, true>};
-    Kernel k = kernels[which];
-    static int smem_set[4], pairs;
-    cuda_allow_smem((const void *)k, &smem_set[which], smem);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.blockDim = dim3(F8_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = cuda_stream();
-    cfg.gridDim = dim3(cuda_num_sms());
-    if (mcast) {
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 2, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr, cfg.numAttrs = 1;
-        if (!pairs) {
-            cfg.gridDim = dim3(2 * (cuda_num_sms() / 2));
-            cudaCheck(cudaOccupancyMaxActiveClusters(&pairs, (const void *)k, &cfg));
-            if (pairs <= 0) return -1;
-        }
-        cfg.gridDim = dim3(2 * pairs);
-    }
-    cudaCheck(cudaLaunchKernelEx(&cfg, k, (bf16 *)out, maps, sa, sw, offsets, E, OC, C));
-    cudaLaunchCheck();
-    return 0;
-}
-
 extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, const uint8_t *qw,
                                         const float *sw, const int *offsets, int E, int C, int OC) {
     if (!cuda_wgmma_device_ok() || !cuda_tma_available()) return -1;
@@ -1449,7 +1234,6 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
         return -1;
     const char *v = getenv("MOECORE_FP8_GEMM_VARIANT");
     int variant = v && *v >= '0' && *v < '0' + FP8_GEMM_VARIANTS ? *v - '0' : 3;
-    if (variant >= 4) return fp8_grouped_forward_pipe(out, qa, sa, qw, sw, offsets, E, C, OC, variant - 4);
     int smem = F8_TILE_BYTES + 1024 + 16 * F8_STAGES + 2 * (E + 1) * (int)sizeof(int);
     if (smem > 227 * 1024) return -1;
     // MOECORE_FP8_GEMM_VARIANT (benchmarks and tests only): 0 loads the
@@ -1520,11 +1304,11 @@ extern "C" int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float 
     if (E <= 0 || C <= 0 || OC <= 0 || OC % F8_BM || C % F8_BN || ldk <= 0 || ldk % F8_BK) return -1;
     if (((uintptr_t)qa | (uintptr_t)qb | (uintptr_t)sa | (uintptr_t)sb) & 15 || ((uintptr_t)dw & 7)) return -1;
     // MOECORE_FP8_WGRAD_VARIANT (benchmarks and tests only): 0 stores the
-    // accumulators from registers, 1 (the default, where dw is 16-byte
-    // aligned as TMA needs) by TMA from shared memory, 2 the double-buffered
-    // 128 x 128 tiles (fp8_grouped_wgrad_pipe_kernel).
+    // accumulators from registers (also wherever dw is not 16-byte aligned,
+    // as TMA needs), 1 by TMA from shared memory, 2 (the default) the
+    // double-buffered 128 x 128 tiles (fp8_grouped_wgrad_pipe_kernel).
     const char *v = getenv("MOECORE_FP8_WGRAD_VARIANT");
-    int variant = (v && *v == '0') || ((uintptr_t)dw & 15) ? 0 : v && *v == '2' ? 2 : 1;
+    int variant = (v && *v == '0') || ((uintptr_t)dw & 15) ? 0 : v && *v == '1' ? 1 : 2;
     if (variant == 2) return fp8_grouped_wgrad_pipe(dw, qa, sa, qb, sb, offsets, E, C, OC, ldk, accumulate);
     int smem = wgrad_smem(E);
     if (smem > 227 * 1024) return -1;

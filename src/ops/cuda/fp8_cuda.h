@@ -97,7 +97,7 @@ int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, cons
                              const int *offsets, int E, int C, int OC);
 // Its kernel variants (MOECORE_FP8_GEMM_VARIANT=0..FP8_GEMM_VARIANTS-1,
 // benchmarks and tests only; fp8.cu says what each does): the same bits.
-#define FP8_GEMM_VARIANTS 8
+#define FP8_GEMM_VARIANTS 4
 
 #ifdef __cplusplus
 }

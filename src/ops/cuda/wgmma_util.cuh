@@ -333,46 +333,6 @@ template <int N> __device__ __forceinline__ void bulk_wait_read() {
 template <int N> __device__ __forceinline__ void bulk_wait() {
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// Thread-block clusters (the FP8 kernel's 2-CTA pairs): this block's rank
-// in its cluster, the cluster's index and how many clusters the grid has.
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ uint32_t cluster_id_x() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ uint32_t cluster_count_x() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-    return r;
-}
-// Every thread of every block of the cluster meets here (whole warps: the
-// .aligned forms); the release / acquire order shared-memory writes and
-// mbarrier inits before the peers' accesses.
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Arrives on the mbarrier at shared address bar (this block's layout) of
-// block `rank` of the cluster (this block's own too).
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
-// tma_load_2d into the same shared address of every block in `mask` (bit i:
-// cluster rank i), each block's mbarrier at `bar` receiving the bytes.
-__device__ __forceinline__ void tma_load_2d_mcast(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar,
-                                                  uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-                 : "memory");
-}
 // Keeps the compiler from moving reads or writes of x across this point
 // (the registers of a wgmma accumulator that may still be in flight).
 template <int N> __device__ __forceinline__ void fence_regs(float (&x)[N]) {
