@@ -25,10 +25,10 @@
 #     own FP32 run), differs from fp8.gemms: experts, gives the same losses
 #     bit for bit under recompute layers and the selective recomputes, says
 #     so and counts its FP8 dense weights in the memory line;
-#  4. the configs it refuses name the key: mxfp8, the symmetric expert
-#     dispatch (ep > 1 itself runs: tests/test_fp8_ep.sh), a dense model, an
-#     expert width not a multiple of 128, experts_dense with a dense width
-#     not a multiple of 128.
+#  4. the configs it refuses name the key: mxfp8, pipeline stages (also
+#     with the symmetric expert dispatch, which itself runs with fp8:
+#     tests/test_fp8_ep.sh), a dense model, an expert width not a multiple
+#     of 128, experts_dense with a dense width not a multiple of 128.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -141,7 +141,7 @@ refused "fp8.gemms: experts_dense needs every dense GEMM size a multiple of 128.
   --train.precision=fp8 --fp8.gemms=experts_dense --model.dense_layers=1 --model.dense_hidden=192
 refused "fp8.gemms: experts_dense needs MoE layers" --train.precision=fp8 --fp8.gemms=experts_dense --model.n_experts=0
 refused "needs MoE layers" --train.precision=fp8 --model.n_experts=0
-refused "fp8 with parallel.ep_backend: symmetric is not supported" --train.precision=fp8 --parallel.ep_backend=symmetric
+refused "fp8 with parallel.pp > 1 is not supported" --train.precision=fp8 --parallel.ep_backend=symmetric --parallel.pp=2
 refused "multiples of 128" --train.precision=fp8 --model.expert_hidden=192
 refused "unknown value\|expected one of\|bf16" --train.precision=fp4
 

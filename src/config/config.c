@@ -673,11 +673,6 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
         if (c->model.n_experts <= 0)
             FAIL("train.precision: fp8 with fp8.gemms: %s needs MoE layers (model.n_experts > 0)",
                  c->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE ? "experts_dense" : "experts");
-        if (p->ep_backend == 2)
-            FAIL("train.precision: fp8 with parallel.ep_backend: symmetric is not supported: the symmetric dispatch "
-                 "leaves the received rows' count in device memory, and the FP8 quantisers take it from the host "
-                 "(they would run over the whole receive buffer); use parallel.ep_backend: a2a or auto (auto "
-                 "picks a2a for fp8)");
         if (p->pp > 1) FAIL("train.precision: fp8 with parallel.pp > 1 is not supported yet");
         if (c->optim_sharded && p->dp > 1 && c->device.type == 1)
             FAIL("train.precision: fp8 with optim.sharded on GPUs is not supported yet (the FP8 expert weights are "

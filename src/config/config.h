@@ -155,9 +155,11 @@ int run_config_override(RunConfig *c, const char *arg, char *err, size_t errlen)
 // message says where the keys it names were set (run_config_blame).
 int run_config_validate(RunConfig *c, int world, char *err, size_t errlen);
 // The expert dispatch a run asks the model for (EpBackend of model.h):
-// parallel.ep_backend, with auto taken as a2a under train.precision: fp8,
-// whose FP8 payload only the all-to-all moves; otherwise auto stays auto
-// (the model picks symmetric where the ep group has symmetric memory).
+// parallel.ep_backend, with auto taken as a2a under train.precision: fp8
+// (the symmetric FP8 path runs its quantisers over the whole receive
+// buffer, model.c's sym_fp8_moe_experts_forward; ask for it by name);
+// otherwise auto stays auto (the model picks symmetric where the ep group
+// has symmetric memory).
 int run_config_ep_backend(const RunConfig *c);
 // Writes msg into err prefixed with where the keys it names came from: the
 // arguments "command line: --a=1, --b=2: " when any was set on the command

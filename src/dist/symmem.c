@@ -107,7 +107,7 @@ SymMem *symmem_create(Comm *c, const Ops *ops, size_t bytes, char *err, size_t e
     }
     s->local = base;
     s->bytes = bytes;
-    memset(base, 0, bytes);
+    memset(base, ops_cpu_poison() ? 0xff : 0, bytes); // (ops.h's MOECORE_CPU_POISON)
     ops_cpu_count_bytes(bytes, 0); // host memory, counted with the CPU backend's (ops.h)
     for (int q = 0; q < s->P; q++) {
         MPI_Aint size = 0;

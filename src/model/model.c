@@ -95,13 +95,6 @@ int model_set_fp8(Model *m, char *err, size_t errlen) {
         snprintf(err, errlen, "train.precision: fp8 (fp8.gemms: experts) needs MoE layers (model.n_experts > 0)");
         return -1;
     }
-    if (m->ep_sym) {
-        snprintf(err, errlen, "train.precision: fp8 with parallel.ep_backend: symmetric (ep %d) is not supported: "
-                 "the symmetric dispatch leaves the received rows' count in device memory, and the FP8 "
-                 "quantisers take it from the host (they would run over the whole receive buffer); use "
-                 "parallel.ep_backend: a2a (auto picks it for fp8)", m->par.ep_size);
-        return -1;
-    }
     if (m->staged) {
         snprintf(err, errlen, "train.precision: fp8 with pipeline stages (parallel.pp > 1) is not supported yet");
         return -1;
@@ -122,6 +115,14 @@ int model_set_fp8(Model *m, char *err, size_t errlen) {
     if (D % 128 || Fe % 128) { // the transposed weight blocks and the gate/up pair's tiles
         snprintf(err, errlen, "train.precision: fp8 needs model.d_model and model.expert_hidden multiples of %d "
                  "(got %d, %d)", 128, D, Fe);
+        return -1;
+    }
+    // the symmetric dispatch moves a payload row (fp8_payload_bytes: 33 D / 32
+    // bytes, a multiple of 4 when D % 128 == 0) as whole compute-dtype elements
+    if (m->ep_sym && fp8_payload_bytes(D) % m->ops->act_bytes) {
+        snprintf(err, errlen, "train.precision: fp8 with parallel.ep_backend: symmetric: an FP8 payload row of "
+                 "model.d_model %d (%zu bytes) is not a whole number of the %s backend's %zu-byte elements", D,
+                 fp8_payload_bytes(D), m->ops->name, m->ops->act_bytes);
         return -1;
     }
     size_t n = (size_t)El * D * Fe, tensors = (size_t)m->n_moe * 3;
@@ -479,10 +480,11 @@ static void carve_slot(Model *m, Carver *cv, Carver *sv) {
         a->offsets = itake(cv, E + 1);
         a->counts = ftake(cv, E); a->lb_counts = ftake(cv, E);
         a->ey = take(cv, R * D);
-        if (fp8) { // the inputs as the experts' FP8 GEMMs read them: ep > 1 received (all-to-all only, model_set_fp8)
+        if (fp8) { // the inputs as the experts' FP8 GEMMs read them: ep > 1 received (symmetric: unpacked from m->sym_xrecv)
             a->xq = rc_xp ? xq_shared : take_bytes(cv, Rl * D); a->xs = rc_xp ? xs_shared : ftake(cv, Rl * fp8_blocks((int)D));
             a->eaq = rc_ea ? eaq_shared : take_bytes(cv, Rl * Fe); a->eas = rc_ea ? eas_shared : ftake(cv, Rl * fp8_blocks((int)Fe));
-            a->yl = ep > 1 ? take(cv, Rl * D) : a->ey;
+            a->yl = sym ? NULL : ep > 1 ? take(cv, Rl * D) : a->ey; // symmetric: the shared m->sym_out
+            if (sym) a->sym_plan = itake(cv, ep_sym_plan_ints(ep, (int)E));
             a->eg = take(cv, Rl * Fe); a->eu = take(cv, Rl * Fe);
         } else {
             a->xp = sh_xp ? xp_shared : take(cv, R * D);
@@ -526,6 +528,10 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
         m->sym_out = take(sv, Rl * D); m->sym_dout = take(sv, Rl * D); m->sym_dxl = take(sv, Rl * D);
         m->sym_counts_tab = take_bytes(cv, tab);
         m->sym_out_tab = take_bytes(cv, tab); m->sym_dout_tab = take_bytes(cv, tab); m->sym_dxl_tab = take_bytes(cv, tab);
+        // fp8: the FP8 payload rows' receive buffer, one for all layers (the
+        // backward reads the unpacked a->xq, a->xs, not these rows)
+        m->sym_xrecv = m->fp8 ? take_bytes(sv, Rl * fp8_payload_bytes((int)D)) : NULL;
+        m->sym_xrecv_tab = m->fp8 ? take_bytes(cv, tab) : NULL;
     }
     size_t Fs = (size_t)c->n_shared * c->shared_hidden, F = c->dense_hidden;
     m->rope_cos = ftake(cv, (size_t)m->T * c->head_dim / 2);
@@ -537,9 +543,11 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
     m->att_scratch = ftake(cv, m->ops->attention_scratch_floats(m->B, m->T, c->n_heads, c->n_kv_heads, c->head_dim));
     if (F) { m->da = take(cv, N * F); m->dg = take(cv, N * F); m->du = take(cv, N * F); }
     if (m->n_moe) {
-        // fp8 with ep > 1 swaps the two pairs (fp8_moe_experts_backward_ep):
-        // dey, dxp hold the experts' rows [Rl, D], dyl, dxl the routed ones [R, D]
-        size_t Rx = m->fp8 ? Rl : R, Rr = m->fp8 ? R : Rl;
+        // fp8 with the all-to-all (or one rank) swaps the two pairs
+        // (fp8_moe_experts_backward_ep): dey, dxp hold the experts' rows
+        // [Rl, D], dyl, dxl the routed ones [R, D]; symmetric keeps them
+        int swap = m->fp8 && !sym;
+        size_t Rx = swap ? Rl : R, Rr = swap ? R : Rl;
         m->dey = take(cv, Rx * D); m->dxp = take(cv, Rx * D);
         m->dyl = sym ? m->sym_dout : ep > 1 ? take(cv, Rr * D) : m->dey;
         m->dxl = sym ? m->sym_dxl : ep > 1 ? take(cv, Rr * D) : m->dxp;
@@ -548,9 +556,10 @@ static void carve_shared(Model *m, Carver *cv, Carver *sv) {
         size_t dqw = D > 2 * Fe ? D : 2 * Fe; // the down's output grads [Rl, D], the gate/up pair's [Rl, 2 Fe]
         m->fp8_dq = m->fp8 ? take_bytes(cv, Rl * dqw) : NULL;
         m->fp8_ds = m->fp8 ? ftake(cv, Rl * fp8_blocks((int)dqw)) : NULL;
-        // ep > 1: the routed rows quantised at this rank and packed for the
-        // dispatch (ep_dispatch_fp8; received into ep_scratch)
-        int fp8_ep = m->fp8 && ep > 1;
+        // ep > 1 (or symmetric): the routed rows quantised at this rank and
+        // packed for the dispatch (ep_dispatch_fp8, received into ep_scratch;
+        // symmetric: ep_sym_dispatch into the owners' sym_xrecv)
+        int fp8_ep = m->fp8 && (ep > 1 || sym);
         m->fp8_src_q = fp8_ep ? take_bytes(cv, R * D) : NULL;
         m->fp8_src_s = fp8_ep ? ftake(cv, R * fp8_blocks((int)D)) : NULL;
         m->fp8_send = fp8_ep ? take_bytes(cv, R * fp8_payload_bytes((int)D)) : NULL;
@@ -630,6 +639,7 @@ static void sym_fill_tables(Model *m) {
     sym_table(m, m->sym_out_tab, m->sym_out);
     sym_table(m, m->sym_dout_tab, m->sym_dout);
     sym_table(m, m->sym_dxl_tab, m->sym_dxl);
+    if (m->sym_xrecv) sym_table(m, m->sym_xrecv_tab, m->sym_xrecv);
     for (int k = 0; k < m->n_slots; k++) {
         const ModelSlot *sl = &m->slots[k];
         for (int l = 0; l < m->cfg.n_layers; l++)
@@ -1088,6 +1098,54 @@ static void fp8_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
     if (a->use_plan) ep_combine(epc, ops, &a->plan, a->yl, a->ey, m->ep_scratch, D);
 }
 
+// train.precision: fp8 over the symmetric dispatch: the phases of
+// sym_moe_experts_forward with fp8_moe_experts_forward's FP8 rows. The
+// routed rows are quantised at their source (as the all-to-all's) and packed
+// with their scales, one payload row each, which ep_sym_dispatch writes into
+// the owners' sym_xrecv as fp8_payload_bytes(D) / act_bytes elements (whole:
+// model_set_fp8); the owner unpacks them into the GEMMs' a->xq, a->xs. The
+// slots are the BF16 path's, so the rows at each expert, and their order,
+// are the a2a path's. Capacity and the receive bound are the plan's (the
+// dropped rows are never sent; combine gives them zero outputs).
+// Row counts: only the device knows the valid prefix recv_offsets[E_local],
+// so the ops that need a host count (the unpack, the SwiGLU quantiser, and
+// the backward's quantisers) run over the buffers' bound max_rows_local,
+// not over a device count: each is a row-wise pass whose rows past the
+// prefix are never read (every reader takes the device offsets: the
+// grouped GEMMs, the weight-grads' 128 x 1 quantisers, the combine), and
+// the FP8 rules map any garbage there (NaN, inf) to codes, never a trap;
+// a device count would need a twin of every FP8 quantiser kernel. The
+// cost: elementwise passes over up to ep x the rows (the default bound;
+// parallel.ep_recv_factor lowers it), why ep_backend: auto keeps the
+// all-to-all for fp8.
+static void sym_fp8_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a, const void *in, int li) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int D = c->d_model, E = c->n_experts, R = m->B * m->T * c->top_k, Fe = c->expert_hidden;
+    int P = m->par.ep_size, me = m->par.ep_rank, El = m->E_local, rows = m->max_rows_local;
+    int Cp = (int)(fp8_payload_bytes(D) / ops->act_bytes); // a payload row in act elements
+    a->use_plan = 0;
+    a->rows_local = -1;
+    ops->ep_sym_write_counts(m->sym_counts_tab, a->offsets, P, me, E);
+    symmem_barrier(m->sym);
+    ops->ep_sym_plan(a->sym_plan, m->recomputing ? NULL : m->dropped_step + li, m->sym_counts, P, me, E,
+                     expert_capacity(m), rows);
+    ops->fp8_quantize_rows(m->fp8_src_q, m->fp8_src_s, in, a->token_of_row, R, D);
+    ops->fp8_pack_rows(m->fp8_send, m->fp8_src_q, m->fp8_src_s, R, D);
+    ops->ep_sym_dispatch(m->sym_xrecv_tab, a->sym_plan, a->offsets, m->fp8_send, P, E, R, Cp);
+    symmem_barrier(m->sym);
+    const int *lo = ep_sym_recv_offsets(a->sym_plan, E);
+    a->local_offsets = lo;
+    ops->fp8_unpack_rows(a->xq, a->xs, m->sym_xrecv, NULL, rows, D);
+    ops->fp8_grouped_matmul_forward(a->eg, a->xq, a->xs, fp8_weight(m, li, 0), fp8_scales(m, li, 0), lo, El, D, Fe);
+    ops->fp8_grouped_matmul_forward(a->eu, a->xq, a->xs, fp8_weight(m, li, 1), fp8_scales(m, li, 1), lo, El, D, Fe);
+    ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, rows, Fe);
+    ops->fp8_grouped_matmul_forward(m->sym_out, a->eaq, a->eas, fp8_weight(m, li, 2), fp8_scales(m, li, 2), lo, El,
+                                    Fe, D);
+    symmem_barrier(m->sym);
+    ops->ep_sym_combine(a->ey, m->sym_out_tab, a->sym_plan, a->offsets, P, E, R, D);
+}
+
 static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -1131,7 +1189,8 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->moe_route_index(a->offsets, a->row_of, a->token_of_row, a->idx, N, E, k);
     // the routed rows to their experts and the outputs back (a->xp -> a->ey)
     if (m->fp8) {
-        fp8_moe_experts_forward(m, L, a, in, li);
+        if (m->ep_sym) sym_fp8_moe_experts_forward(m, L, a, in, li);
+        else fp8_moe_experts_forward(m, L, a, in, li);
     } else {
         ops->permute_forward(a->xp, in, a->token_of_row, R, D);
         if (m->ep_sym) sym_moe_experts_forward(m, L, a, li, expert_capacity(m));
@@ -1373,40 +1432,43 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
 // fp8.wgrad: fp8 both quantised per 128 x 1 tile along the tokens, on the
 // FP8 weight-grad GEMM where the backend has it, else fake-quantised in
 // place for the compute-dtype weight-grad.
-// Each output grad's data- and weight-grad read the same values (dey;
-// deg, deu), only the data-grad's quantised. On the rows at this rank's
-// experts (ep > 1: fp8_moe_experts_backward_ep below moves them).
-static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
+// Each output grad's data- and weight-grad read the same values (dy;
+// deg, deu), only the data-grad's quantised. On the R rows at this rank's
+// experts (ep > 1: fp8_moe_experts_backward_ep and
+// sym_fp8_moe_experts_backward below move them): dy their output grads
+// (quantised in place under fp8.wgrad: fp8), dx their input grads.
+static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in, void *dy, void *dx,
+                                     int R) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    int D = c->d_model, R = a->rows_local, Fe = c->expert_hidden, El = m->E_local;
+    int D = c->d_model, Fe = c->expert_hidden, El = m->E_local;
     const int *lo = a->local_offsets;
-    int capacity = expert_capacity(m); // dropped rows get zero grads
-    if (capacity > 0) ops->moe_capacity_drop(m->dey, NULL, lo, El, R, D, capacity);
+    int capacity = m->ep_sym ? 0 : expert_capacity(m); // dropped rows get zero grads (symmetric: never sent)
+    if (capacity > 0) ops->moe_capacity_drop(dy, NULL, lo, El, R, D, capacity);
     // recompute: a->eaq and (both) a->xq are shared buffers that later layers overwrote
     if (recomputes_swiglu(m)) ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
     int accw = !m->expert_grads_unset, li = L->moe_index;
-    ops->fp8_quantize_rows(m->fp8_dq, m->fp8_ds, m->dey, NULL, R, D);
+    ops->fp8_quantize_rows(m->fp8_dq, m->fp8_ds, dy, NULL, R, D);
     ops->fp8_grouped_matmul_forward(m->dea, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 2), fp8_scales_t(m, li, 2), lo,
                                     El, D, Fe);
     int ldk = m->fp8_ldk;
     if (m->fp8_wqa) { // fp8.wgrad: fp8 on the FP8 weight-grad GEMM
-        ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, m->dey, lo, El, D, ldk);
+        ops->fp8_quantize_tokens_t(m->fp8_wqa, m->fp8_wsa, dy, lo, El, D, ldk);
         ops->fp8_requantize_tokens_t(m->fp8_wqb, m->fp8_wsb, a->eaq, a->eas, lo, El, Fe, ldk); // from the FP8 input
         ops->fp8_grouped_wgrad(G(L->exp_down), m->fp8_wqa, m->fp8_wsa, m->fp8_wqb, m->fp8_wsb, lo, El, Fe, D, ldk, accw);
     } else {
         ops->fp8_dequantize_rows(m->fp8_deq, a->eaq, a->eas, R, Fe);
         if (m->fp8_wgrad) { // dey's last use is this weight-grad: quantised in place
             ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, Fe);
-            ops->fp8_fake_quantize_tokens(m->dey, lo, El, D);
+            ops->fp8_fake_quantize_tokens(dy, lo, El, D);
         }
-        ops->grouped_matmul_backward(NULL, G(L->exp_down), m->dey, m->fp8_deq, P(L->exp_down), lo, El, Fe, D, accw);
+        ops->grouped_matmul_backward(NULL, G(L->exp_down), dy, m->fp8_deq, P(L->exp_down), lo, El, Fe, D, accw);
     }
     ops->fp8_swiglu_backward_quantize(m->deg, m->deu, m->fp8_dq, m->fp8_ds, m->dea, a->eg, a->eu, R, Fe);
-    ops->fp8_grouped_matmul_forward(m->dxp, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 0), fp8_scales_t(m, li, 0), lo,
+    ops->fp8_grouped_matmul_forward(dx, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 0), fp8_scales_t(m, li, 0), lo,
                                     El, 2 * Fe, D);
     // xq: a shared buffer, overwritten since; ep > 1 keeps the received rows (carve_slot)
-    int regather = (m->recompute == 1 || m->recompute == 2) && !a->use_plan;
+    int regather = (m->recompute == 1 || m->recompute == 2) && !a->use_plan && !m->ep_sym;
     if (m->fp8_wqa) { // the input along the tokens once, then each output grad in turn
         if (regather) ops->fp8_quantize_rows(a->xq, a->xs, in, a->token_of_row, R, D);
         ops->fp8_requantize_tokens_t(m->fp8_wqb, m->fp8_wsb, a->xq, a->xs, lo, El, D, ldk);
@@ -1440,11 +1502,26 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
 // are then made at the experts, from the values ep = 1 quantises.
 static void fp8_moe_experts_backward_ep(Model *m, const LayerParams *L, LayerActs *a, const void *in, void *dy,
                                         void *dx) {
-    if (!a->use_plan) { fp8_moe_experts_backward(m, L, a, in); return; } // dy, dx are dey, dxp
+    if (!a->use_plan) { fp8_moe_experts_backward(m, L, a, in, dy, dx, a->rows_local); return; } // dey, dxp
     Comm *epc = m->par.ep_comm;
     ep_dispatch(epc, m->ops, &a->plan, dy, m->dey, m->ep_scratch, m->cfg.d_model);
-    fp8_moe_experts_backward(m, L, a, in);
+    fp8_moe_experts_backward(m, L, a, in, m->dey, m->dxp, a->rows_local);
     ep_combine(epc, m->ops, &a->plan, m->dxp, dx, m->ep_scratch, m->cfg.d_model);
+}
+
+// sym_fp8_moe_experts_forward's backward: sym_moe_experts_backward's moves
+// around fp8_moe_experts_backward, dY and dX in the compute dtype as the
+// all-to-all's (fp8_moe_experts_backward_ep says why), on the bound
+// max_rows_local (sym_fp8_moe_experts_forward says why).
+static void sym_fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    int D = c->d_model, E = c->n_experts, R = m->B * m->T * c->top_k, P = m->par.ep_size;
+    ops->ep_sym_dispatch(m->sym_dout_tab, a->sym_plan, a->offsets, m->dey, P, E, R, D);
+    symmem_barrier(m->sym);
+    fp8_moe_experts_backward(m, L, a, in, m->sym_dout, m->sym_dxl, m->max_rows_local);
+    symmem_barrier(m->sym);
+    ops->ep_sym_combine(m->dxp, m->sym_dxl_tab, a->sym_plan, a->offsets, P, E, R, D);
 }
 
 static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *dinp,
@@ -1463,7 +1540,8 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     // back (dey, dxp; fp8 with ep > 1: dyl, dxl, carve_shared)
     void *dy = m->fp8 && a->use_plan ? m->dyl : m->dey, *dx = m->fp8 && a->use_plan ? m->dxl : m->dxp;
     ops->unpermute_backward(dy, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
-    if (m->fp8) fp8_moe_experts_backward_ep(m, L, a, in, dy, dx);
+    if (m->fp8 && m->ep_sym) sym_fp8_moe_experts_backward(m, L, a, in);
+    else if (m->fp8) fp8_moe_experts_backward_ep(m, L, a, in, dy, dx);
     else if (m->ep_sym) sym_moe_experts_backward(m, L, a);
     else a2a_moe_experts_backward(m, L, a, in);
     ops->permute_backward(dinp, dx, a->token_of_row, N, R, D, accumulate);

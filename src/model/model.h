@@ -77,7 +77,7 @@ typedef struct {
     EpPlan plan;                      // dispatch to the experts' ranks (use_plan)
     int use_plan;                     // 0: one rank (or symmetric): no all-to-all plan
     int *sym_plan;                    // symmetric: this layer's plan (ops/ep_sym.h), kept for backward
-    void **sym_recv;                  // symmetric: [ep] the peers' receive buffers of this layer (xl here)
+    void **sym_recv;                  // symmetric: [ep] the peers' receive buffers of this layer (xl here; fp8: none, sym_xrecv)
     const int *local_offsets;         // the local experts' segments
     int rows_local;                   // rows at the local experts (-1: symmetric, only the device knows)
     void *xl, *eg, *eu, *ea, *yl;     // rows at the experts, by local expert [Rl,D], [Rl,Fe] x3, [Rl,D]
@@ -188,8 +188,9 @@ typedef struct {
     float *fp8_ds;                    // their scales [R, max(d_model, 2 expert_hidden) / 128]
     // (the three above and the weight-grad's operands: Rl rows with ep > 1,
     // the rows at this rank's experts)
-    // ep > 1: the routed rows quantised here [R, d_model], their scales, and
-    // the payload rows that carry both to the experts' ranks (ep_dispatch_fp8)
+    // ep > 1 (or symmetric): the routed rows quantised here [R, d_model],
+    // their scales, and the payload rows that carry both to the experts'
+    // ranks (ep_dispatch_fp8; symmetric: ep_sym_dispatch into sym_xrecv)
     uint8_t *fp8_src_q, *fp8_send;
     float *fp8_src_s;
     // fp8.gemms: experts_dense (model_set_fp8_dense, after model_set_fp8):
@@ -259,7 +260,7 @@ typedef struct {
     // backward scratch
     void *dres, *d1, *d2, *dq, *dk, *dv, *dq2, *dk2, *dao;
     float *att_scratch;
-    void *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxp; // (fp8 with ep > 1: carve_shared)
+    void *da, *dg, *du, *dey, *dyl, *dea, *deg, *deu, *dxl, *dxp; // (fp8 without symmetric: carve_shared)
     size_t *plan_sizes;               // host: the plans' sizes, and (ep > 1) their host arrays (dist/ep.h)
     int *plan_host;
     float *dweights, *dprobs, *dlogits;
@@ -274,8 +275,9 @@ typedef struct {
     size_t sym_bytes;
     int *sym_counts;                  // this rank's count window [ep][E]
     void *sym_out, *sym_dout, *sym_dxl;
+    uint8_t *sym_xrecv;               // fp8: the FP8 payload rows received [max_rows_local, fp8_payload_bytes(D)]
     int **sym_counts_tab;
-    void **sym_out_tab, **sym_dout_tab, **sym_dxl_tab;
+    void **sym_out_tab, **sym_dout_tab, **sym_dxl_tab, **sym_xrecv_tab;
     char ep_note[320];                // what model_init_parallel / model_alloc_acts chose, for the log
 
     // router state across micro-batches and steps (backend memory; the

@@ -58,7 +58,9 @@
 //      r keeps send_base/send_keep for s = r and its own recv_offsets, and
 //      adds the rows its experts drop, sum_e (n - cut), to dropped[0]
 //   d. ep_sym_dispatch: each kept row xp[j] (expert g, i-th of its block) is
-//      written to recv_q[send_base[g] + i] (pushes over NVLink)
+//      written to recv_q[send_base[g] + i] (pushes over NVLink); under
+//      train.precision: fp8 the rows are FP8 payload rows (ops/fp8.h), moved
+//      as fp8_payload_bytes(D) / act_bytes elements (model.c)
 //      BARRIER 2 (every source's rows in r's recv before r's GEMM reads them)
 //   e. grouped GEMM on recv with recv_offsets (the valid prefix
 //      recv_offsets[E_local] <= max_rows), read where they are: out

@@ -372,6 +372,10 @@ extern const Ops ops_cpu;
 // (symmetric memory's shared MPI window, dist/symmem.c).
 void ops_cpu_alloc_stats(size_t *live, size_t *peak);
 void ops_cpu_count_bytes(size_t bytes, int freed);
+// Whether MOECORE_CPU_POISON is set (tests): ops_cpu.alloc and the shared
+// MPI window then start as 0xff bytes (FP32 NaN, E4M3 NaN), so that a value
+// read before it is written shows in the results, as it can on a GPU.
+int ops_cpu_poison(void);
 
 // RoPE tables [T, hd/2], computed in double on the host.
 void rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta);

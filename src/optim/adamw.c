@@ -18,6 +18,9 @@ void adamw_init_range(AdamW *o, const OptimConfig *cfg, const ParamStore *s, con
         o->end[c] = end[c];
         o->m[c] = s->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
         o->v[c] = s->ops->alloc((end[c] - begin[c]) * sizeof(float) + 4);
+        // the first update reads them (backend memory starts undefined)
+        s->ops->zero(o->m[c], (end[c] - begin[c]) * sizeof(float));
+        s->ops->zero(o->v[c], (end[c] - begin[c]) * sizeof(float));
     }
     o->ops = s->ops;
 }

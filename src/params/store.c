@@ -27,7 +27,9 @@ void param_store_init_stage(ParamStore *s, const ModelConfig *cfg, const Ops *op
         // with an FP32 compute dtype the main weights are the compute weights
         s->wact[c] = ops->act_bytes == sizeof(float) ? (void *)s->params[c] : ops->alloc(n * ops->act_bytes + 4);
     }
-    s->router_bias = ops->alloc(((size_t)layout->n_moe + 1) * cfg->n_experts * sizeof(float) + 4);
+    size_t nb = ((size_t)layout->n_moe + 1) * cfg->n_experts * sizeof(float) + 4;
+    s->router_bias = ops->alloc(nb);
+    ops->zero(s->router_bias, nb); // routing reads it (aux_free_rate > 0) and checkpoints save it from the start
 }
 
 void param_store_free(ParamStore *s) {

@@ -20,6 +20,14 @@
 // combined. Outputs and grads agree within BF16 rounding, plans and drops
 // exactly; the GPU's sequence also captures as one graph.
 //
+// Then the FP8 payload rows of train.precision: fp8 with the symmetric
+// dispatch (model.c's sym_fp8_moe_experts_forward): the BF16 rows quantised
+// 1 x 128 and packed on the device, moved by the dispatch as
+// fp8_payload_bytes(C) / 2 BF16 elements (66 at C = 128: the scalar copy
+// path; 264 at 512: the vector one), unpacked over the whole poisoned
+// receive buffer: the received prefix's codes and scales equal the CPU
+// reference's (quantised, packed, moved as FP32 words, unpacked) bit for bit.
+//
 // Last, the copy rate: dispatch and combine of OLMoE-1B-7B rows (2048 BF16
 // values, top-8 of 64 experts, 8,192 tokens per rank, 8 virtual ranks)
 // against cudaMemcpyAsync device-to-device of the same bytes, CUDA events
@@ -27,6 +35,8 @@
 #include "gpu_test_util.h"
 
 #include "../ep_sym_harness.h"
+#include "ops/cuda/fp8_cuda.h"
+#include "ops/fp8.h"
 
 typedef struct {
     int *offsets, *window, *plan;
@@ -144,6 +154,78 @@ static void run_case(const EpSymCase *c) {
     cuda_free(windows);
     cuda_free(recv);
     free(xb);
+    eh_free(c, rk);
+}
+
+// ---- FP8 payload rows through the dispatch --------------------------------------
+
+static void run_fp8_case(const EpSymCase *c) {
+    int P = c->P, R = c->N * c->k, C = c->C, El = c->E / P, nt = C / FP8_BLOCK;
+    size_t pb = fp8_payload_bytes(C), pn = ep_sym_plan_ints(P, c->E);
+    EpSymRank *rk = eh_alloc(c);
+    for (int r = 0; r < P; r++) // BF16 values: the device quantises the same numbers
+        for (size_t i = 0; i < (size_t)R * C; i++) rk[r].xp[i] = bf2f(f2bf(rk[r].xp[i]));
+    eh_dispatch_cpu(c, rk); // the plans (and the BF16 rows' move, unused here)
+    // the CPU reference: quantise, pack, move the payload as FP32 words, unpack
+    uint8_t *q = gt_malloc((size_t)R * C), *pay[P], *recv_c[P];
+    float *sc = gt_malloc((size_t)R * nt * sizeof(float));
+    void *recv_tab_c[P];
+    for (int r = 0; r < P; r++) {
+        pay[r] = gt_malloc((size_t)R * pb);
+        fp8_quantize_1x128(q, sc, rk[r].xp, R, C);
+        fp8_pack_rows(pay[r], q, sc, R, C);
+        recv_c[r] = calloc((size_t)c->max_rows, pb);
+        recv_tab_c[r] = recv_c[r];
+    }
+    for (int r = 0; r < P; r++)
+        ep_sym_cpu_dispatch(recv_tab_c, rk[r].plan, rk[r].offsets, pay[r], P, c->E, R, (int)(pb / sizeof(float)));
+    // the device: the same chain on every virtual rank, phase by phase
+    uint16_t *xb = gt_malloc((size_t)R * C * 2);
+    void *dxp[P], *dq[P], *ds[P], *dpay[P], *drecv[P], *duq[P], *dus[P], *doff[P], *dplan[P];
+    for (int r = 0; r < P; r++) {
+        for (size_t i = 0; i < (size_t)R * C; i++) xb[i] = f2bf(rk[r].xp[i]);
+        dxp[r] = gt_dev_bytes(xb, (size_t)R * C * 2);
+        doff[r] = gt_dev_bytes(rk[r].offsets, (c->E + 1) * sizeof(int));
+        dplan[r] = gt_dev_bytes(rk[r].plan, pn * sizeof(int));
+        dq[r] = cuda_alloc((size_t)R * C);
+        ds[r] = cuda_alloc((size_t)R * nt * sizeof(float));
+        dpay[r] = cuda_alloc((size_t)R * pb);
+        drecv[r] = cuda_alloc((size_t)c->max_rows * pb);
+        gt_poison(drecv[r], (size_t)c->max_rows * pb); // the rows past the prefix: garbage
+        duq[r] = cuda_alloc((size_t)c->max_rows * C);
+        dus[r] = cuda_alloc((size_t)c->max_rows * nt * sizeof(float));
+    }
+    void **recv_tab = gt_dev_bytes(drecv, sizeof drecv);
+    for (int r = 0; r < P; r++) {
+        gt_ok(cuda_fp8_quantize_1x128(dq[r], ds[r], dxp[r], R, C) == 0, "fp8 quantise [%d, %d]", R, C);
+        cuda_fp8_pack_rows(dpay[r], dq[r], ds[r], R, C);
+    }
+    for (int r = 0; r < P; r++)
+        cuda_ep_sym_dispatch(recv_tab, dplan[r], doff[r], dpay[r], P, c->E, R, (int)(pb / 2));
+    for (int r = 0; r < P; r++) cuda_fp8_unpack_rows(duq[r], dus[r], drecv[r], NULL, c->max_rows, C);
+    cudaDeviceSynchronize();
+    char what[160];
+    for (int r = 0; r < P; r++) {
+        int rows = ep_sym_recv_offsets(rk[r].plan, c->E)[El];
+        uint8_t *wq = gt_malloc((size_t)rows * C);
+        float *ws = gt_malloc((size_t)rows * nt * sizeof(float));
+        fp8_unpack_rows(wq, ws, recv_c[r], NULL, rows, C);
+        uint8_t *gq = gt_host_bytes(duq[r], (size_t)rows * C);
+        float *gs = gt_host_f32(dus[r], (size_t)rows * nt);
+        snprintf(what, sizeof what, "fp8 payload P %d C %d (%zu BF16 a row) cap %d: rank %d codes (%d rows)", P, C,
+                 pb / 2, c->capacity, r, rows);
+        gt_check_bits(what, gq, wq, (size_t)rows * C, 1);
+        snprintf(what, sizeof what, "fp8 payload P %d C %d cap %d: rank %d scales", P, C, c->capacity, r);
+        gt_check_bits(what, gs, ws, (size_t)rows * nt, 4);
+        free(wq); free(ws); free(gq); free(gs);
+    }
+    for (int r = 0; r < P; r++) {
+        void *d[] = {dxp[r], dq[r], ds[r], dpay[r], drecv[r], duq[r], dus[r], doff[r], dplan[r]};
+        for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cuda_free(d[i]);
+        free(pay[r]); free(recv_c[r]);
+    }
+    cuda_free(recv_tab);
+    free(q); free(sc); free(xb);
     eh_free(c, rk);
 }
 
@@ -444,6 +526,14 @@ int main(void) {
             EpSymCase c = {Ps[pi], 256, 8, 64, 2048, 0, 0, skewed, 2000 + pi};
             c.max_rows = (int)(1.2 * c.N * c.k);
             run_case(&c);
+        }
+    // FP8 payload rows: a narrow row (scalar copies) and a wide one, with and without drops
+    for (int pi = 0; pi < 3; pi++)
+        for (int ci = 0; ci < 2; ci++) {
+            EpSymCase c = {Ps[pi], 128, 4, 16, ci ? 512 : 128, 0, 0, 1, 4000 + pi * 5 + ci};
+            c.max_rows = c.N * c.k * c.P;
+            if (ci) c.capacity = (int)ceil(0.75 * c.N * c.P * c.k / c.E);
+            run_fp8_case(&c);
         }
     // the layer: small shapes, so that the CPU reference is quick
     for (int pi = 0; pi < 3; pi++)

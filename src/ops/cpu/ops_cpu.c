@@ -29,10 +29,15 @@ void ops_cpu_alloc_stats(size_t *live, size_t *peak) {
     *live = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
     *peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
 }
+int ops_cpu_poison(void) {
+    const char *p = getenv("MOECORE_CPU_POISON");
+    return p && p[0] && strcmp(p, "0") != 0;
+}
 static void *c_alloc(size_t bytes) {
     size_t *h = mallocCheck(bytes + 16);
     h[0] = bytes;
     ops_cpu_count_bytes(bytes, 0);
+    if (ops_cpu_poison()) memset(h + 2, 0xff, bytes);
     return (char *)h + 16;
 }
 static void c_free(void *p) {
