@@ -848,6 +848,33 @@ template <bool TMA_EPI> struct W8Smem {
     static int bytes(int E) { return FIXED + 2 * (E + 1) * (int)sizeof(int); }
 };
 
+// The weight-grad kernels' producer (one thread): for each of this block's
+// tiles (experts x M / 128 x N / BN), each token block of its expert into
+// the S-stage ring: a 128 x 128 A box, a BN x 128 B box (BN * 128 bytes
+// after A's 16 KB), and by 1D bulk copies the block's 128 row and BN column
+// scales (4 (128 + BN) bytes a stage at `scales`).
+template <int BN, int S>
+__device__ __forceinline__ void w8_produce(const W8Maps *maps, const float *sa, const float *sb, const int *s_blk,
+                                           int M, int N, int per_e, int n_tiles, int total, uint32_t tiles,
+                                           uint32_t scales, uint32_t full0, uint32_t empty0) {
+    constexpr uint32_t A_BYTES = F8_BM * F8_BK, STAGE_BYTES = A_BYTES + BN * F8_BK, SCALE_BYTES = (F8_BM + BN) * 4;
+    int slot = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int e = t / per_e, loc = t % per_e, m0 = loc / n_tiles * F8_BM, n0 = loc % n_tiles * BN;
+        for (int kb = s_blk[e]; kb < s_blk[e + 1]; kb++) {
+            mbar_wait(empty0 + 8 * slot, phase ^ 1);
+            uint32_t st = tiles + slot * STAGE_BYTES, fb = full0 + 8 * slot, sc = scales + slot * SCALE_BYTES;
+            mbar_expect_tx(fb, STAGE_BYTES + SCALE_BYTES);
+            tma_load_2d(st, &maps->a, kb * F8_BK, m0, fb);
+            tma_load_2d(st + A_BYTES, &maps->b, kb * F8_BK, n0, fb);
+            bulk_load(sc, sa + (size_t)kb * M + m0, F8_BM * 4, fb);
+            bulk_load(sc + F8_BM * 4, sb + (size_t)kb * N + n0, BN * 4, fb);
+            ring_next(slot, phase, S);
+        }
+    }
+}
+
 // TMA_EPI: the epilogue stages each half of a warpgroup's accumulators in
 // shared memory and one thread hands it to the copy engine (a TMA store,
 // or a TMA reduce-add into dw when accumulating), so that the warpgroup
@@ -876,21 +903,7 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x != 0) return;
-        int slot = 0;
-        uint32_t phase = 0;
-        for (int t = blockIdx.x; t < total; t += gridDim.x) {
-            int e = t / per_e, loc = t % per_e, m0 = loc / n_tiles * F8_BM, n0 = loc % n_tiles * F8_BN;
-            for (int kb = s_blk[e]; kb < s_blk[e + 1]; kb++) {
-                mbar_wait(empty0 + 8 * slot, phase ^ 1);
-                uint32_t st = tiles + slot * F8_STAGE_BYTES, fb = full0 + 8 * slot, sc = scales + slot * W8_SCALE_BYTES;
-                mbar_expect_tx(fb, F8_STAGE_BYTES + W8_SCALE_BYTES);
-                tma_load_2d(st, &maps.a, kb * F8_BK, m0, fb);
-                tma_load_2d(st + F8_A_BYTES, &maps.b, kb * F8_BK, n0, fb);
-                bulk_load(sc, sa + (size_t)kb * M + m0, F8_BM * 4, fb);
-                bulk_load(sc + F8_BM * 4, sb + (size_t)kb * N + n0, F8_BN * 4, fb);
-                ring_next(slot, phase, S);
-            }
-        }
+        w8_produce<F8_BN, S>(&maps, sa, sb, s_blk, M, N, per_e, n_tiles, total, tiles, scales, full0, empty0);
         return;
     }
 
@@ -1034,21 +1047,7 @@ fp8_grouped_wgrad_pipe_kernel(float *dw, const __grid_constant__ W8Maps maps, co
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x != 0) return;
-        int slot = 0;
-        uint32_t phase = 0;
-        for (int t = blockIdx.x; t < total; t += gridDim.x) {
-            int e = t / per_e, loc = t % per_e, m0 = loc / n_tiles * F8_BM, n0 = loc % n_tiles * F8P_BN;
-            for (int kb = s_blk[e]; kb < s_blk[e + 1]; kb++) {
-                mbar_wait(empty0 + 8 * slot, phase ^ 1);
-                uint32_t st = tiles + slot * F8P_STAGE_BYTES, fb = full0 + 8 * slot, sc = scales + slot * W8P_SCALE_BYTES;
-                mbar_expect_tx(fb, F8P_STAGE_BYTES + W8P_SCALE_BYTES);
-                tma_load_2d(st, &maps.a, kb * F8_BK, m0, fb);
-                tma_load_2d(st + F8P_A_BYTES, &maps.b, kb * F8_BK, n0, fb);
-                bulk_load(sc, sa + (size_t)kb * M + m0, F8_BM * 4, fb);
-                bulk_load(sc + F8_BM * 4, sb + (size_t)kb * N + n0, F8P_BN * 4, fb);
-                ring_next(slot, phase, S);
-            }
-        }
+        w8_produce<F8P_BN, S>(&maps, sa, sb, s_blk, M, N, per_e, n_tiles, total, tiles, scales, full0, empty0);
         return;
     }
 
