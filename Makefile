@@ -43,7 +43,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(sort $(wildcard tests/tool_*.c))
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
-.PHONY: all deps pydeps test test-gpu gpu-bundle run bench clean
+.PHONY: all deps pydeps test test-gpu gpu-bundle gpu-pack run bench clean
 all: build/moecore
 
 deps:
@@ -116,6 +116,17 @@ gpu-bundle: build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 	@for f in build/tests/gpu/test_*; do case " $(GPU_TEST_BIN) " in *" $$f "*) ;; *) rm -f "$$f" ;; esac; done
 	@bash scripts/bundle-libs.sh build/lib build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 	@git describe --always --dirty > build/lib/COMMIT 2>/dev/null || echo unknown > build/lib/COMMIT
+
+# gpu-pack: the bundle as one xz archive (stripped binaries and build/lib),
+# build/gpu-pack.tar.xz, for a lent machine that takes at most 64 MiB along
+# (build/ itself is over 100 MB); there: `tar xJf build/gpu-pack.tar.xz`.
+# PACK= names the programs (default: moecore and the GPU tests and benches).
+PACK ?= build/moecore $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+gpu-pack: gpu-bundle
+	@rm -rf build/pack && mkdir -p build/pack/build/tests/gpu && cp -r build/lib build/pack/build/
+	@for f in $(PACK); do strip -o build/pack/$$f $$f; done
+	@tar cf - -C build/pack build | xz -T2 -3 > build/gpu-pack.tar.xz && rm -rf build/pack
+	@echo "gpu-pack: $$(du -h build/gpu-pack.tar.xz | cut -f1) in build/gpu-pack.tar.xz ($(words $(PACK)) programs, commit $$(cat build/lib/COMMIT))"
 
 # Issue #6's benchmark configs on this machine's GPU: a table, and one JSON
 # line per config appended to bench/results/DATE-bench.jsonl.

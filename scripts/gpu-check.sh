@@ -5,13 +5,16 @@
 # machines, which return at most 8 files) they are also packed into
 # $OUT/gpu-logs.tar.gz at exit.
 # Usage: bash scripts/gpu-check.sh [tests] [kernels] [olmoe STEPS] [tiny STEPS] [bench OLD_BIN]
-#                                   [layout "CONFIG [--key=value ...]" STEPS]
+#                                   [layout "CONFIG [--key=value ...]" STEPS] [fp8]
 # (env: GPU_TEST_TIMEOUT=400, the seconds each test process may run;
 # bench: bench/same-numbers.sh OLD_BIN against build/moecore on BENCH_CONFIGS,
 # default the three BF16 bench configs, its runs into build/gpu-logs/bench;
 # layout: one training run of CONFIG with those keys on synthetic tokens, its
 # measured and planned peak memory and its median step time after step 2,
-# the numbers a row of the planner's validation table needs)
+# the numbers a row of the planner's validation table needs;
+# fp8: test_fp8's grouped GEMM and weight-grad checks, bench_fp8's forward and
+# weight-grad tables, then, where the GPU has the OLMoE bench's ~135 GiB,
+# moecore bench of BF16, FP8 and FP8 with fp8.wgrad: fp8, BF16 again)
 set -u
 cd "$(dirname "$0")/.."
 out=build/gpu-logs
@@ -86,6 +89,28 @@ PY
         ${BENCH_CONFIGS:-configs/bench/olmoe-1b-7b.yaml configs/bench/sweep-e8.yaml configs/bench/sweep-e128.yaml} |
         tee -a "$out/bench.txt"
       shift 2 ;;
+    fp8)
+      for m in gemm wgrad; do
+        OMP_NUM_THREADS=16 timeout 200 build/tests/gpu/test_fp8 $m > "$out/test_fp8_$m.log" 2>&1
+        echo "== test_fp8 $m: exit $?; $(grep -cE '^FAIL' "$out/test_fp8_$m.log") FAIL lines; $(tail -n 1 "$out/test_fp8_$m.log")"
+      done
+      for m in fwd wgrad; do # bench_fp8 [wgrad] TABLE.md: ${m#fwd} is empty for the forward
+        OMP_NUM_THREADS=16 timeout 300 build/tests/gpu/bench_fp8 ${m#fwd} "$out/bench_fp8_$m.md" > "$out/bench_fp8_$m.log" 2>&1
+        echo "== bench_fp8 $m: exit $?"; grep -E '^FAIL|^\|' "$out/bench_fp8_$m.log"
+      done
+      mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+      if [ "${mem:-0}" -lt 120000 ]; then echo "== fp8 steps: skipped, ${mem:-?} MiB is too little for the OLMoE bench"
+      else
+        n=0
+        for run in "configs/bench/olmoe-1b-7b.yaml" "configs/bench/olmoe-1b-7b-fp8.yaml" \
+                   "configs/bench/olmoe-1b-7b-fp8.yaml --fp8.wgrad=fp8" "configs/bench/olmoe-1b-7b.yaml"; do
+          n=$((n + 1))
+          # shellcheck disable=SC2086 # a config and its keys
+          timeout 150 build/moecore bench $run --steps=10 --warmup=3 > "$out/fp8_step_$n.log" 2>&1
+          echo "== fp8 step $n ($run): exit $?; $(tail -n 1 "$out/fp8_step_$n.log")"
+        done
+      fi
+      shift ;;
     *) echo "unknown: $1"; exit 2 ;;
   esac
 done
