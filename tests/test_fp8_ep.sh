@@ -102,13 +102,18 @@ against_one_rank step_ep4 "one step" "$one --train.global_batch=8" "--train.micr
   "ep4 4 --parallel.dp=4 --parallel.ep=4"
 against_one_rank step_cap "one step, capacity 0.6" "$one --model.capacity_factor=0.6" "--train.micro_batch=4" \
   "ep2 2 --parallel.dp=2 --parallel.ep=2"
-if $py - "$tmp/single_step_cap/metrics.jsonl" "$tmp/ep2_step_cap/metrics.jsonl" <<'PY'
+# the first step's dropped rows per layer of runs A and B (metrics.jsonl):
+# equal, and some dropped
+same_drops() {
+  $py - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" <<'PY'
 import json, sys
 a, b = ([l["dropped_rows"] for l in json.loads(open(p).readline())["moe_layers"]] for p in sys.argv[1:3])
-print(f"dropped rows per layer: one rank {a}, ep2 {b}")
+print(f"dropped rows per layer: {a} and {b}")
 sys.exit(0 if a == b and sum(a) > 0 else 1)
 PY
-then ok "capacity: ep2 drops the rows one rank drops"; else bad "capacity: dropped rows differ (or none dropped)"; fi
+}
+if same_drops single_step_cap ep2_step_cap; then ok "capacity: ep2 drops the rows one rank drops"
+else bad "capacity: dropped rows differ (or none dropped)"; fi
 # symmetric with capacity, against one rank on the symmetric path (part 1's
 # header says why), with both fp8.wgrad settings; and the all-to-all's
 # difference from it, which only GEMM heights make
@@ -116,13 +121,8 @@ for w in bf16 fp8; do
   against_one_rank "step_capsym_$w" "one step, capacity 0.6, fp8.wgrad $w" \
     "$one --model.capacity_factor=0.6 --fp8.wgrad=$w $sym" "--train.micro_batch=4" "ep2_sym 2 --parallel.dp=2 --parallel.ep=2"
 done
-if $py - "$tmp/single_step_cap/metrics.jsonl" "$tmp/ep2_sym_step_capsym_bf16/metrics.jsonl" <<'PY'
-import json, sys
-a, b = ([l["dropped_rows"] for l in json.loads(open(p).readline())["moe_layers"]] for p in sys.argv[1:3])
-print(f"dropped rows per layer: one rank (a2a) {a}, ep2 symmetric {b}")
-sys.exit(0 if a == b and sum(a) > 0 else 1)
-PY
-then ok "capacity: ep2 symmetric drops the rows one rank drops"; else bad "capacity: symmetric's dropped rows differ"; fi
+if same_drops single_step_cap ep2_sym_step_capsym_bf16; then ok "capacity: ep2 symmetric drops the rows one rank drops"
+else bad "capacity: symmetric's dropped rows differ (or none dropped)"; fi
 if out=$(compare ep2_step_cap ep2_sym_step_capsym_bf16 1e-5 1e-4); then ok "capacity: symmetric vs a2a (GEMM heights): $out"
 else bad "capacity: symmetric vs a2a beyond rounding: $out"; fi
 

@@ -961,6 +961,21 @@ static int expert_capacity(const Model *m) {
     return (int)ceil((double)c->capacity_factor * N * m->par.ep_size * c->top_k / c->n_experts);
 }
 
+// The symmetric dispatch's first phases for layer li (ops/ep_sym.h b, c):
+// this rank's counts into every peer's window, barrier, the plan from its
+// own window (capacity and the receive bound; drops counted once, not when
+// a block is recomputed). Marks the layer as planned on the device.
+static void sym_plan_layer(Model *m, LayerActs *a, int li) {
+    const Ops *ops = m->ops;
+    int P = m->par.ep_size, me = m->par.ep_rank, E = m->cfg.n_experts;
+    a->use_plan = 0;
+    a->rows_local = -1;
+    ops->ep_sym_write_counts(m->sym_counts_tab, a->offsets, P, me, E);
+    symmem_barrier(m->sym);
+    ops->ep_sym_plan(a->sym_plan, m->recomputing ? NULL : m->dropped_step + li, m->sym_counts, P, me, E,
+                     expert_capacity(m), m->max_rows_local);
+}
+
 // Symmetric expert parallelism (ops/ep_sym.h): from the routed rows a->xp
 // in expert order to their expert outputs a->ey in the same order, through
 // the owners' receive buffers, with no host-visible size: counts into every
@@ -968,17 +983,12 @@ static int expert_capacity(const Model *m) {
 // rows straight into their owners' a->xl, barrier, the experts on the valid
 // prefix, barrier, the outputs read back. The plan's drops are counted at
 // the experts (dropped_step) and give zero outputs.
-static void sym_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a, int li, int capacity) {
+static void sym_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a, int li) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, E = c->n_experts, R = N * c->top_k, Fe = c->expert_hidden;
-    int P = m->par.ep_size, me = m->par.ep_rank, El = m->E_local, rows = m->max_rows_local;
-    a->use_plan = 0;
-    a->rows_local = -1;
-    ops->ep_sym_write_counts(m->sym_counts_tab, a->offsets, P, me, E);
-    symmem_barrier(m->sym);
-    ops->ep_sym_plan(a->sym_plan, m->recomputing ? NULL : m->dropped_step + li, m->sym_counts, P, me, E, capacity,
-                     rows);
+    int P = m->par.ep_size, El = m->E_local, rows = m->max_rows_local;
+    sym_plan_layer(m, a, li);
     ops->ep_sym_dispatch(a->sym_recv, a->sym_plan, a->offsets, a->xp, P, E, R, D);
     symmem_barrier(m->sym);
     const int *lo = ep_sym_recv_offsets(a->sym_plan, E);
@@ -1122,14 +1132,9 @@ static void sym_fp8_moe_experts_forward(Model *m, const LayerParams *L, LayerAct
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int D = c->d_model, E = c->n_experts, R = m->B * m->T * c->top_k, Fe = c->expert_hidden;
-    int P = m->par.ep_size, me = m->par.ep_rank, El = m->E_local, rows = m->max_rows_local;
+    int P = m->par.ep_size, El = m->E_local, rows = m->max_rows_local;
     int Cp = (int)(fp8_payload_bytes(D) / ops->act_bytes); // a payload row in act elements
-    a->use_plan = 0;
-    a->rows_local = -1;
-    ops->ep_sym_write_counts(m->sym_counts_tab, a->offsets, P, me, E);
-    symmem_barrier(m->sym);
-    ops->ep_sym_plan(a->sym_plan, m->recomputing ? NULL : m->dropped_step + li, m->sym_counts, P, me, E,
-                     expert_capacity(m), rows);
+    sym_plan_layer(m, a, li);
     ops->fp8_quantize_rows(m->fp8_src_q, m->fp8_src_s, in, a->token_of_row, R, D);
     ops->fp8_pack_rows(m->fp8_send, m->fp8_src_q, m->fp8_src_s, R, D);
     ops->ep_sym_dispatch(m->sym_xrecv_tab, a->sym_plan, a->offsets, m->fp8_send, P, E, R, Cp);
@@ -1193,7 +1198,7 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
         else fp8_moe_experts_forward(m, L, a, in, li);
     } else {
         ops->permute_forward(a->xp, in, a->token_of_row, R, D);
-        if (m->ep_sym) sym_moe_experts_forward(m, L, a, li, expert_capacity(m));
+        if (m->ep_sym) sym_moe_experts_forward(m, L, a, li);
         else a2a_moe_experts_forward(m, L, a, li);
     }
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);

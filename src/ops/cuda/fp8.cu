@@ -554,13 +554,14 @@ struct F8Maps {
 };
 
 // The stage ring of the warp-specialised FP8 kernels: S full barriers (one
-// arrival: the producer's expect_tx) and S empty ones (the 256 consumer
-// threads); the slot / phase step after each stage is ring_next.
-__device__ __forceinline__ void f8_ring_init(uint32_t full0, uint32_t empty0, int S) {
+// arrival: the producer's expect_tx) and S empty ones (`arrivals`: the 256
+// consumer threads, or one per consumer warp); the slot / phase step after
+// each stage is ring_next.
+__device__ __forceinline__ void f8_ring_init(uint32_t full0, uint32_t empty0, int S, int arrivals = 256) {
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; s++) {
             mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 256);
+            mbar_init(empty0 + 8 * s, arrivals);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -848,6 +849,30 @@ template <bool TMA_EPI> struct W8Smem {
     static int bytes(int E) { return FIXED + 2 * (E + 1) * (int)sizeof(int); }
 };
 
+// A consumer warpgroup's 64 x 128 FP32 block (rows row0.., columns col0.. of
+// dw as the map sees it, [E * M, N]) out through its staging buffer: once
+// the copy engine has read the staging's last contents, the warpgroup
+// writes it (stage_acc_f32), and its first thread (the issuer) hands it to
+// the copy engine as four 64 x 32 boxes, stored or reduce-added into dw.
+__device__ __forceinline__ void w8_tma_store(const float (&acc)[64], const W8Maps *maps, unsigned char *stg,
+                                             uint32_t stg_s, int rw, int lane, int cw, int col0, int row0,
+                                             int accumulate) {
+    bool issuer = (threadIdx.x & 127) == 0;
+    if (issuer) bulk_wait_read<0>();
+    named_barrier(1 + cw, 128);
+    stage_acc_f32(acc, stg, rw, lane & 3);
+    fence_proxy_async();
+    named_barrier(1 + cw, 128);
+    if (issuer) {
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            if (accumulate) tma_reduce_add_2d(&maps->dw, stg_s + b * 8192, col0 + 32 * b, row0);
+            else tma_store_2d(&maps->dw, stg_s + b * 8192, col0 + 32 * b, row0);
+        }
+        bulk_commit();
+    }
+}
+
 // The weight-grad kernels' producer (one thread): for each of this block's
 // tiles (experts x M / 128 x N / BN), each token block of its expert into
 // the S-stage ring: a 128 x 128 A box, a BN x 128 B box (BN * 128 bytes
@@ -942,22 +967,8 @@ fp8_grouped_wgrad_kernel(float *dw, const __grid_constant__ W8Maps maps, const f
         }
         if (TMA_EPI) {
             int row0 = e * M + m0 + cw * 64;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                if (issuer) bulk_wait_read<0>(); // the copy engine has read the staging's last contents
-                named_barrier(1 + cw, 128);
-                stage_acc_f32(h ? acc1 : acc0, stg, rw, lane & 3);
-                fence_proxy_async();
-                named_barrier(1 + cw, 128);
-                if (issuer) {
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        if (accumulate) tma_reduce_add_2d(&maps.dw, stg_s + b * 8192, n0 + h * 128 + 32 * b, row0);
-                        else tma_store_2d(&maps.dw, stg_s + b * 8192, n0 + h * 128 + 32 * b, row0);
-                    }
-                    bulk_commit();
-                }
-            }
+            w8_tma_store(acc0, &maps, stg, stg_s, rw, lane, cw, n0, row0, accumulate);
+            w8_tma_store(acc1, &maps, stg, stg_s, rw, lane, cw, n0 + 128, row0, accumulate);
         } else {
             float *o = dw + (size_t)e * M * N;
             store_acc_f32(acc0, o, N, m0 + rl, n0 + cl, accumulate);
@@ -1032,13 +1043,7 @@ fp8_grouped_wgrad_pipe_kernel(float *dw, const __grid_constant__ W8Maps maps, co
     const float *s_sc = (const float *)(smem_raw + (scales - raw));
     int *s_off = (int *)(smem_raw + (empty0 + 8 * S - raw));
     int *s_blk = s_off + E + 1;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; s++) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 8); // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    f8_ring_init(full0, empty0, S, 8); // one arrival per consumer warp
     grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
     grouped_tile_prefix<F8_BK>(s_off, E, 1, s_blk); // s_blk[e]: expert e's first token block
     int n_tiles = N / F8P_BN, per_e = M / F8_BM * n_tiles, total = E * per_e;
@@ -1083,20 +1088,7 @@ fp8_grouped_wgrad_pipe_kernel(float *dw, const __grid_constant__ W8Maps maps, co
                 w8p_promote(acc, p0, g, s_sc, rl, cl, empty0, lane);
             }
         }
-        int row0 = e * M + m0 + cw * 64;
-        if (issuer) bulk_wait_read<0>(); // the copy engine has read the staging's last contents
-        named_barrier(1 + cw, 128);
-        stage_acc_f32(acc, stg, rw, lane & 3);
-        fence_proxy_async();
-        named_barrier(1 + cw, 128);
-        if (issuer) {
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                if (accumulate) tma_reduce_add_2d(&maps.dw, stg_s + b * 8192, n0 + 32 * b, row0);
-                else tma_store_2d(&maps.dw, stg_s + b * 8192, n0 + 32 * b, row0);
-            }
-            bulk_commit();
-        }
+        w8_tma_store(acc, &maps, stg, stg_s, rw, lane, cw, n0, e * M + m0 + cw * 64, accumulate);
     }
     if (issuer) bulk_wait<0>(); // the last writes done before the staging goes away
 }
@@ -1279,24 +1271,6 @@ extern "C" int cuda_fp8_requantize_tokens_t(uint8_t *qt, float *st, const uint8_
 
 static int wgrad_smem(int E) { return W8Smem<true>::bytes(E) > W8Smem<false>::bytes(E) ? W8Smem<true>::bytes(E) : W8Smem<false>::bytes(E); }
 
-static int fp8_grouped_wgrad_pipe(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
-                                  const int *offsets, int E, int C, int OC, int ldk, int accumulate) {
-    int smem = W8P_FIXED + 2 * (E + 1) * (int)sizeof(int);
-    if (smem > 227 * 1024) return -1;
-    W8Maps maps;
-    memset(&maps, 0, sizeof maps);
-    if (cuda_tensor_map_2d(&maps.a, qa, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, OC, F8_BK, F8_BM)) return -1;
-    if (cuda_tensor_map_2d(&maps.b, qb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, C, F8_BK, F8P_BN)) return -1;
-    if (cuda_tensor_map_2d(&maps.dw, dw, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, C, (uint64_t)E * OC, 32, 64)) return -1;
-    static int smem_set;
-    cuda_allow_smem((const void *)fp8_grouped_wgrad_pipe_kernel, &smem_set, smem);
-    int tiles = E * (OC / F8_BM) * (C / F8P_BN), grid = cuda_num_sms() < tiles ? cuda_num_sms() : tiles;
-    fp8_grouped_wgrad_pipe_kernel<<<grid, F8_THREADS, smem, cuda_stream()>>>(dw, maps, sa, sb, offsets, E, OC, C,
-                                                                              accumulate);
-    cudaLaunchCheck();
-    return 0;
-}
-
 extern "C" int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float *sa, const uint8_t *qb, const float *sb,
                                       const int *offsets, int E, int C, int OC, int ldk, int accumulate) {
     if (!cuda_wgmma_device_ok() || !cuda_tma_available()) return -1;
@@ -1308,20 +1282,21 @@ extern "C" int cuda_fp8_grouped_wgrad(float *dw, const uint8_t *qa, const float 
     // double-buffered 128 x 128 tiles (fp8_grouped_wgrad_pipe_kernel).
     const char *v = getenv("MOECORE_FP8_WGRAD_VARIANT");
     int variant = (v && *v == '0') || ((uintptr_t)dw & 15) ? 0 : v && *v == '1' ? 1 : 2;
-    if (variant == 2) return fp8_grouped_wgrad_pipe(dw, qa, sa, qb, sb, offsets, E, C, OC, ldk, accumulate);
-    int smem = wgrad_smem(E);
+    int bn = variant == 2 ? F8P_BN : F8_BN; // the tiles' columns, B's box
+    int smem = variant == 2 ? W8P_FIXED + 2 * (E + 1) * (int)sizeof(int) : wgrad_smem(E);
     if (smem > 227 * 1024) return -1;
     W8Maps maps;
     memset(&maps, 0, sizeof maps);
     if (cuda_tensor_map_2d(&maps.a, qa, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, OC, F8_BK, F8_BM)) return -1;
-    if (cuda_tensor_map_2d(&maps.b, qb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, C, F8_BK, F8_BN)) return -1;
+    if (cuda_tensor_map_2d(&maps.b, qb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, ldk, C, F8_BK, bn)) return -1;
     if (variant && cuda_tensor_map_2d(&maps.dw, dw, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, C, (uint64_t)E * OC, 32, 64))
         return -1;
     typedef void (*Kernel)(float *, const W8Maps, const float *, const float *, const int *, int, int, int, int);
-    static const Kernel kernels[2] = {fp8_grouped_wgrad_kernel<false>, fp8_grouped_wgrad_kernel<true>};
-    static int smem_set[2];
+    static const Kernel kernels[3] = {fp8_grouped_wgrad_kernel<false>, fp8_grouped_wgrad_kernel<true>,
+                                      fp8_grouped_wgrad_pipe_kernel};
+    static int smem_set[3];
     cuda_allow_smem((const void *)kernels[variant], &smem_set[variant], smem);
-    int tiles = E * (OC / F8_BM) * (C / F8_BN), grid = cuda_num_sms() < tiles ? cuda_num_sms() : tiles;
+    int tiles = E * (OC / F8_BM) * (C / bn), grid = cuda_num_sms() < tiles ? cuda_num_sms() : tiles;
     kernels[variant]<<<grid, F8_THREADS, smem, cuda_stream()>>>(dw, maps, sa, sb, offsets, E, OC, C, accumulate);
     cudaLaunchCheck();
     return 0;
