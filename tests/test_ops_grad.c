@@ -892,6 +892,56 @@ START_TEST(test_grouped_matmul) {
 }
 END_TEST
 
+// grouped_wgrad_sumsq (ops_cpu, FP32): dw as grouped_matmul_backward's, bit
+// for bit, = and += (onto random grads, an expert without rows among them),
+// and each slot of 16 rows x 128 columns of dw[e] the sum of its squares
+// (against a plain row-major FP64 sum: the order differs, so within 1e-13);
+// sum_f64 their sum. Shapes with C under 128 and OC not a multiple of 16.
+START_TEST(test_wgrad_sumsq) {
+    static const struct { int E, C, OC, counts[4]; } sh[] = {{3, 72, 24, {5, 0, 7}}, {2, 264, 40, {9, 3}},
+                                                              {4, 128, 16, {0, 2, 0, 6}}};
+    Rng r = {917};
+    for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
+        int E = sh[si].E, C = sh[si].C, OC = sh[si].OC, off[5] = {0};
+        for (int e = 0; e < E; e++) off[e + 1] = off[e] + sh[si].counts[e];
+        int R = off[E];
+        size_t nw = (size_t)E * OC * C, ns = ops_wgrad_slots(E, C, OC);
+        float *a = fbuf((size_t)R * OC), *b = fbuf((size_t)R * C), *pre = fbuf(nw);
+        for (size_t i = 0; i < (size_t)R * OC; i++) a[i] = (float)rng_normal(&r);
+        for (size_t i = 0; i < (size_t)R * C; i++) b[i] = (float)rng_normal(&r);
+        for (size_t i = 0; i < nw; i++) pre[i] = (float)rng_normal(&r);
+        for (int acc = 0; acc < 2; acc++) {
+            char op[96];
+            snprintf(op, sizeof op, "grouped_wgrad_sumsq E=%d C=%d OC=%d dw %s", E, C, OC, acc ? "+=" : "=");
+            float *dw_ref = memcpy(fbuf(nw), pre, nw * 4), *dw = memcpy(fbuf(nw), pre, nw * 4);
+            double *slots = filled(ns, NAN), *want = dbuf(ns), sum = 0, all = 0, total = 0;
+            ops_cpu.grouped_matmul_backward(NULL, dw_ref, a, b, a, off, E, C, OC, acc);
+            ops_cpu.grouped_wgrad_sumsq(dw, slots, a, b, off, E, C, OC, acc);
+            ops_cpu.sum_f64(&sum, slots, ns);
+            ck_assert_msg(!memcmp(dw, dw_ref, nw * 4), "%s: dw differs from grouped_matmul_backward's", op);
+            int rs = (OC + 15) / 16, cs = (C + 127) / 128;
+            for (int e = 0; e < E; e++)
+                for (int i = 0; i < rs; i++)
+                    for (int j = 0; j < cs; j++) {
+                        double w = 0;
+                        for (int row = 16 * i; row < 16 * i + 16 && row < OC; row++)
+                            for (int col = 128 * j; col < 128 * j + 128 && col < C; col++) {
+                                double x = dw[((size_t)e * OC + row) * C + col];
+                                w += x * x;
+                            }
+                        want[((size_t)e * rs + i) * cs + j] = w;
+                    }
+            for (size_t i = 0; i < nw; i++) all += (double)dw[i] * dw[i];
+            for (size_t i = 0; i < ns; i++) total += slots[i];
+            expect_close(op, "slots vs row-major sums", slots, want, ns, 1e-13);
+            // two FP64 orders over nw squares: within nw ulps (measured ~1e-14)
+            expect_err(op, "sum_f64 vs every square", fabs(sum - all) / all, (double)nw * 0x1p-52);
+            ck_assert_msg(sum == total, "%s: sum_f64 %.17g is not the slots' sum in order %.17g", op, sum, total);
+        }
+    }
+}
+END_TEST
+
 // ==== cross-entropy =======================================================================
 
 typedef struct { const double *logits; double *losses; const int *targets; int N, V; double dloss; } CeCtx;
@@ -1077,6 +1127,7 @@ static Suite *ops_grad_suite(void) {
     tcase_add_test(tc, test_route_index);
     tcase_add_test(tc, test_permute_unpermute);
     tcase_add_test(tc, test_grouped_matmul);
+    tcase_add_test(tc, test_wgrad_sumsq);
     tcase_add_test(tc, test_crossentropy);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_adamw);

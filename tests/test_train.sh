@@ -19,7 +19,8 @@
 #     non-finite step, and keep never deletes the newest finite one; a NaN
 #     eval CE is reported as such;
 #  8. outputs are checked before the first step (an unwritable checkpoint.dir or
-#     logging.run_dir), and a failed write to metrics.jsonl (/dev/full) ends the run.
+#     logging.run_dir), and a failed write to metrics.jsonl (/dev/full) ends the run;
+#  9. the grad norm from the last backward's weight-grads equals a separate pass.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -319,6 +320,27 @@ if [ -w /dev/full ]; then
 else
   echo "skip: /dev/full is not writable here; the full-disk case is not tested"
 fi
+
+# ---- 9. the grad norm's expert share from the last backward's weight-grads ---------------------------
+# (the default where the expert grads are final after it) against a pass over
+# the grads (MOECORE_GRAD_NORM=separate): the same norms within 1e-12 (two
+# FP64 orders) and so the same losses, clipping active (clip_scale < 1)
+train --train.steps=8 --checkpoint.interval=0 --logging.run_dir="$tmp/gn1" >"$tmp/gn1.log" 2>&1 || bad "grad norm run failed"
+MOECORE_GRAD_NORM=separate train --train.steps=8 --checkpoint.interval=0 --logging.run_dir="$tmp/gn2" >"$tmp/gn2.log" 2>&1 \
+  || bad "grad norm run (separate) failed"
+if grep -q "grad norm: the expert grads' squares summed by the last backward" "$tmp/gn1.log" &&
+   ! grep -q "grad norm:" "$tmp/gn2.log" &&
+   $py - "$tmp/gn1/metrics.jsonl" "$tmp/gn2/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if '"grad_norm"' in l] for p in sys.argv[1:3])
+assert len(a) == len(b) == 8, (len(a), len(b))
+assert any(r["clip_scale"] < 1 for r in a), "no step clipped"
+for x, y in zip(a, b):
+    assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-12 * y["grad_norm"], (x["step"], x["grad_norm"], y["grad_norm"])
+    assert abs(x["loss"] - y["loss"]) <= 1e-9 * abs(y["loss"]), (x["step"], x["loss"], y["loss"])
+PY
+then ok "grad norm from the weight-grads' slots = a pass over the grads (8 steps, clipped, within 1e-12)"
+else bad "grad norm from the slots differs from the separate pass (or was not used)"; fi
 
 echo "$fails failures"
 [ $fails -eq 0 ]

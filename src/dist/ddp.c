@@ -151,6 +151,10 @@ double ddp_grad_norm(Ddp *d) {
     double s = 0;
     d->store->ops->zero(d->norm_acc, sizeof(double));
     for (int c = 0; c < N_CLASSES; c++) {
+        if (c == CLASS_EXPERT && d->expert_slots) {
+            d->store->ops->sum_f64(d->norm_acc, d->expert_slots, d->n_expert_slots);
+            continue;
+        }
         size_t n = d->shard_end[c] - d->shard_begin[c];
         const float *g = d->sharded ? d->grad_shard[c] : d->store->grads[c] + d->shard_begin[c];
         d->store->ops->sum_squares(d->norm_acc, g, n);
@@ -160,6 +164,15 @@ double ddp_grad_norm(Ddp *d) {
     comm_allreduce(d->world, d->norm_acc, 1, COMM_F64);
     d->store->ops->to_host(&s, d->norm_acc, sizeof(double));
     return sqrt(s);
+}
+
+int ddp_use_wgrad_slots(Ddp *d, const double *slots, size_t n) {
+    if (!slots || !n || !d->store->ops->sum_f64 || comm_size(d->group[CLASS_EXPERT]) != 1 ||
+        d->shard_end[CLASS_EXPERT] - d->shard_begin[CLASS_EXPERT] != d->store->table.class_numel[CLASS_EXPERT])
+        return 0;
+    d->expert_slots = slots;
+    d->n_expert_slots = n;
+    return 1;
 }
 
 void ddp_gather_params(Ddp *d) {

@@ -43,6 +43,10 @@ typedef struct {
     int n_buckets, next_launch;
     int *entry_bucket;                // table entry -> bucket
     double *norm_acc;                 // backend scalar for the grad norm
+    // The expert grads' share of the norm from the slots the last backward
+    // filled (Model.wgrad_slots), when set: ddp_use_wgrad_slots.
+    const double *expert_slots;
+    size_t n_expert_slots;
 } Ddp;
 
 // The shard [begin, end) of rank r of n of a class buffer of total elements.
@@ -61,6 +65,12 @@ void ddp_arm(Ddp *d, int hooks);
 void ddp_finish(Ddp *d);
 // Global grad L2 norm (after ddp_finish).
 double ddp_grad_norm(Ddp *d);
+// Whether the expert grads' sum of squares may come from slots that the
+// step's last backward fills (n of them at slots), instead of a pass over
+// the grads: only where nothing changes the expert grads after that
+// backward (an expert data-parallel group of one rank, which also makes
+// this rank's shard the whole class). Returns 1 and uses them then, else 0.
+int ddp_use_wgrad_slots(Ddp *d, const double *slots, size_t n);
 // The grads the optimizer reads for element begin of its range.
 void ddp_optimizer_grads(Ddp *d, float **grads);
 // After a sharded optimizer step: all-gathers the updated compute weights.

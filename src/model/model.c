@@ -830,6 +830,17 @@ void model_free(Model *m) {
     memset(m, 0, sizeof(*m));
 }
 
+size_t model_wgrad_slots_for(const ModelConfig *cfg, int E_local) {
+    int D = cfg->d_model, Fe = cfg->expert_hidden;
+    return (size_t)model_moe_layers(cfg) * (2 * ops_wgrad_slots(E_local, D, Fe) + ops_wgrad_slots(E_local, Fe, D));
+}
+
+size_t model_wgrad_slots(const Model *m) {
+    if (!m->n_moe || !m->ops->grouped_wgrad_sumsq || model_fp8_wgrad_gemm(m)) return 0;
+    int D = m->cfg.d_model, Fe = m->cfg.expert_hidden, El = m->E_local;
+    return (size_t)m->n_moe * (2 * ops_wgrad_slots(El, D, Fe) + ops_wgrad_slots(El, Fe, D));
+}
+
 void model_zero_grads(Model *m) {
     for (int c = 0; c < N_CLASSES; c++) m->ops->zero(m->store.grads[c], m->store.table.class_numel[c] * sizeof(float));
     m->expert_grads_unset = 0;
@@ -1005,6 +1016,25 @@ static void sym_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
 // the owners' dout buffers, barrier, the experts' backward on the valid
 // prefix (weight grads from a->xl), barrier, the input grads read back into
 // dxp (zeros for dropped rows).
+// The expert weight-grad k (0 gate, 1 up, 2 down) of layer L into its grads
+// (= or +=, by accw), with the data-grad of the same product into dinp
+// unless NULL; while wgrad_slots_on (a step's last backward) also the sum
+// of squares of the grads it leaves, into the layer's slots.
+static void expert_wgrad(Model *m, const LayerParams *L, int k, void *dinp, const void *dout, const void *inp,
+                         const int *lo, int accw) {
+    const Ops *ops = m->ops;
+    int D = m->cfg.d_model, Fe = m->cfg.expert_hidden, El = m->E_local;
+    int C = k == 2 ? Fe : D, OC = k == 2 ? D : Fe, t = k == 0 ? L->exp_gate : k == 1 ? L->exp_up : L->exp_down;
+    if (!m->wgrad_slots_on) {
+        ops->grouped_matmul_backward(dinp, G(t), dout, inp, P(t), lo, El, C, OC, accw);
+        return;
+    }
+    if (dinp) ops->grouped_matmul_backward(dinp, NULL, dout, inp, P(t), lo, El, C, OC, accw);
+    size_t gu = ops_wgrad_slots(El, D, Fe), per_layer = 2 * gu + ops_wgrad_slots(El, Fe, D);
+    ops->grouped_wgrad_sumsq(G(t), m->wgrad_slots + (size_t)L->moe_index * per_layer + (size_t)k * gu, dout, inp, lo,
+                             El, C, OC, accw);
+}
+
 static void sym_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -1015,10 +1045,10 @@ static void sym_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     symmem_barrier(m->sym);
     if (recomputes_swiglu(m)) ops->swiglu_forward_rows(a->ea, a->eg, a->eu, lo + El, rows, Fe);
     int accw = !m->expert_grads_unset;
-    ops->grouped_matmul_backward(m->dea, G(L->exp_down), m->sym_dout, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
+    expert_wgrad(m, L, 2, m->dea, m->sym_dout, a->ea, lo, accw);
     ops->swiglu_backward_rows(m->deg, m->deu, m->dea, a->eg, a->eu, lo + El, rows, Fe);
-    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe, accw);
-    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
+    expert_wgrad(m, L, 0, NULL, m->deg, a->xl, lo, accw);
+    expert_wgrad(m, L, 1, NULL, m->deu, a->xl, lo, accw);
     ops->grouped_dgrad_pair(m->sym_dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
     symmem_barrier(m->sym);
     ops->ep_sym_combine(m->dxp, m->sym_dxl_tab, a->sym_plan, a->offsets, P, E, R, D);
@@ -1419,12 +1449,12 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     // that later layers overwrote in the forward
     if (recomputes_swiglu(m)) ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
     int accw = !m->expert_grads_unset; // the step's first backward writes the expert grads
-    ops->grouped_matmul_backward(m->dea, G(L->exp_down), dyl, a->ea, P(L->exp_down), lo, El, Fe, D, accw);
+    expert_wgrad(m, L, 2, m->dea, dyl, a->ea, lo, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
     if ((m->recompute == 1 || m->recompute == 2) && !a->use_plan) // the rows stayed here: xl is xp, shared (carve)
         ops->permute_forward(a->xl, in, a->token_of_row, R, D);
-    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, a->xl, P(L->exp_gate), lo, El, D, Fe, accw);
-    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, a->xl, P(L->exp_up), lo, El, D, Fe, accw);
+    expert_wgrad(m, L, 0, NULL, m->deg, a->xl, lo, accw);
+    expert_wgrad(m, L, 1, NULL, m->deu, a->xl, lo, accw);
     ops->grouped_dgrad_pair(dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);
     if (a->use_plan) ep_combine(epc, ops, &a->plan, dxl, m->dxp, m->ep_scratch, D);
 }
@@ -1467,7 +1497,7 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
             ops->fp8_fake_quantize_tokens(m->fp8_deq, lo, El, Fe);
             ops->fp8_fake_quantize_tokens(dy, lo, El, D);
         }
-        ops->grouped_matmul_backward(NULL, G(L->exp_down), dy, m->fp8_deq, P(L->exp_down), lo, El, Fe, D, accw);
+        expert_wgrad(m, L, 2, NULL, dy, m->fp8_deq, lo, accw);
     }
     ops->fp8_swiglu_backward_quantize(m->deg, m->deu, m->fp8_dq, m->fp8_ds, m->dea, a->eg, a->eu, R, Fe);
     ops->fp8_grouped_matmul_forward(dx, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 0), fp8_scales_t(m, li, 0), lo,
@@ -1491,8 +1521,8 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
         ops->fp8_fake_quantize_tokens(m->deg, lo, El, Fe);
         ops->fp8_fake_quantize_tokens(m->deu, lo, El, Fe);
     }
-    ops->grouped_matmul_backward(NULL, G(L->exp_gate), m->deg, m->fp8_deq, P(L->exp_gate), lo, El, D, Fe, accw);
-    ops->grouped_matmul_backward(NULL, G(L->exp_up), m->deu, m->fp8_deq, P(L->exp_up), lo, El, D, Fe, accw);
+    expert_wgrad(m, L, 0, NULL, m->deg, m->fp8_deq, lo, accw);
+    expert_wgrad(m, L, 1, NULL, m->deu, m->fp8_deq, lo, accw);
 }
 
 // With ep > 1, fp8_moe_experts_backward between the moves of

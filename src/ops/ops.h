@@ -257,6 +257,16 @@ typedef struct Ops {
     // projections), as one product with twice the K.
     void (*grouped_dgrad_pair)(void *dinp, const void *dout1, const void *w1, const void *dout2,
                                const void *w2, const int *offsets, int E, int C, int OC);
+    // dw as grouped_matmul_backward's (= or +=, by accumulate), and the sum
+    // of squares of the dw it leaves, every expert's (those without rows
+    // too), into slots[0 .. ops_wgrad_slots(E, C, OC)): one FP64 slot per
+    // 16 rows x 128 columns of dw[e] [OC, C], summed in the fixed order of
+    // ops_cpu_wgrad_slots (bit for bit the same on every backend for the
+    // same dw). The trainer's grad norm takes the expert grads' share from
+    // these on a step's last backward instead of another pass over them
+    // (docs/design.md §2, "The grad norm"). NULL where a backend has none.
+    void (*grouped_wgrad_sumsq)(float *dw, double *slots, const void *dout, const void *inp,
+                                const int *offsets, int E, int C, int OC, int accumulate);
 
     // --- FP8 (train.precision: fp8; formats and rules in ops/fp8.h) ---------
     // block128: E4M3 values, FP32 scales per 1 x 128 tile of a row and per
@@ -363,7 +373,21 @@ typedef struct Ops {
                          float grad_scale, int t);
     // acc[0] += sum of squares of x
     void (*sum_squares)(double *acc, const float *x, size_t n);
+    // acc[0] += the sum of x (FP64, in an order fixed by n and the backend)
+    void (*sum_f64)(double *acc, const double *x, size_t n);
 } Ops;
+
+// The slots of grouped_wgrad_sumsq for E experts' dw [OC, C].
+static inline size_t ops_wgrad_slots(int E, int C, int OC) {
+    return (size_t)E * (size_t)((OC + 15) / 16) * (size_t)((C + 127) / 128);
+}
+// The reference order of those slots, from dw in host memory: slot (e, i,
+// j) sums rows 16 i.. and columns 128 j.. of dw[e] as 32 lanes would (lane l
+// rows 16 i + l / 4 and + 8, columns 128 j + 2 (l % 4) + 8 t + {0, 1}, t =
+// 0..15; per lane in the order t, then (row, column), (row, column + 1),
+// (row + 8, column), (row + 8, column + 1), skipping elements past OC or C;
+// then the lanes' sums pairwise over lane ^ 16, ^ 8, ^ 4, ^ 2, ^ 1: lane 0's).
+void ops_cpu_wgrad_slots(const float *dw, double *slots, int E, int C, int OC);
 
 extern const Ops ops_cpu;
 // The CPU backend's allocation counters: bytes of ops_cpu.alloc live now and

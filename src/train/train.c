@@ -355,6 +355,22 @@ static int setup_model(Trainer *tr) {
              (size_t)(cfg->parallel.bucket_mb * 1024 * 1024 / 4));
     if (cfg->optim_sharded) adamw_init_range(&tr->adamw, &cfg->optim, &m->store, tr->ddp.shard_begin, tr->ddp.shard_end);
     else adamw_init(&tr->adamw, &cfg->optim, &m->store);
+    // the grad norm: the expert grads' share summed by the last backward's
+    // weight-grads where nothing changes them after it (ddp_use_wgrad_slots;
+    // MOECORE_GRAD_NORM=separate: a pass over them, as before)
+    size_t n_slots = tr->pipe.on ? 0 : model_wgrad_slots(m);
+    const char *gn = getenv("MOECORE_GRAD_NORM");
+    if (n_slots && !(gn && !strcmp(gn, "separate"))) {
+        tr->wgrad_slots = tr->ops->alloc(n_slots * sizeof(double));
+        if (ddp_use_wgrad_slots(&tr->ddp, tr->wgrad_slots, n_slots)) {
+            m->wgrad_slots = tr->wgrad_slots;
+            SAY("grad norm: the expert grads' squares summed by the last backward's weight-grads (%zu slots)\n",
+                n_slots);
+        } else {
+            tr->ops->free(tr->wgrad_slots);
+            tr->wgrad_slots = NULL;
+        }
+    }
     model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
     if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
     pipeline_alloc(tr);
@@ -574,19 +590,24 @@ static int train_setup(Trainer *tr) {
 }
 
 // One micro-batch's forward + backward: replayed from the CUDA graph when
-// there is one, captured on the second micro-batch of the run (every lazy
-// allocation has happened by then), else launched op by op. With
-// data.doc_mask a micro-batch with document boundaries and one without run
-// different attention kernels: a graph each, captured alike.
-static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
+// there is one, captured on the second micro-batch of its kind in the run
+// (every lazy allocation has happened by then), else launched op by op.
+// With data.doc_mask a micro-batch with document boundaries and one without
+// run different attention kernels, and a step's first backward writes the
+// expert grads (=) where the later ones add (+=): a graph each, captured
+// alike; so does the step's last, where it also sums the expert grads'
+// squares for the grad norm (the slots, Trainer.wgrad_slots).
+static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale, int last) {
     Model *m = &tr->m;
     const Ops *ops = tr->ops;
     char err[512];
-    int g = m->batch_docs;
+    m->wgrad_slots_on = last && tr->wgrad_slots;
+    int g = m->batch_docs + 2 * (m->expert_grads_unset != 0) + 4 * m->wgrad_slots_on;
     model_set_route_seed(m, route_seed); // before a capture or replay, which only read it
     m->ce_fused_scale = ce_scale;        // the forward writes the dlogits (model.h)
     if (tr->use_graph && tr->graph[g] && ce_scale == tr->graph_scale[g]) {
         ops->graph_launch(tr->graph[g]);
+        m->expert_grads_unset = 0; // what model_backward does on the host
     } else if (tr->use_graph && tr->graph_tries[g] == 1) {
         tr->graph_tries[g]++;
         ops->capture_begin();
@@ -608,6 +629,7 @@ static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale) {
         model_backward(m, ce_scale, 1.0f / tr->M_total);
     }
     m->ce_fused_scale = 0;
+    m->wgrad_slots_on = 0;
     model_count_micro_batch(m);
 }
 
@@ -635,9 +657,9 @@ static int train_step(Trainer *tr, StepResult *r) {
     }
     int64_t valid = model_count_valid(tr->targets, (size_t)tr->G_local * T);
     comm_allreduce(tr->mesh.dp_comm, &valid, 1, COMM_I64);
-    // the first backward writes the expert grads, unless graphs replay it
-    // (or pipeline chunks run their backwards in turn)
-    if (tr->use_graph || tr->pipe.on) model_zero_grads(m);
+    // the first backward writes the expert grads (its own CUDA graph),
+    // unless pipeline chunks run their backwards in turn
+    if (tr->pipe.on) model_zero_grads(m);
     else model_zero_dense_grads(m);
     model_begin_step(m);
     double ce_sum = 0;
@@ -653,7 +675,7 @@ static int train_step(Trainer *tr, StepResult *r) {
         // or after it when it is replayed from a CUDA graph (one rank only)
         if (mi == M - 1) ddp_arm(&tr->ddp, !tr->use_graph);
         model_set_batch(m, tr->tokens + off, tr->targets + off);
-        micro_batch(tr, train_micro_seed(tr, step, mi), valid ? 1.0f / (float)valid : 0.0f);
+        micro_batch(tr, train_micro_seed(tr, step, mi), valid ? 1.0f / (float)valid : 0.0f, mi == M - 1);
     }
     ddp_finish(&tr->ddp);
     // the step's sums, read once (the only wait for the device in the step)
@@ -875,8 +897,9 @@ static int train_loop(Trainer *tr) {
 // Frees what set-up made; after a failed set-up only what it got to.
 static void train_teardown(Trainer *tr, int set_up) {
     if (set_up) {
-        for (int g = 0; g < 2; g++)
+        for (int g = 0; g < 8; g++)
             if (tr->graph[g]) tr->ops->graph_free(tr->graph[g]);
+        if (tr->wgrad_slots) tr->ops->free(tr->wgrad_slots);
         if (tr->metrics) fclose(tr->metrics);
         for (int i = 0; i < 2; i++)
             if (tr->lock_fd[i] >= 0) close(tr->lock_fd[i]); // releases the lock; the file stays

@@ -89,11 +89,16 @@ typedef struct {
     float *counts_host;
     int *gflags;
     Gerrymander gm;
-    // the CUDA graphs of one micro-batch's forward + backward: [1] for
-    // micro-batches with document boundaries (data.doc_mask), [0] without
-    int use_graph, graph_tries[2];
-    void *graph[2];
-    float graph_scale[2];
+    // the CUDA graphs of one micro-batch's forward + backward, indexed
+    // docs + 2 first + 4 last: docs = 1 for micro-batches with document
+    // boundaries (data.doc_mask), first = 1 for a step's first backward,
+    // which writes the expert grads (=) where the later ones add to them
+    // (+=), last = 1 for its last, which also sums their squares for the
+    // grad norm where the trainer has the slots for it (wgrad_slots)
+    int use_graph, graph_tries[8];
+    void *graph[8];
+    float graph_scale[8];
+    double *wgrad_slots; // the grad norm's slots of the expert grads (Model.wgrad_slots), or NULL
     double peak_dev_mib;
     double start_dev_mib;      // GPU memory in use before the first allocation (the CUDA context)
     double mem_plan_mib[2];    // this rank's memory plan (train/memory.h): steady, peak

@@ -66,7 +66,7 @@
 int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C, int OC);
 int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C, int OC);
 int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C, int OC,
-                             int accumulate);
+                             int accumulate, double *sq, int *sq_done);
 int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2, const void *w2,
                                   const int *offsets, int E, int C, int OC);
 
@@ -1216,7 +1216,7 @@ static int takes_g_bwd(const Case *c, void *const *b) {
     int ok = 1;
     if (b[4]) ok &= cuda_grouped_dgrad_wgmma(b[4], b[1], b[3], b[0], c->E, c->C, c->OC) == 0;
     if (b[5] && cuda_settings()->grouped_wgrad == CUDA_KERNELS_WGMMA)
-        ok &= cuda_grouped_wgrad_wgmma(b[5], b[1], b[2], b[0], c->E, c->C, c->OC, c->acc) == 0;
+        ok &= cuda_grouped_wgrad_wgmma(b[5], b[1], b[2], b[0], c->E, c->C, c->OC, c->acc, NULL, NULL) == 0;
     return ok;
 }
 static int takes_g_pair(const Case *c, void *const *b) {
@@ -2276,8 +2276,8 @@ static void wgrad_tail_case(int E, int C, int OC, const int *counts) {
             float *dw_exact = dkeep(gpu->alloc(nw * 4)), *dw_tail = dkeep(gpu->alloc(nw * 4));
             gpu->zero(dw_exact, nw * 4);
             gpu->zero(dw_tail, nw * 4);
-            int r1 = cuda_grouped_wgrad_wgmma(dw_exact, a_exact, b_exact, doff, E, C, OC, acc);
-            int r2 = cuda_grouped_wgrad_wgmma(dw_tail, a_tail, b_tail, doff, E, C, OC, acc);
+            int r1 = cuda_grouped_wgrad_wgmma(dw_exact, a_exact, b_exact, doff, E, C, OC, acc, NULL, NULL);
+            int r2 = cuda_grouped_wgrad_wgmma(dw_tail, a_tail, b_tail, doff, E, C, OC, acc, NULL, NULL);
             cuda_synchronize();
             cuda_grouped_set_variant(-1);
             float *h1 = gt_host_f32(dw_exact, nw), *h2 = gt_host_f32(dw_tail, nw);
@@ -2311,6 +2311,88 @@ static void special_wgrad_tail(void) {
     wgrad_tail_case(3, 256, 128, c3);
     wgrad_tail_case(2, 320, 136, c2); // column and row tiles with tails
     wgrad_tail_case(4, 128, 96, c4);  // N = 128: the cp.async kernel
+}
+
+// ---- wgrad_sumsq: grouped_wgrad_sumsq leaves grouped_matmul_backward's dw
+// bit for bit and fills every slot (poisoned with NaN first) with the bits
+// of ops_cpu_wgrad_slots on that dw: from the fused epilogues (the ping-pong
+// kernel for +=, the cooperative one for =), the read-back of the experts
+// without rows, and the kernels without the fused sum (cp.async, mma.sync,
+// --grouped-variant's); = and += (onto random grads); and sum_f64 over the
+// slots against the host's sum.
+
+static void wgrad_sumsq_case(int E, int C, int OC, const int *counts) {
+    int *off = gt_malloc((E + 1) * sizeof(int));
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+    int R = off[E];
+    size_t na = (size_t)R * OC, nb = (size_t)R * C, nw = (size_t)E * OC * C, ns = ops_wgrad_slots(E, C, OC);
+    void *a = dev_act(na, G_NORMAL, 0, 1), *b = dev_act(nb, G_NORMAL, 0, 1), *w = dev_act(nw, G_NORMAL, 0, 1);
+    void *doff = dev_copy(off, (E + 1) * sizeof(int));
+    float *hpre = gt_malloc(nw * 4);
+    gt_fill(hpre, nw, G_NORMAL, 0, 0.5f, 1, fill_seed++);
+    float *pre = dev_copy(hpre, nw * 4);
+    static const char *const kname[] = {"default", "mma.sync", "wgmma cp.async"};
+    for (int acc = 0; acc < 2; acc++)
+        for (int k = 0; k < 3 + n_grouped_variants; k++) {
+            CudaSettings st = cuda_settings_default();
+            if (k == 1) st.grouped_gemm = CUDA_KERNELS_MMA_SYNC;
+            if (k == 2) st.gemm_tma = 0;
+            cuda_configure(&st);
+            cuda_grouped_set_variant(k < 3 ? -1 : grouped_variants[k - 3]);
+            float *dw_ref = dkeep(gpu->alloc(nw * 4)), *dw = dkeep(gpu->alloc(nw * 4));
+            double *slots = dkeep(gpu->alloc(ns * 8)), *sum = dkeep(gpu->alloc(8));
+            cuda_copy_f32(dw_ref, pre, nw);
+            cuda_copy_f32(dw, pre, nw);
+            gt_poison(slots, ns * 8);
+            gpu->zero(sum, 8);
+            gpu->grouped_matmul_backward(NULL, dw_ref, a, b, w, doff, E, C, OC, acc);
+            gpu->grouped_wgrad_sumsq(dw, slots, a, b, doff, E, C, OC, acc);
+            gpu->sum_f64(sum, slots, ns);
+            cuda_synchronize();
+            st = cuda_settings_default();
+            cuda_configure(&st);
+            cuda_grouped_set_variant(-1);
+            float *h_ref = gt_host_f32(dw_ref, nw), *h = gt_host_f32(dw, nw);
+            double *hs = gt_host_bytes(slots, ns * 8), *want = gt_malloc(ns * 8), hsum;
+            cuda_to_host(&hsum, sum, 8);
+            ops_cpu_wgrad_slots(h, want, E, C, OC);
+            size_t dw_bad = 0, slot_bad = 0;
+            for (size_t i = 0; i < nw; i++) dw_bad += memcmp(&h[i], &h_ref[i], 4) != 0;
+            double total = 0, all = 0;
+            for (size_t i = 0; i < ns; i++) {
+                slot_bad += memcmp(&hs[i], &want[i], 8) != 0;
+                total += want[i];
+            }
+            for (size_t i = 0; i < nw; i++) all += (double)h[i] * h[i];
+            double rel = fabs(hsum - total) / (total > 0 ? total : 1), rel_all = fabs(total - all) / (all > 0 ? all : 1);
+            // the slots' sum against a plain sum of every square: two FP64
+            // orders over nw terms, within nw ulps (measured 1.1e-11 at 16.7M)
+            gt_ok(!dw_bad && !slot_bad && rel < 1e-12 && rel_all < (double)nw * 0x1p-52,
+                  "%-48s E=%d C=%d OC=%d R=%d dw %s, %s: dw %zu of %zu differ from grouped_matmul_backward's, slots "
+                  "%zu of %zu differ from the CPU's order; sum_f64 rel %.1e, slots vs every square rel %.1e",
+                  "grouped_wgrad_sumsq: dw and its sum of squares", E, C, OC, R, acc ? "+=" : "=",
+                  k < 3 ? kname[k] : grouped_variant_label[k - 3], dw_bad, nw, slot_bad, ns, rel, rel_all);
+            free(h_ref);
+            free(h);
+            free(hs);
+            free(want);
+        }
+    free(hpre);
+    free(off);
+    dev_release();
+}
+static void special_wgrad_sumsq(void) {
+    static const int c4[] = {100, 0, 77, 61};   // an expert without rows (its slots read back from dw)
+    static const int c3[] = {130, 64, 1};
+    static const int c2[] = {0, 200};
+    static const int c8[] = {1100, 0, 961, 1024, 1094, 700, 0, 1300};
+    wgrad_sumsq_case(4, 512, 256, c4);  // the warp-specialised TMA kernels (ping-pong for +=)
+    wgrad_sumsq_case(3, 256, 128, c3);
+    wgrad_sumsq_case(2, 320, 136, c2);  // column and row tails: slots past C and OC
+    wgrad_sumsq_case(4, 128, 96, c4);   // N = 128: the cp.async kernel
+    wgrad_sumsq_case(8, 2048, 1024, c8); // OLMoE's gate / up shape
+    wgrad_sumsq_case(8, 1024, 2048, c8); // and its down
 }
 
 // ---- coverage: every compute op of Ops has a case
@@ -2426,6 +2508,7 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"attention_docs", special_docs},
     {"crossentropy_paths", special_ce_paths},
     {"grouped_wgrad_tail", special_wgrad_tail},
+    {"wgrad_sumsq", special_wgrad_sumsq},
     {"coverage", special_coverage},
     {"timed_table", special_timed_table},
     {"rope_paths", special_rope_paths},

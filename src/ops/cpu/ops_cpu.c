@@ -175,6 +175,45 @@ static void c_grouped_matmul_backward(void *dinp, float *dw, const void *dout, c
     if (dw && !accumulate) memset(dw, 0, (size_t)E * OC * C * sizeof(float));
     cpu_grouped_matmul_backward(F(dinp), dw, CF(dout), CF(inp), CF(w), offsets, E, C, OC);
 }
+void ops_cpu_wgrad_slots(const float *dw, double *slots, int E, int C, int OC) {
+    const int rs = (OC + 15) / 16, cs = (C + 127) / 128;
+#pragma omp parallel for collapse(2)
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < rs; i++) {
+            const float *o = dw + (size_t)e * OC * C;
+            for (int j = 0; j < cs; j++) {
+                double lane[32];
+                for (int l = 0; l < 32; l++) {
+                    int r = 16 * i + l / 4, c0 = 128 * j + 2 * (l % 4);
+                    double s = 0;
+                    for (int t = 0; t < 16; t++) {
+                        int c = c0 + 8 * t;
+                        if (c >= C) continue;
+                        if (r < OC) {
+                            s += (double)o[(size_t)r * C + c] * o[(size_t)r * C + c];
+                            s += (double)o[(size_t)r * C + c + 1] * o[(size_t)r * C + c + 1];
+                        }
+                        if (r + 8 < OC) {
+                            s += (double)o[(size_t)(r + 8) * C + c] * o[(size_t)(r + 8) * C + c];
+                            s += (double)o[(size_t)(r + 8) * C + c + 1] * o[(size_t)(r + 8) * C + c + 1];
+                        }
+                    }
+                    lane[l] = s;
+                }
+                for (int k = 16; k; k >>= 1) {
+                    double nx[32];
+                    for (int l = 0; l < 32; l++) nx[l] = lane[l] + lane[l ^ k];
+                    memcpy(lane, nx, sizeof lane);
+                }
+                slots[((size_t)e * rs + i) * cs + j] = lane[0];
+            }
+        }
+}
+static void c_grouped_wgrad_sumsq(float *dw, double *slots, const void *dout, const void *inp, const int *offsets,
+                                  int E, int C, int OC, int accumulate) {
+    c_grouped_matmul_backward(NULL, dw, dout, inp, dout, offsets, E, C, OC, accumulate); // w: unread without dinp
+    ops_cpu_wgrad_slots(dw, slots, E, C, OC);
+}
 static void c_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2,
                                   const int *offsets, int E, int C, int OC) {
     cpu_grouped_dgrad_pair(F(dinp), CF(dout1), CF(w1), CF(dout2), CF(w2), offsets, E, C, OC);
@@ -271,6 +310,11 @@ static void c_adamw_update(float *p, void *p_act, const float *g, float *m, floa
     if (p_act && p_act != p) memcpy(p_act, p, n * sizeof(float));
 }
 static void c_sum_squares(double *acc, const float *x, size_t n) { acc[0] += cpu_sum_squares(x, n); }
+static void c_sum_f64(double *acc, const double *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += x[i];
+    acc[0] += s;
+}
 
 const Ops ops_cpu = {
     .name = "cpu",
@@ -327,6 +371,7 @@ const Ops ops_cpu = {
     .ep_sym_combine = ep_sym_cpu_combine,
     .grouped_matmul_forward = c_grouped_matmul_forward,
     .grouped_matmul_backward = c_grouped_matmul_backward,
+    .grouped_wgrad_sumsq = c_grouped_wgrad_sumsq,
     .grouped_dgrad_pair = c_grouped_dgrad_pair,
     .fp8_quantize_weights = c_fp8_quantize_weights,
     .fp8_quantize_rows = c_fp8_quantize_rows,
@@ -352,6 +397,7 @@ const Ops ops_cpu = {
     .zero = c_zero,
     .adamw_update = c_adamw_update,
     .sum_squares = c_sum_squares,
+    .sum_f64 = c_sum_f64,
 };
 
 void rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta) {

@@ -23,6 +23,8 @@
 // block-per-token kernels (permute and unpermute backward,
 // row_block_threads(C) threads of 8 channels) are instantiated with
 // VEC = true under the same condition.
+#include <stdlib.h>
+#include <string.h>
 #include <cub/cub.cuh>
 
 #include "ops/cuda/memkernels.cuh"
@@ -108,26 +110,34 @@ extern "C" void cuda_moe_route_index(int *offsets, int *row_of, int *token_of_ro
 // Row gathers: embedding forward and permute forward (out[r] = src[index[r]]),
 // one warp per row, 4 independent 16-byte loads per lane before the stores.
 
+template <bool STREAM>
 static __global__ void gather_rows_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ src,
                                           const int *__restrict__ index, int R, int C, bool vec) {
     int r = blockIdx.x * ROW_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (r >= R) return;
-    warp_copy_row(out + (size_t)r * C, src + (size_t)index[r] * C, C, lane, vec);
+    warp_copy_row<STREAM>(out + (size_t)r * C, src + (size_t)index[r] * C, C, lane, vec);
 }
 
-static void gather_rows(void *out, const void *src, const int *index, int R, int C) {
+// stream: evict-first stores (warp_copy_row), where the sources repeat
+static void gather_rows(void *out, const void *src, const int *index, int R, int C, bool stream) {
     if (R <= 0 || C <= 0) return;
     bool vec = C % 8 == 0 && aligned16(out) && aligned16(src);
-    gather_rows_kernel<<<row_blocks(R), ROW_THREADS, 0, cuda_stream()>>>((bf16 *)out, (const bf16 *)src, index,
-                                                                       R, C, vec);
+    (stream ? gather_rows_kernel<true> : gather_rows_kernel<false>)<<<row_blocks(R), ROW_THREADS, 0, cuda_stream()>>>(
+        (bf16 *)out, (const bf16 *)src, index, R, C, vec);
     cudaLaunchCheck();
 }
 
 extern "C" void cuda_embedding_forward(void *out, const int *tokens, const void *wte, int N, int C) {
-    gather_rows(out, wte, tokens, N, C);
+    gather_rows(out, wte, tokens, N, C, false);
 }
+// MOECORE_PERMUTE_STREAM=0: the permute's stores without the evict-first hint (for A/B timing)
 extern "C" void cuda_permute_forward(void *xp, const void *x, const int *token_of_row, int R, int C) {
-    gather_rows(xp, x, token_of_row, R, C);
+    static int stream = -1;
+    if (stream < 0) {
+        const char *e = getenv("MOECORE_PERMUTE_STREAM");
+        stream = !(e && !strcmp(e, "0"));
+    }
+    gather_rows(xp, x, token_of_row, R, C, stream);
 }
 
 // ---------------------------------------------------------------------------

@@ -513,7 +513,9 @@ extern "C" int cuda_grouped_forward_wgmma(void *out, const void *inp, const void
 extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C,
                                         int OC);
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
-                                        int OC, int accumulate);
+                                        int OC, int accumulate, double *sq, int *sq_done);
+extern "C" void cuda_wgrad_sumsq_slots(const float *dw, double *sq, const int *offsets, int E, int C, int OC,
+                                       int only_empty);
 extern "C" int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2,
                                              const void *w2, const int *offsets, int E, int C, int OC);
 
@@ -542,6 +544,9 @@ extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const vo
     launch_grouped_rows<true>((bf16 *)out, (const bf16 *)inp, (const bf16 *)w, offsets, E, OC, C);
 }
 
+static void grouped_wgrad(float *dw, double *sq, const void *dout, const void *inp, const int *offsets, int E, int C,
+                          int OC, int accumulate);
+
 extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                                              const int *offsets, int E, int C, int OC, int accumulate) {
     const void *operands[3] = {dout, inp, w};
@@ -551,9 +556,20 @@ extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *
     // dinp[R, C] = dout[R, OC] w_e[OC, C]: K = OC, B stored [K, N]
     if (dinp && (no_wgmma() || cuda_grouped_dgrad_wgmma(dinp, dout, w, offsets, E, C, OC) != 0))
         launch_grouped_rows<false>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)w, offsets, E, C, OC);
-    // dw: the warp-specialised kernel writes (accumulate = 0) or adds; the
-    // others add, into zeros when accumulate = 0
-    if (dw && (no_wgmma() || !wgmma_wgrad() || cuda_grouped_wgrad_wgmma(dw, dout, inp, offsets, E, C, OC, accumulate))) {
+    if (dw) grouped_wgrad(dw, NULL, dout, inp, offsets, E, C, OC, accumulate);
+}
+
+// dw: the warp-specialised kernel writes (accumulate = 0) or adds; the
+// others add, into zeros when accumulate = 0. With sq, also the slots of
+// dw's sum of squares: from the kernel's epilogue where it has them (then
+// only the experts without rows, which have no tiles, are read back), else
+// from dw in memory.
+static void grouped_wgrad(float *dw, double *sq, const void *dout, const void *inp, const int *offsets, int E, int C,
+                          int OC, int accumulate) {
+    int fused = 0;
+    if (no_wgmma() || !wgmma_wgrad() ||
+        cuda_grouped_wgrad_wgmma(dw, dout, inp, offsets, E, C, OC, accumulate, sq, &fused)) {
+        fused = 0;
         if (!accumulate) cudaCheck(cudaMemsetAsync(dw, 0, (size_t)E * OC * C * sizeof(float), cuda_stream()));
         static int smem_set;
         int smem = GemmSmem<false, false>::BYTES;
@@ -563,6 +579,15 @@ extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *
                                                                         offsets, C, OC, wgrad_vec4(dw));
         cudaLaunchCheck();
     }
+    if (sq) cuda_wgrad_sumsq_slots(dw, sq, offsets, E, C, OC, fused);
+}
+
+extern "C" void cuda_grouped_wgrad_sumsq(float *dw, double *sq, const void *dout, const void *inp, const int *offsets,
+                                         int E, int C, int OC, int accumulate) {
+    const void *operands[2] = {dout, inp};
+    grouped_check("grouped_wgrad_sumsq", E, C, OC, operands, 2, dw, 8);
+    if (E == 0) return;
+    grouped_wgrad(dw, sq, dout, inp, offsets, E, C, OC, accumulate);
 }
 
 // dinp = dout1 w1_e + dout2 w2_e: one wgmma product over both K ranges, or

@@ -506,7 +506,115 @@ static_assert(WS_BN == 256, "the weight-grad's tail zeroing splits B's four 64-c
 struct WsMaps {
     CUtensorMap a, b, a2, b2; // a2, b2: the data-grad pair's second operands
     CUtensorMap o;            // the TMA epilogue's output: out [rows, N] BF16 (box 64 x 64) or dw [E*M, N] FP32 (32 x 64)
+    double *sq;               // weight-grad: the slots of dw's sum of squares (ops_wgrad_slots), or NULL
 };
+
+// The weight-grad's sum of squares of the dw it leaves, by slots of 16 rows
+// x 128 columns of dw[e] [M, N] (ops.h: ops_wgrad_slots; the CPU's
+// cpu_wgrad_slots is the reference, bit for bit). Lane l of the warp that
+// sums slot (e, i, j) takes rows 16 i + l / 4 and + 8 and columns 128 j +
+// 2 (l % 4) + 8 t + {0, 1}, t = 0..15, which is where the wgmma
+// accumulators put them: the epilogue of a warp sums the values it holds.
+// Each lane adds its squares in FP64 in the order t, then (row, column),
+// (row, column + 1), (row + 8, column), (row + 8, column + 1), skipping
+// elements past M or N; the lanes' sums then add in a butterfly (xor 16, 8,
+// 4, 2, 1) and lane 0 writes the slot. A square of an FP32 value is exact
+// in FP64, so a fused multiply-add gives the same bits.
+__device__ __forceinline__ void sq_quad(double &s, float x0, float x1, float y0, float y1, bool lo, bool hi) {
+    if (lo) {
+        s += (double)x0 * x0;
+        s += (double)x1 * x1;
+    }
+    if (hi) {
+        s += (double)y0 * y0;
+        s += (double)y1 * y1;
+    }
+}
+
+// The warp's butterfly, then lane 0 stores slot (e, r16, c128) when it exists.
+__device__ __forceinline__ void sq_slot_store(double s, double *sq, int e, int r16, int c128, int M, int N) {
+#pragma unroll
+    for (int k = 16; k; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
+    int rs = (M + 15) / 16, cs = (N + 127) / 128;
+    if ((threadIdx.x & 31) == 0 && r16 < rs && c128 < cs) sq[((size_t)e * rs + r16) * cs + c128] = s;
+}
+
+// The slots of a warp's 16 rows x BN columns of accumulators (64 x BN per
+// warpgroup, rows r and r + 8 for this lane, columns c0 + 8 j + {0, 1}),
+// which are dw's values (dw = the tile): BN / 128 slots.
+template <int BN>
+__device__ __forceinline__ void acc_sumsq(const float (&acc)[BN / 2], double *sq, int e, int M, int N, int r, int c0,
+                                          int n0) {
+#pragma unroll
+    for (int q = 0; q < BN / 128; q++) {
+        double s = 0;
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            int j = 16 * q + t, c = c0 + 8 * j;
+            bool c_ok = c < N;
+            sq_quad(s, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], c_ok && r < M, c_ok && r + 8 < M);
+        }
+        sq_slot_store(s, sq, e, (r - (threadIdx.x & 31) / 4) / 16, n0 / 128 + q, M, N);
+    }
+}
+
+// dw += acc (one writer per element: a load, the FP32 addition the L2's
+// reduction would do, a store) and the slots of the sums, for a warp's 16
+// rows x BN columns as acc_sumsq.
+template <int BN>
+__device__ __forceinline__ void add_acc_f32_sumsq(const float (&acc)[BN / 2], float *o, double *sq, int e, int M, int N,
+                                                  int r, int c0, int n0) {
+#pragma unroll
+    for (int q = 0; q < BN / 128; q++) {
+        double s = 0;
+#pragma unroll
+        for (int h = 0; h < 2; h++) { // 8 quads at a time: their loads in flight together
+            float2 lo[8], hi[8];
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                int c = c0 + 8 * (16 * q + 8 * h + t);
+                bool c_ok = c < N;
+                lo[t] = c_ok && r < M ? *(const float2 *)(o + (size_t)r * N + c) : make_float2(0.f, 0.f);
+                hi[t] = c_ok && r + 8 < M ? *(const float2 *)(o + (size_t)(r + 8) * N + c) : make_float2(0.f, 0.f);
+            }
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                int j = 16 * q + 8 * h + t, c = c0 + 8 * j;
+                bool c_ok = c < N, l_ok = c_ok && r < M, h_ok = c_ok && r + 8 < M;
+                float x0 = lo[t].x + acc[4 * j], x1 = lo[t].y + acc[4 * j + 1];
+                float y0 = hi[t].x + acc[4 * j + 2], y1 = hi[t].y + acc[4 * j + 3];
+                if (l_ok) *(float2 *)(o + (size_t)r * N + c) = make_float2(x0, x1);
+                if (h_ok) *(float2 *)(o + (size_t)(r + 8) * N + c) = make_float2(y0, y1);
+                sq_quad(s, x0, x1, y0, y1, l_ok, h_ok);
+            }
+        }
+        sq_slot_store(s, sq, e, (r - (threadIdx.x & 31) / 4) / 16, n0 / 128 + q, M, N);
+    }
+}
+
+// The slots from dw in memory (the kernels without the fused sum, and the
+// experts without rows, which have no tiles): one warp a slot, in the
+// order above; with only_empty, the slots of experts with rows are left.
+__global__ void wgrad_sumsq_slots_kernel(const float *dw, double *sq, const int *offsets, int E, int M, int N,
+                                         int only_empty) {
+    const int rs = (M + 15) / 16, cs = (N + 127) / 128, lane = threadIdx.x & 31;
+    size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (w >= (size_t)E * rs * cs) return; // whole warps
+    int e = (int)(w / ((size_t)rs * cs)), rem = (int)(w % ((size_t)rs * cs)), r16 = rem / cs, c128 = rem % cs;
+    if (only_empty && offsets[e + 1] != offsets[e]) return;
+    const float *o = dw + (size_t)e * M * N;
+    int r = 16 * r16 + lane / 4, c0 = 128 * c128 + 2 * (lane & 3);
+    double s = 0;
+#pragma unroll 4
+    for (int t = 0; t < 16; t++) {
+        int c = c0 + 8 * t;
+        bool c_ok = c < N, l_ok = c_ok && r < M, h_ok = c_ok && r + 8 < M;
+        float2 lo = l_ok ? *(const float2 *)(o + (size_t)r * N + c) : make_float2(0.f, 0.f);
+        float2 hi = h_ok ? *(const float2 *)(o + (size_t)(r + 8) * N + c) : make_float2(0.f, 0.f);
+        sq_quad(s, lo.x, lo.y, hi.x, hi.y, l_ok, h_ok);
+    }
+    sq_slot_store(s, sq, e, r16, c128, M, N);
+}
 
 // The weight-grad (mode WS_WGRAD) uses the same ring: dw[e][M, N] +=
 // A_e^T B_e with A = dout [rows, M] and B = inp [rows, N], both read
@@ -792,6 +900,10 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
         mbar_arrive(empty0 + 8 * prev);
 
         if (variant & WS_NO_EPILOGUE) continue; // timing only: nothing stored
+        if constexpr (WGRAD) // dw = acc (the host passes sq for dw = only)
+            if (maps.sq)
+                acc_sumsq<BN>(acc, maps.sq, tl.e, M, N, tl.m0 + cw * 64 + warp * 16 + (lane >> 2),
+                              tl.n0 + 2 * (lane & 3), tl.n0);
         if constexpr (STG > 0) { // whole 64-row halves through shared memory and the copy engine
             int half = tl.m0 + cw * 64; // this warpgroup's first row (weight-grad: of dw_e)
             if (half + 64 <= (WGRAD ? M : tl.rows)) {
@@ -950,6 +1062,11 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
 #pragma unroll
         for (int h = 0; h < NA; h++) {
             int r = tl.m0 + 64 * h + warp * 16 + (lane >> 2);
+            if (maps.sq && !(vec4 & 2)) {
+                add_acc_f32_sumsq<TN>(acc[h], o, maps.sq, tl.e, M, N, r, c0, tl.n0);
+                continue;
+            }
+            if (maps.sq) acc_sumsq<TN>(acc[h], maps.sq, tl.e, M, N, r, c0, tl.n0);
             if (vec4 & 2) add_acc_f32<TN, true>(acc[h], o, M, N, r, c0, vec4 & 1);
             else add_acc_f32<TN>(acc[h], o, M, N, r, c0, vec4 & 1);
         }
@@ -1066,7 +1183,7 @@ static int launch_wgrad_pingpong(int shape, float *dw, const WsMaps &maps, const
 // WS_WGRAD_SET: =; A = dout [., OC], B = inp [., C]) on the warp-specialised
 // kernel: 0 when it ran, -1 (nothing launched) when it does not take the call.
 static int launch_ws(int mode, void *out, const void *A, const void *B, const void *A2, const void *B2,
-                     const int *offsets, int E, int C, int OC) {
+                     const int *offsets, int E, int C, int OC, double *sq = NULL, int *sq_done = NULL) {
     int set = mode == WS_WGRAD_SET;
     if (set) mode = WS_WGRAD;
     int N = mode == WS_FWD ? OC : C, K = mode == WS_FWD ? C : OC;
@@ -1088,6 +1205,12 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
     int pingpong = variant & WS_PINGPONG                                     ? 0
                    : variant & WS_PINGPONG_128 || (variant & WS_PINGPONG_ADD && !set) ? 1
                                                                                        : -1;
+    // the weight-grad's sum of squares: fused where the kernel knows dw's
+    // final values (the ping-pong kernels, the cooperative one for dw =)
+    if (sq && (pingpong >= 0 || set)) {
+        maps.sq = sq;
+        *sq_done = 1;
+    }
     if (mode == WS_WGRAD && pingpong >= 0)
         return launch_wgrad_pingpong(pingpong, (float *)out, maps, offsets, E, C, OC, set, variant);
     // the epilogue: 0 = from registers; 1 = TMA, 4 stages and 16 KB of staging
@@ -1195,13 +1318,29 @@ extern "C" int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void
 // the other's main loop).
 // dw (=|+=, by accumulate) on the warp-specialised kernel; otherwise (+=
 // only) on the cp.async kernel, into zeros when accumulate = 0.
+// With sq (not NULL), *sq_done = 1 when the kernel that ran also wrote the
+// slots of dw's sum of squares (ops_wgrad_slots) for every expert with rows.
 extern "C" int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C,
-                                        int OC, int accumulate) {
+                                        int OC, int accumulate, double *sq, int *sq_done) {
     if (!cuda_wgmma_device_ok() || E <= 0 || C <= 0 || OC <= 0 || C % 8 || OC % 8) return -1;
     if (((uintptr_t)dout | (uintptr_t)inp) & 15 || (uintptr_t)dw & 7) return -1;
-    if (launch_ws(accumulate ? WS_WGRAD : WS_WGRAD_SET, dw, dout, inp, NULL, NULL, offsets, E, C, OC) == 0) return 0;
+    if (sq_done) *sq_done = 0;
+    if (launch_ws(accumulate ? WS_WGRAD : WS_WGRAD_SET, dw, dout, inp, NULL, NULL, offsets, E, C, OC, sq, sq_done) == 0)
+        return 0;
+    if (sq_done) *sq_done = 0;
     if (!accumulate) cudaCheck(cudaMemsetAsync(dw, 0, (size_t)E * OC * C * sizeof(float), cuda_stream()));
     int vec4 = wgrad_vec4(dw); // passed as K (unused by the weight-grad otherwise)
     BwdOperands o = {(const bf16 *)dout, (const bf16 *)inp, NULL, NULL, 0};
     return launch_wgmma_bwd<128, true, 3, 2>(dw, o, offsets, E, OC, C, vec4);
+}
+
+// The slots of dw's sum of squares (ops_wgrad_slots) from dw in memory:
+// every expert's, or (only_empty) those of the experts without rows.
+extern "C" void cuda_wgrad_sumsq_slots(const float *dw, double *sq, const int *offsets, int E, int C, int OC,
+                                       int only_empty) {
+    size_t warps = (size_t)E * ((OC + 15) / 16) * ((C + 127) / 128);
+    if (!warps) return;
+    wgrad_sumsq_slots_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, cuda_stream()>>>(dw, sq, offsets, E, OC, C,
+                                                                                   only_empty);
+    cudaLaunchCheck();
 }

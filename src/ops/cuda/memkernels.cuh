@@ -235,7 +235,11 @@ void sum_partials(const double *part, int G, float *out, double div, double *acc
 
 // One row of C BF16 values copied by one warp (lane = its lane), zeros
 // where s is NULL; vec: 16-byte accesses, 4 loads in flight per lane before
-// the stores (C % 8 == 0 and both rows 16-byte aligned).
+// the stores (C % 8 == 0 and both rows 16-byte aligned). STREAM: the stores
+// marked evict-first (st.global.cs), for a gather whose sources are read
+// again and again (the permute: every token's row k times) while its
+// output streams through L2 (which would evict the sources otherwise).
+template <bool STREAM = false>
 __device__ __forceinline__ void warp_copy_row(bf16 *__restrict__ o, const bf16 *__restrict__ s, int C, int lane,
                                               bool vec) {
     if (!vec) {
@@ -252,7 +256,9 @@ __device__ __forceinline__ void warp_copy_row(bf16 *__restrict__ o, const bf16 *
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int c = c0 + u * WARP * 8;
-            if (c < C) *reinterpret_cast<uint4 *>(o + c) = v[u];
+            if (c >= C) continue;
+            if (STREAM) __stcs(reinterpret_cast<uint4 *>(o + c), v[u]);
+            else *reinterpret_cast<uint4 *>(o + c) = v[u];
         }
     }
 }

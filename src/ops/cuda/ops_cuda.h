@@ -26,6 +26,8 @@ void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const
                                   const void *w, const int *offsets, int E, int C, int OC, int accumulate);
 void cuda_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2,
                              const int *offsets, int E, int C, int OC);
+void cuda_grouped_wgrad_sumsq(float *dw, double *sq, const void *dout, const void *inp, const int *offsets, int E,
+                              int C, int OC, int accumulate);
 
 // attention.cu
 void cuda_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
@@ -105,6 +107,7 @@ void cuda_loss_sum(double *acc, const float *losses, const int *targets, int N);
 void cuda_adamw_update(float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, float grad_scale, int t);
 void cuda_sum_squares(double *acc, const float *x, size_t n);
+void cuda_sum_f64(double *acc, const double *x, size_t n);
 
 #ifdef __cplusplus
 }

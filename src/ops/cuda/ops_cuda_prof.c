@@ -160,6 +160,10 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *dinp, float *dw, const void *dout, const void *inp, const void *w, const int *offsets, int E,   \
        int C, int OC, int accumulate),                                                                       \
       (dinp, dw, dout, inp, w, offsets, E, C, OC, accumulate))                                               \
+    X(grouped_wgrad_sumsq, C_EXPERT,                                                                         \
+      (float *dw, double *slots, const void *dout, const void *inp, const int *offsets, int E, int C, int OC,  \
+       int accumulate),                                                                                      \
+      (dw, slots, dout, inp, offsets, E, C, OC, accumulate))                                                 \
     X(grouped_dgrad_pair, C_EXPERT,                                                                          \
       (void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2, const int *offsets,  \
        int E, int C, int OC),                                                                                \
@@ -224,7 +228,8 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr, float beta1,           \
        float beta2, float eps, float wd, float grad_scale, int t),                                           \
       (p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t))                                      \
-    X(sum_squares, C_OPTIM, (double *acc, const float *x, size_t n), (acc, x, n))
+    X(sum_squares, C_OPTIM, (double *acc, const float *x, size_t n), (acc, x, n))                            \
+    X(sum_f64, C_OPTIM, (double *acc, const double *x, size_t n), (acc, x, n))
 
 #define OP_ID(name, cls, params, args) OP_##name,
 enum { TIMED_OPS(OP_ID) N_OPS };

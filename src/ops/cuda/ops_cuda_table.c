@@ -76,6 +76,7 @@ const Ops ops_cuda = {
     .ep_sym_combine = cuda_ep_sym_combine,
     .grouped_matmul_forward = cuda_grouped_matmul_forward,
     .grouped_matmul_backward = cuda_grouped_matmul_backward,
+    .grouped_wgrad_sumsq = cuda_grouped_wgrad_sumsq,
     .grouped_dgrad_pair = cuda_grouped_dgrad_pair,
     .fp8_quantize_weights = cuda_fp8_quantize_weights,
     .fp8_quantize_rows = cuda_fp8_quantize_rows,
@@ -104,5 +105,6 @@ const Ops ops_cuda = {
     .zero = cuda_zero,
     .adamw_update = cuda_adamw_update,
     .sum_squares = cuda_sum_squares,
+    .sum_f64 = cuda_sum_f64,
 };
 #endif

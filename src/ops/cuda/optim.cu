@@ -74,3 +74,27 @@ extern "C" void cuda_sum_squares(double *acc, const float *x, size_t n) {
     cudaLaunchCheck();
     sum_partials(part, G, NULL, 1.0, acc);
 }
+
+// acc[0] += the sum of x: as the sum of squares, a fixed grid of FP64
+// partials (grid-stride, 2 values a thread a round), then sum_partials.
+static __global__ void sum_f64_kernel(double *part, const double *x, size_t n) {
+    double s = 0;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 2; i < n; i += (size_t)gridDim.x * blockDim.x * 2) {
+        s += x[i];
+        if (i + 1 < n) s += x[i + 1];
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+extern "C" void cuda_sum_f64(double *acc, const double *x, size_t n) {
+    static Scratch s;
+    if (!n) return;
+    size_t blocks = (n + 2 * EW_THREADS - 1) / (2 * EW_THREADS);
+    int G = 8 * cuda_num_sms();
+    if ((size_t)G > blocks) G = (int)blocks;
+    double *part = (double *)scratch_get(&s, (size_t)G * sizeof(double));
+    sum_f64_kernel<<<G, EW_THREADS, 0, cuda_stream()>>>(part, x, n);
+    cudaLaunchCheck();
+    sum_partials(part, G, NULL, 1.0, acc);
+}
