@@ -16,7 +16,9 @@
 //     link), or reduce-scatter + BF16 all-gather when sharded, hidden behind
 //     the last micro-batch's backward up to the file's overlap share, per
 //     pipeline rank (its own parameters and backward; the slowest counts);
-//   the optimizer: AdamW's 30 B, grad zeroing and norm 8 B per element.
+//   the optimizer: AdamW's 30 B, grad zeroing and norm 8 B per dense element
+//   and per expert element under a pipeline (4 B, the norm's, with expert
+//   data parallelism; none on one stage without it: train.c).
 #include "train/plan.h"
 
 #include <ctype.h>
@@ -482,7 +484,13 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         held_dense[p] = (double)mp.dense;
         held_expert[p] = (double)mp.expert;
         tensors[p] = mp.tensors;
-        opt_elems[p] = 30.0 * (double)(mp.dense_opt + mp.expert_opt) + 8.0 * (double)(mp.dense + mp.expert);
+        // zeroing: the dense grads (a step's first backward writes the expert
+        // grads), all of them under a pipeline; the norm's pass: the dense
+        // grads, the expert grads too unless the last backward sums them
+        // (one pipeline stage and an expert DP group of one: train.c)
+        int fused = pp == 1 && dp / ep == 1;
+        opt_elems[p] = 30.0 * (double)(mp.dense_opt + mp.expert_opt) + 8.0 * (double)mp.dense +
+                       (4.0 * (pp > 1) + 4.0 * !fused) * (double)mp.expert;
         back[p] = acc_sum(&s.b) + acc_sum(&s.rc);
         double t = acc_sum(&s.f) + acc_sum(&s.b) + acc_sum(&s.rc);
         if (t > worst_stage) { worst_stage = t; worst = s; f_worst = acc_sum(&s.f); b_worst = acc_sum(&s.b) + acc_sum(&s.rc); }
@@ -528,7 +536,7 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         double exposed = (red > hidden ? red - hidden : 0) + t_gather;
         if (red + t_gather > r->t_dp) r->t_dp = red + t_gather;
         if (exposed > r->t_dp_exposed) r->t_dp_exposed = exposed;
-        // optimizer: AdamW 30 B per element of the range, zeroing + norm 8 B per held;
+        // optimizer: AdamW 30 B per element of the range, zeroing and norm (above);
         // one update launched per tensor, 4 more for the norm and zeroing
         double t_opt = opt_elems[p] / (g->optim_gbs * GB) + (tensors[p] + 4) * g->op_floor_us * 1e-6;
         if (t_opt > r->t_optim) r->t_optim = t_opt;
