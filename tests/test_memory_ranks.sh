@@ -9,7 +9,8 @@
 # pp 2 zb1 x dp 2 sharded; pp 2 interleaved x ep 2; recompute layers; gather
 # + recompute_norms under pp 2; recompute_attention + recompute_swiglu on
 # one rank (a dense block too) and with all three selective keys under
-# dp 2 x ep 2 symmetric; FP8 experts; FP8 experts and dense GEMMs) every rank's measured
+# dp 2 x ep 2 symmetric; FP8 experts; FP8 experts and dense GEMMs; FP8 under
+# ep 2, whose copies are made after the whole model is freed) every rank's measured
 # peak must be within 5% of its plan, and the plan must not be the
 # measure's copy: a second check requires each rank's plan to move with
 # micro_batch the way the allocation does.
@@ -60,6 +61,7 @@ layouts=(
   "dp2xep2_sym_selective 2 --parallel.dp=2 --parallel.ep=2 --parallel.ep_backend=symmetric --train.recompute_attention=true --train.recompute_swiglu=true --train.recompute_norms=true"
   "one_fp8_experts 1 --train.precision=fp8 --train.recompute=experts --model.d_model=256 --model.expert_hidden=256"
   "one_fp8_dense 1 --train.precision=fp8 --fp8.gemms=experts_dense --model.d_model=256 --model.expert_hidden=256 --model.n_shared=1 --model.shared_hidden=128"
+  "ep2_fp8 2 --parallel.dp=2 --parallel.ep=2 --parallel.ep_backend=a2a --train.precision=fp8 --model.d_model=256 --model.expert_hidden=256"
 )
 for layout in "${layouts[@]}"; do
   set -- $layout; name=$1 np=$2; shift 2

@@ -77,10 +77,13 @@ static int plan_run(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l
         size_t nm_all = (size_t)model_moe_layers(cfg) + 1;
         setup += 2 * all * sizeof(float) + router_bias_bytes(cfg, nm_all) + model_small_bytes(cfg, nm_all) + 2 * 2 * 4;
     }
+    size_t late = store_whole; // the phases after the whole model (if any) is freed
     if (l->sharded && separate) { // the shard copied out of the whole main weights
         size_t at_shard = store_whole + p->comm + p->main_weights; // before the arena (train.c)
-        if (at_shard > setup) setup = at_shard;
+        if (at_shard > late) late = at_shard;
     }
+    if (late > setup) setup = late;
+    p->setup_late = late;
     p->setup_peak = setup + p->workspace + p->context;
     size_t steady = memory_total(p);
     p->peak = steady > p->setup_peak ? steady : p->setup_peak;
@@ -145,8 +148,9 @@ void memory_plan_fp8(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *
     if (l->act_bytes != sizeof(float)) p->compute_weights -= p->expert * l->act_bytes;
     // the dense ones: the allocation model_set_fp8_dense makes
     p->fp8_dense_weights = l->act.fp8_dense ? model_fp8_dense_bytes(cfg, l->stage) : 0;
-    if (p->peak) { // the FP8 copies are made before DDP (train.c): in set-up's peak too (a bound)
-        p->setup_peak += p->fp8_weights + p->fp8_dense_weights;
+    if (p->peak) { // the FP8 copies are made after the whole model is freed and before DDP (train.c)
+        size_t late = p->setup_late + p->fp8_weights + p->fp8_dense_weights + p->workspace + p->context;
+        if (late > p->setup_peak) p->setup_peak = late;
         size_t steady = memory_total(p);
         p->peak = steady > p->setup_peak ? steady : p->setup_peak;
     }

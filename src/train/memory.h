@@ -66,6 +66,7 @@ typedef struct {
     // CPU ranks with ep > 1 setup also draws the whole model on the CPU
     // beside the stage's
     size_t setup_peak, peak;
+    size_t setup_late;              // set-up's phases after the whole model (CPU ep > 1) is freed, without workspace and context
     size_t fp8_weights;             // train.precision: fp8: the expert weights' E4M3 copies (forward and transposed) and their 128x128 scales
     size_t fp8_dense_weights;       // fp8.gemms: experts_dense: the dense GEMMs' weights likewise (beside their compute weights)
 } MemoryPlan;
