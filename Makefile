@@ -106,7 +106,7 @@ build/tests/gpu/%: tests/gpu/%.c build/libmoecore.a build/deps/tests/gpu/%.d
 # The kernel tables (`gpu-check.sh kernels`; bench_fp8): they print the commit they were built from.
 build/tests/gpu/bench_%: tests/gpu/bench_%.c build/libmoecore.a build/deps/tests/gpu/bench_%.d
 	@$(DEP_DIR)
-	$(CC) $(CFLAGS) $(DEP) -Itests -DMOECORE_BUILD_COMMIT=\"$(shell git describe --always --dirty 2>/dev/null)\" $< \
+	$(CC) $(CFLAGS) $(DEP) -Itests -DMOECORE_BUILD_COMMIT=\"$(COMMIT)\" $< \
 		build/libmoecore.a $(LDLIBS) -o $@
 	@$(DEP_DONE)
 
