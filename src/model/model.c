@@ -1083,9 +1083,14 @@ static void a2a_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
         count_dispatch(m, &a->plan, (size_t)D * ops->act_bytes);
     }
     a->rows_local = Rl;
-    ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->local_offsets, El, D, Fe);
-    ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), a->local_offsets, El, D, Fe);
-    ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
+    if (ops->grouped_glu_forward) {
+        ops->grouped_glu_forward(a->eg, a->eu, a->ea, a->xl, P(L->exp_gate), P(L->exp_up), a->local_offsets, El, D,
+                                 Fe, Rl);
+    } else {
+        ops->grouped_matmul_forward(a->eg, a->xl, P(L->exp_gate), a->local_offsets, El, D, Fe);
+        ops->grouped_matmul_forward(a->eu, a->xl, P(L->exp_up), a->local_offsets, El, D, Fe);
+        ops->swiglu_forward(a->ea, a->eg, a->eu, (size_t)Rl * Fe);
+    }
     ops->grouped_matmul_forward(a->yl, a->ea, P(L->exp_down), a->local_offsets, El, Fe, D);
     // capacity: the rows past each local expert's first `capacity` give zero
     // outputs (and get zero grads in backward), counted where they are (not

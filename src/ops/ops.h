@@ -245,6 +245,13 @@ typedef struct Ops {
     // memory on CUDA: the host never sees the counts). out[R,OC].
     void (*grouped_matmul_forward)(void *out, const void *inp, const void *w,
                                    const int *offsets, int E, int C, int OC);
+    // The experts' gate and up products and their SwiGLU: g = inp wg[e]^T,
+    // u = inp wu[e]^T over the segments (as grouped_matmul_forward), a =
+    // silu(g) u on the first R rows (as swiglu_forward): the same bits as
+    // those three ops, in one pass over inp where the backend fuses them.
+    // NULL where a backend has none.
+    void (*grouped_glu_forward)(void *g, void *u, void *a, const void *inp, const void *wg, const void *wu,
+                                const int *offsets, int E, int C, int OC, int R);
     // dinp (=) and dw (=|+=, by accumulate: an exception to the rule above,
     // so that the first micro-batch of a step can write the expert grads
     // instead of zeroing and adding; experts without rows get zeros); either

@@ -65,6 +65,8 @@
 // does not take the shape or device. Only asked whether they take a shape.
 int cuda_grouped_forward_wgmma(void *out, const void *inp, const void *w, const int *offsets, int E, int C, int OC);
 int cuda_grouped_dgrad_wgmma(void *dinp, const void *dout, const void *w, const int *offsets, int E, int C, int OC);
+int cuda_grouped_glu_wgmma(void *g, void *u, void *a, const void *inp, const void *wg, const void *wu, const int *offsets,
+                           int E, int C, int OC);
 int cuda_grouped_wgrad_wgmma(float *dw, const void *dout, const void *inp, const int *offsets, int E, int C, int OC,
                              int accumulate, double *sq, int *sq_done);
 int cuda_grouped_dgrad_pair_wgmma(void *dinp, const void *dout, const void *w, const void *dout2, const void *w2,
@@ -2395,6 +2397,70 @@ static void special_wgrad_sumsq(void) {
     wgrad_sumsq_case(8, 1024, 2048, c8); // and its down
 }
 
+// ---- glu_forward: the gate and up products and SwiGLU in one pass
+// (cuda_grouped_glu_wgmma, WS_GLU) give the bits of the two
+// grouped_matmul_forward and swiglu_forward, on every row of the segments
+// (outputs NaN-poisoned first): TMA epilogue halves and rows past a
+// segment's last whole half through registers, column tails, experts
+// without rows; and grouped_glu_forward through ops_cuda the same.
+
+static void glu_case(int E, int C, int OC, const int *counts) {
+    int *off = gt_malloc((E + 1) * sizeof(int));
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+    int R = off[E];
+    size_t n = (size_t)R * OC;
+    void *x = dev_act((size_t)R * C, G_NORMAL, 0, 1);
+    void *wg = dev_act((size_t)E * OC * C, G_NORMAL, 0, 1 / sqrtf((float)C));
+    void *wu = dev_act((size_t)E * OC * C, G_NORMAL, 0, 1 / sqrtf((float)C));
+    void *doff = dev_copy(off, (E + 1) * sizeof(int));
+    void *out[2][3];
+    for (int p = 0; p < 2; p++)
+        for (int i = 0; i < 3; i++) out[p][i] = dev_poison(n * 2 + 16);
+    gpu->grouped_matmul_forward(out[0][0], x, wg, doff, E, C, OC);
+    gpu->grouped_matmul_forward(out[0][1], x, wu, doff, E, C, OC);
+    gpu->swiglu_forward(out[0][2], out[0][0], out[0][1], n);
+    int ran = cuda_grouped_glu_wgmma(out[1][0], out[1][1], out[1][2], x, wg, wu, doff, E, C, OC);
+    cuda_synchronize();
+    static const char *const name[3] = {"g", "u", "silu(g) u"};
+    for (int i = 0; i < 3; i++) {
+        uint16_t *h0 = gt_host_bytes(out[0][i], n * 2), *h1 = gt_host_bytes(out[1][i], n * 2);
+        size_t bad = 0;
+        for (size_t k = 0; k < n; k++) bad += h0[k] != h1[k];
+        gt_ok(ran == 0 && !bad, "%-48s E=%d C=%d OC=%d R=%d %s: %zu of %zu differ from the separate ops (ran: %d)",
+              "grouped GLU forward, fused", E, C, OC, R, name[i], bad, n, ran);
+        free(h0);
+        free(h1);
+    }
+    // through the op table (fused where it takes the call)
+    for (int i = 0; i < 3; i++) gt_poison(out[1][i], n * 2 + 16);
+    gpu->grouped_glu_forward(out[1][0], out[1][1], out[1][2], x, wg, wu, doff, E, C, OC, R);
+    cuda_synchronize();
+    size_t bad = 0;
+    for (int i = 0; i < 3; i++) {
+        uint16_t *h0 = gt_host_bytes(out[0][i], n * 2), *h1 = gt_host_bytes(out[1][i], n * 2);
+        for (size_t k = 0; k < n; k++) bad += h0[k] != h1[k];
+        free(h0);
+        free(h1);
+    }
+    gt_ok(!bad, "%-48s E=%d C=%d OC=%d R=%d: %zu of %zu differ", "grouped_glu_forward = the three ops", E, C, OC, R,
+          bad, 3 * n);
+    free(off);
+    dev_release();
+}
+static void special_glu(void) {
+    setenv("MOECORE_GLU", "1", 1); // grouped_glu_forward's fused path (read at its first call)
+    static const int c4[] = {100, 0, 77, 61};
+    static const int c3[] = {130, 64, 1};
+    static const int c2[] = {0, 200};
+    static const int c8[] = {1100, 0, 961, 1024, 1094, 700, 0, 1300};
+    glu_case(4, 512, 256, c4);
+    glu_case(3, 256, 136, c3);  // a column tail: 136 = 128 + 8
+    glu_case(2, 320, 128, c2);
+    glu_case(8, 2048, 1024, c8); // OLMoE's gate and up
+    glu_case(4, 1024, 2048, c4); // the sweep's (d 1024, expert hidden 2048)
+}
+
 // ---- coverage: every compute op of Ops has a case
 
 static const char *const compute_ops[] = {
@@ -2509,6 +2575,7 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"crossentropy_paths", special_ce_paths},
     {"grouped_wgrad_tail", special_wgrad_tail},
     {"wgrad_sumsq", special_wgrad_sumsq},
+    {"glu_forward", special_glu},
     {"coverage", special_coverage},
     {"timed_table", special_timed_table},
     {"rope_paths", special_rope_paths},

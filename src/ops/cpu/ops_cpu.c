@@ -170,6 +170,12 @@ static void c_grouped_matmul_forward(void *out, const void *inp, const void *w, 
                                      int E, int C, int OC) {
     cpu_grouped_matmul_forward(F(out), CF(inp), CF(w), offsets, E, C, OC);
 }
+static void c_grouped_glu_forward(void *g, void *u, void *a, const void *inp, const void *wg, const void *wu,
+                                  const int *offsets, int E, int C, int OC, int R) {
+    cpu_grouped_matmul_forward(F(g), CF(inp), CF(wg), offsets, E, C, OC);
+    cpu_grouped_matmul_forward(F(u), CF(inp), CF(wu), offsets, E, C, OC);
+    ops_cpu.swiglu_forward(a, g, u, (size_t)R * OC);
+}
 static void c_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp,
                                       const void *w, const int *offsets, int E, int C, int OC, int accumulate) {
     if (dw && !accumulate) memset(dw, 0, (size_t)E * OC * C * sizeof(float));
@@ -371,6 +377,7 @@ const Ops ops_cpu = {
     .ep_sym_combine = ep_sym_cpu_combine,
     .grouped_matmul_forward = c_grouped_matmul_forward,
     .grouped_matmul_backward = c_grouped_matmul_backward,
+    .grouped_glu_forward = c_grouped_glu_forward,
     .grouped_wgrad_sumsq = c_grouped_wgrad_sumsq,
     .grouped_dgrad_pair = c_grouped_dgrad_pair,
     .fp8_quantize_weights = c_fp8_quantize_weights,

@@ -65,6 +65,11 @@ extern "C" int cuda_num_sms(void);
 static inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
 
 // 2^x on the special-function unit (the attention kernels' softmax)
+// SwiGLU's value from the gate and up values (FP32 math, SiLU through expf):
+// the one expression of swiglu_forward and the grouped GEMMs' fused
+// epilogue (grouped_wgmma.cu), so that both give the same bits.
+__device__ __forceinline__ float swiglu_value(float g, float u) { return g / (1.f + expf(-g)) * u; }
+
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -41,7 +41,7 @@ static __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gate, const 
     load8(gate, i, n, vec, g);
     load8(up, i, n, vec, u);
 #pragma unroll
-    for (int j = 0; j < 8; j++) o[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    for (int j = 0; j < 8; j++) o[j] = swiglu_value(g[j], u[j]);
     store8(out, i, n, vec, o);
 }
 

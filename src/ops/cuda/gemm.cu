@@ -26,6 +26,8 @@
 // turns the latter into the same fragments. Tiles that run past a matrix's
 // edge are zero-filled by cp.async, which is why C and OC must be multiples
 // of 8 (a 16-byte chunk is then wholly inside or outside).
+#include <stdlib.h>
+#include <string.h>
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/ops_cuda.h"
 #include "ops/cuda/grouped_sched.cuh"
@@ -546,6 +548,27 @@ extern "C" void cuda_grouped_matmul_forward(void *out, const void *inp, const vo
 
 static void grouped_wgrad(float *dw, double *sq, const void *dout, const void *inp, const int *offsets, int E, int C,
                           int OC, int accumulate);
+
+extern "C" int cuda_grouped_glu_wgmma(void *g, void *u, void *a, const void *inp, const void *wg, const void *wu,
+                                     const int *offsets, int E, int C, int OC);
+// The fused kernel where it takes the call with MOECORE_GLU=1 (not yet the
+// default: it has not run on a GPU), else the two forwards and
+// swiglu_forward.
+extern "C" void cuda_grouped_glu_forward(void *g, void *u, void *a, const void *inp, const void *wg, const void *wu,
+                                         const int *offsets, int E, int C, int OC, int R) {
+    const void *operands[3] = {inp, wg, wu};
+    grouped_check("grouped_glu_forward", E, C, OC, operands, 3, g, 4);
+    if (E == 0) return;
+    static int fuse = -1;
+    if (fuse < 0) {
+        const char *e = getenv("MOECORE_GLU");
+        fuse = e && !strcmp(e, "1");
+    }
+    if (fuse && !no_wgmma() && cuda_grouped_glu_wgmma(g, u, a, inp, wg, wu, offsets, E, C, OC) == 0) return;
+    cuda_grouped_matmul_forward(g, inp, wg, offsets, E, C, OC);
+    cuda_grouped_matmul_forward(u, inp, wu, offsets, E, C, OC);
+    cuda_swiglu_forward(a, g, u, (size_t)R * OC);
+}
 
 extern "C" void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                                              const int *offsets, int E, int C, int OC, int accumulate) {

@@ -504,8 +504,10 @@ using WsCfg = WgConfig<WS_BN, WS_STAGES>;
 static_assert(WS_BN == 256, "the weight-grad's tail zeroing splits B's four 64-column boxes between the two consumers");
 
 struct WsMaps {
-    CUtensorMap a, b, a2, b2; // a2, b2: the data-grad pair's second operands
+    CUtensorMap a, b, a2, b2; // a2, b2: the data-grad pair's second operands (WS_GLU: b2 the up weights)
     CUtensorMap o;            // the TMA epilogue's output: out [rows, N] BF16 (box 64 x 64) or dw [E*M, N] FP32 (32 x 64)
+    CUtensorMap o2, o3;       // WS_GLU: the up product's and SwiGLU's outputs (o: the gate product's)
+    void *out2, *out3;        // WS_GLU: the same as pointers (the epilogue from registers)
     double *sq;               // weight-grad: the slots of dw's sum of squares (ops_wgrad_slots), or NULL
 };
 
@@ -628,7 +630,15 @@ __global__ void wgrad_sumsq_slots_kernel(const float *dw, double *sq, const int 
 // (WS_WGRAD_SET on the host: dw = A_e^T B_e, the same kernel with bit 1 of
 // vec4 set; experts without rows, which have no tiles, are zeroed by
 // zero_empty_experts first).
-enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3 };
+enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3, WS_GLU = 4 };
+// WS_GLU, the experts' gate and up products and their SwiGLU in one
+// forward: a tile is 128 rows x 128 columns of each product, its B stage
+// the gate weights' 128 rows then the up weights' (so one m64n256k16 runs
+// both on one load of A, which the two products' separate GEMMs each
+// read), and the epilogue stores g, u and silu(g) u from the accumulators,
+// each rounded to BF16 as the separate ops do: the same bits as the two
+// forwards and swiglu_forward (the per-element sums do not depend on the
+// instruction's N, as the weight-grad's 128 x 128 tiles showed).
 
 // The epilogue's variants, bits of grouped_ws_kernel's `variant`:
 // WS_STORE16 stores BF16 outputs 16 bytes per thread (a quad transpose,
@@ -696,6 +706,24 @@ enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_TMA_BY_MODE | WS_PINGPONG_ADD };
 // previous one. Only whole halves take this path (rows past an expert's
 // segment or past M must not be written); columns past N are outside the
 // map, which the copy engine does not write.
+// Stages round q's BPR boxes (64 columns each: box b holds accumulator
+// columns 64 (BPR q + b)..) of a warpgroup's 64 x 256 BF16 results into stg
+// by stmatrix, 64 rows x 128 bytes a box in the output map's swizzle.
+template <int BPR>
+__device__ __forceinline__ void stage_bf16_boxes(const float (&acc)[WS_BN / 2], uint32_t stg, int q, int warp,
+                                                 int lane) {
+    constexpr int BOX = 8192, JB = 8; // JB: 8-column groups a box
+    // matrices (h, j) as stmatrix.x4 takes them: lanes 8i.. give matrix i = (h = i % 2, j + i / 2)
+    int mi = lane >> 3, row = warp * 16 + 8 * (mi & 1) + (lane & 7);
+#pragma unroll
+    for (int jj = 0; jj < JB * BPR; jj += 2) {
+        int j = JB * BPR * q + jj, js = j + (mi >> 1);
+        uint32_t addr = stg + (js / JB - BPR * q) * BOX + row * 128 + (((js % JB) ^ (row & 7)) << 4);
+        stmatrix_x4(addr, bf16x2_bits(acc[4 * j], acc[4 * j + 1]), bf16x2_bits(acc[4 * j + 2], acc[4 * j + 3]),
+                    bf16x2_bits(acc[4 * j + 4], acc[4 * j + 5]), bf16x2_bits(acc[4 * j + 6], acc[4 * j + 7]));
+    }
+}
+
 template <bool WGRAD, int STG>
 __device__ __forceinline__ void tma_epilogue(const float (&acc)[WS_BN / 2], const CUtensorMap *map, uint32_t stg,
                                              int cw, int warp, int lane, int n0, int c1, int N, bool reduce) {
@@ -708,15 +736,7 @@ __device__ __forceinline__ void tma_epilogue(const float (&acc)[WS_BN / 2], cons
         if (lead) bulk_wait_read<0>(); // the buffer's previous round has been read
         named_barrier(3 + cw, 128);
         if constexpr (!WGRAD) {
-            // matrices (h, j) as stmatrix.x4 takes them: lanes 8i.. give matrix i = (h = i % 2, j + i / 2)
-            int mi = lane >> 3, row = warp * 16 + 8 * (mi & 1) + (lane & 7);
-#pragma unroll
-            for (int jj = 0; jj < JB * BPR; jj += 2) {
-                int j = JB * BPR * q + jj, js = j + (mi >> 1);
-                uint32_t addr = stg + (js / JB - BPR * q) * BOX + row * 128 + (((js % JB) ^ (row & 7)) << 4);
-                stmatrix_x4(addr, bf16x2_bits(acc[4 * j], acc[4 * j + 1]), bf16x2_bits(acc[4 * j + 2], acc[4 * j + 3]),
-                            bf16x2_bits(acc[4 * j + 4], acc[4 * j + 5]), bf16x2_bits(acc[4 * j + 6], acc[4 * j + 7]));
-            }
+            stage_bf16_boxes<BPR>(acc, stg, q, warp, lane);
         } else {
             int p = lane & 3;
 #pragma unroll
@@ -747,6 +767,54 @@ __device__ __forceinline__ void tma_epilogue(const float (&acc)[WS_BN / 2], cons
     }
 }
 
+// SwiGLU in place over a warpgroup's gate half: acc[i] (the gate product,
+// columns 0..127) = silu(g) u of the two products rounded to BF16 (acc[i +
+// 64] holds the up product's same element).
+__device__ __forceinline__ void glu_in_place(float (&acc)[WS_BN / 2]) {
+#pragma unroll
+    for (int i = 0; i < WS_BN / 4; i++)
+        acc[i] = swiglu_value(__bfloat162float(__float2bfloat16_rn(acc[i])),
+                              __bfloat162float(__float2bfloat16_rn(acc[i + WS_BN / 4])));
+}
+
+// WS_GLU's epilogue through shared memory and the copy engine (32 KB of
+// staging a warpgroup, 4 boxes): round 1 the gate (boxes 0, 1) and up (2, 3)
+// products at columns n0.., round 2 SwiGLU's (boxes 0, 1) after glu_in_place.
+__device__ __forceinline__ void glu_tma_epilogue(float (&acc)[WS_BN / 2], const WsMaps &maps, uint32_t stg, int cw,
+                                                 int warp, int lane, int n0, int c1, int N) {
+    const bool lead = (threadIdx.x & 127) == 0;
+#pragma unroll
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) glu_in_place(acc);
+        if (lead) bulk_wait_read<0>(); // the buffer's previous round has been read
+        named_barrier(3 + cw, 128);
+        if (round == 0) stage_bf16_boxes<4>(acc, stg, 0, warp, lane);
+        else stage_bf16_boxes<2>(acc, stg, 0, warp, lane);
+        fence_proxy_async(); // generic-proxy writes before the copy engine reads them
+        named_barrier(3 + cw, 128);
+        if (lead) {
+#pragma unroll
+            for (int b = 0; b < (round == 0 ? 4 : 2); b++) {
+                int c0 = n0 + 64 * (b & 1);
+                if (c0 >= N) continue;
+                tma_store_2d(round == 1 ? &maps.o3 : b < 2 ? &maps.o : &maps.o2, stg + b * 8192, c0, c1);
+            }
+            bulk_commit();
+        }
+    }
+}
+
+// The same from registers (rows past the segment masked): g, u, then SwiGLU.
+__device__ __forceinline__ void glu_reg_epilogue(float (&acc)[WS_BN / 2], void *g, const WsMaps &maps, int r0, int N,
+                                                 int r, int c0, int rows) {
+    const float(&lo)[WS_BN / 4] = *reinterpret_cast<const float(*)[WS_BN / 4]>(&acc[0]);
+    const float(&hi)[WS_BN / 4] = *reinterpret_cast<const float(*)[WS_BN / 4]>(&acc[WS_BN / 4]);
+    store_acc_bf16_v16<WS_BN / 2>(lo, (bf16 *)g + (size_t)r0 * N, N, r, c0, rows);
+    store_acc_bf16_v16<WS_BN / 2>(hi, (bf16 *)maps.out2 + (size_t)r0 * N, N, r, c0, rows);
+    glu_in_place(acc);
+    store_acc_bf16_v16<WS_BN / 2>(lo, (bf16 *)maps.out3 + (size_t)r0 * N, N, r, c0, rows);
+}
+
 // out[R, N] = A[R, K] B_e^T (forward: B_e [N, K]) or A[R, K] B_e (data-grad:
 // B_e [K, N]), plus A2 B2_e when pair; or dw (weight-grad, above; M rows,
 // vec4 as red_add_quad's, K unused). N >= 256.
@@ -755,7 +823,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, const int *offsets, int E, int M, int N,
                   int K, int vec4, int variant) {
     constexpr int BN = WS_BN;
-    constexpr bool DGRAD = MODE == WS_DGRAD, WGRAD = MODE == WS_WGRAD;
+    constexpr bool DGRAD = MODE == WS_DGRAD, WGRAD = MODE == WS_WGRAD, GLU = MODE == WS_GLU;
+    constexpr int TBN = GLU ? BN / 2 : BN; // output columns a tile (of each product, WS_GLU)
     using Cfg = WgConfig<WS_BN, S>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
@@ -764,7 +833,7 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
     uint32_t full0 = staging + 2 * STG, empty0 = full0 + 8 * S; // S barriers each, 8 bytes apiece
     int *s_off = (int *)(smem_raw + (tiles - raw) + Cfg::TILE_BYTES + 2 * STG + 16 * S);
     int *s_tile = s_off + E + 1;
-    int col_tiles = (N + BN - 1) / BN;
+    int col_tiles = (N + TBN - 1) / TBN;
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; s++) {
             mbar_init(full0 + 8 * s, 1);
@@ -784,7 +853,7 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
     auto first = [&]() { return WGRAD ? wgrad_skip_empty(blockIdx.x, total, gridDim.x, s_off, per_e) : (int)blockIdx.x; };
     auto next = [&](int t) { return WGRAD ? wgrad_skip_empty(t + gridDim.x, total, gridDim.x, s_off, per_e) : t + (int)gridDim.x; };
     auto tile_at = [&](int t) {
-        return WGRAD ? wgrad_locate(t, s_off, per_e, col_tiles, BN) : locate(t, s_off, s_tile, E, col_tiles, BN);
+        return WGRAD ? wgrad_locate(t, s_off, per_e, col_tiles, BN) : locate(t, s_off, s_tile, E, col_tiles, TBN);
     };
     int kt1 = (K + WG_BK - 1) / WG_BK, dgrad_kt = (pair ? 2 : 1) * kt1;
     int wg = threadIdx.x >> 7;
@@ -815,6 +884,10 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
 #pragma unroll
                     for (int j = 0; j < BN / 64; j++)
                         tma_load_2d(st + Cfg::A_BYTES + j * MN_LBO, mb, tl.n0 + 64 * j, tl.r0 + k0, fb);
+                } else if constexpr (GLU) { // B: the gate weights' 128 rows, then the up weights'
+                    tma_load_2d(st, ma, k0, tl.r0 + tl.m0, fb);
+                    tma_load_2d(st + Cfg::A_BYTES, mb, k0, tl.e * N + tl.n0, fb);
+                    tma_load_2d(st + Cfg::A_BYTES + Cfg::B_BYTES / 2, &maps.b2, k0, tl.e * N + tl.n0, fb);
                 } else if constexpr (!DGRAD) {
                     tma_load_2d(st, ma, k0, tl.r0 + tl.m0, fb);
                     tma_load_2d(st + Cfg::A_BYTES, mb, k0, tl.e * N + tl.n0, fb);
@@ -904,6 +977,15 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
             if (maps.sq)
                 acc_sumsq<BN>(acc, maps.sq, tl.e, M, N, tl.m0 + cw * 64 + warp * 16 + (lane >> 2),
                               tl.n0 + 2 * (lane & 3), tl.n0);
+        if constexpr (GLU) {
+            int half = tl.m0 + cw * 64;
+            if (STG == 32768 && half + 64 <= tl.rows)
+                glu_tma_epilogue(acc, maps, staging + cw * STG, cw, warp, lane, tl.n0, tl.r0 + half, N);
+            else
+                glu_reg_epilogue(acc, out, maps, tl.r0, N, tl.m0 + cw * 64 + warp * 16 + (lane >> 2),
+                                 tl.n0 + 2 * (lane & 3), tl.rows);
+            continue;
+        }
         if constexpr (STG > 0) { // whole 64-row halves through shared memory and the copy engine
             int half = tl.m0 + cw * 64; // this warpgroup's first row (weight-grad: of dw_e)
             if (half + 64 <= (WGRAD ? M : tl.rows)) {
@@ -1249,6 +1331,42 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
     } else {
         kernel<<<grid, WS_THREADS, smem, cuda_stream()>>>(out, maps, pair, offsets, E, 0, N, K, 0, variant);
     }
+    cudaLaunchCheck();
+    return 0;
+}
+
+// The gate and up products g, u [R, OC] = inp [R, C] wg_e^T, inp wu_e^T and
+// a = silu(g) u on the warp-specialised kernel (WS_GLU): 0 when it ran, -1
+// (nothing launched) when it does not take the call (the forward's
+// conditions, OC >= 128).
+extern "C" int cuda_grouped_glu_wgmma(void *g, void *u, void *a, const void *inp, const void *wg, const void *wu,
+                                     const int *offsets, int E, int C, int OC) {
+    if (!cuda_wgmma_device_ok() || E <= 0 || C <= 0 || OC < 128 || C % 8 || OC % 8) return -1;
+    if (((uintptr_t)g | (uintptr_t)u | (uintptr_t)a | (uintptr_t)inp | (uintptr_t)wg | (uintptr_t)wu) & 15) return -1;
+    if (!tma_wanted() || !cuda_tma_available()) return -1;
+    WsMaps maps;
+    memset(&maps, 0, sizeof maps);
+    if (tensor_map(&maps.a, inp, C, rows_to_end(inp, C), 64, WG_BM)) return -1;
+    if (tensor_map(&maps.b, wg, C, (uint64_t)E * OC, 64, WS_BN / 2)) return -1;
+    if (tensor_map(&maps.b2, wu, C, (uint64_t)E * OC, 64, WS_BN / 2)) return -1;
+    maps.out2 = u;
+    maps.out3 = a;
+    // the epilogue through the copy engine (3 stages, 32 KB of staging a
+    // warpgroup) where the output maps and shared memory allow
+    int tma = !tensor_map(&maps.o, g, OC, rows_to_end(g, OC), 64, 64) &&
+              !tensor_map(&maps.o2, u, OC, rows_to_end(u, OC), 64, 64) &&
+              !tensor_map(&maps.o3, a, OC, rows_to_end(a, OC), 64, 64);
+    int smem = tma ? WsCfg::STAGE_BYTES * 3 + 2 * 32768 + 1024 + 16 * 3 + 2 * (E + 1) * (int)sizeof(int) : 0;
+    if (!tma || smem > WG_SMEM_LIMIT) {
+        tma = 0;
+        smem = WsCfg::TILE_BYTES + 1024 + 16 * WS_STAGES + 2 * (E + 1) * (int)sizeof(int);
+    }
+    if (smem > WG_SMEM_LIMIT) return -1;
+    typedef void (*Kernel)(void *, const WsMaps, int, const int *, int, int, int, int, int, int);
+    static const Kernel kernels[2] = {grouped_ws_kernel<WS_GLU>, grouped_ws_kernel<WS_GLU, 3, 32768>};
+    static int smem_set[2];
+    cuda_allow_smem((const void *)kernels[tma], &smem_set[tma], smem);
+    kernels[tma]<<<cuda_num_sms(), WS_THREADS, smem, cuda_stream()>>>(g, maps, 0, offsets, E, 0, OC, C, 0, ws_variant());
     cudaLaunchCheck();
     return 0;
 }

@@ -26,6 +26,8 @@ void cuda_grouped_matmul_backward(void *dinp, float *dw, const void *dout, const
                                   const void *w, const int *offsets, int E, int C, int OC, int accumulate);
 void cuda_grouped_dgrad_pair(void *dinp, const void *dout1, const void *w1, const void *dout2, const void *w2,
                              const int *offsets, int E, int C, int OC);
+void cuda_grouped_glu_forward(void *g, void *u, void *a, const void *inp, const void *wg, const void *wu,
+                              const int *offsets, int E, int C, int OC, int R);
 void cuda_grouped_wgrad_sumsq(float *dw, double *sq, const void *dout, const void *inp, const int *offsets, int E,
                               int C, int OC, int accumulate);
 

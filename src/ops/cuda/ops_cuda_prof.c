@@ -160,6 +160,10 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *dinp, float *dw, const void *dout, const void *inp, const void *w, const int *offsets, int E,   \
        int C, int OC, int accumulate),                                                                       \
       (dinp, dw, dout, inp, w, offsets, E, C, OC, accumulate))                                               \
+    X(grouped_glu_forward, C_EXPERT,                                                                         \
+      (void *g, void *u, void *a, const void *inp, const void *wg, const void *wu, const int *offsets, int E,  \
+       int C, int OC, int R),                                                                                \
+      (g, u, a, inp, wg, wu, offsets, E, C, OC, R))                                                          \
     X(grouped_wgrad_sumsq, C_EXPERT,                                                                         \
       (float *dw, double *slots, const void *dout, const void *inp, const int *offsets, int E, int C, int OC,  \
        int accumulate),                                                                                      \

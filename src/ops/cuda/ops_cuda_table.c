@@ -76,6 +76,7 @@ const Ops ops_cuda = {
     .ep_sym_combine = cuda_ep_sym_combine,
     .grouped_matmul_forward = cuda_grouped_matmul_forward,
     .grouped_matmul_backward = cuda_grouped_matmul_backward,
+    .grouped_glu_forward = cuda_grouped_glu_forward,
     .grouped_wgrad_sumsq = cuda_grouped_wgrad_sumsq,
     .grouped_dgrad_pair = cuda_grouped_dgrad_pair,
     .fp8_quantize_weights = cuda_fp8_quantize_weights,
