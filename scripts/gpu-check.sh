@@ -5,7 +5,7 @@
 # machines, which return at most 8 files) they are also packed into
 # $OUT/gpu-logs.tar.gz at exit.
 # Usage: bash scripts/gpu-check.sh [tests] [kernels] [olmoe STEPS] [tiny STEPS] [bench OLD_BIN]
-#                                   [layout "CONFIG [--key=value ...]" STEPS] [fp8]
+#                                   [layout "CONFIG [--key=value ...]" STEPS] [fp8] [glu]
 # (env: GPU_TEST_TIMEOUT=400, the seconds each test process may run;
 # bench: bench/same-numbers.sh OLD_BIN against build/moecore on BENCH_CONFIGS,
 # default the three BF16 bench configs, its runs into build/gpu-logs/bench;
@@ -14,7 +14,9 @@
 # the numbers a row of the planner's validation table needs;
 # fp8: test_fp8's grouped GEMM and weight-grad checks, bench_fp8's forward and
 # weight-grad tables, then, where the GPU has the OLMoE bench's ~135 GiB,
-# moecore bench of BF16, FP8 and FP8 with fp8.wgrad: fp8, BF16 again)
+# moecore bench of BF16, FP8 and FP8 with fp8.wgrad: fp8, BF16 again;
+# glu: the fused GLU forward's and the grad-norm slots' checks, then the bench
+# configs with MOECORE_GLU=0 against =1, A B B A)
 set -u
 cd "$(dirname "$0")/.."
 out=build/gpu-logs
@@ -89,6 +91,17 @@ PY
         ${BENCH_CONFIGS:-configs/bench/olmoe-1b-7b.yaml configs/bench/sweep-e8.yaml configs/bench/sweep-e128.yaml} |
         tee -a "$out/bench.txt"
       shift 2 ;;
+    glu)
+      # the fused GLU forward (opt-in, MOECORE_GLU=1) and the grad norm's slots:
+      # their bit-for-bit checks, then the bench configs with and without the
+      # GLU forward in one binary, A B B A (bench/same-numbers.sh)
+      OMP_NUM_THREADS=16 timeout 200 build/tests/gpu/test_backend_ops -o glu_forward,wgrad_sumsq > "$out/test_glu.log" 2>&1
+      echo "== test_backend_ops glu_forward, wgrad_sumsq: exit $?; $(tail -n 1 "$out/test_glu.log")"
+      grep -E "^FAIL" "$out/test_glu.log" | head -n 20
+      A_ENV=MOECORE_GLU=0 B_ENV=MOECORE_GLU=1 OUT="$out/glu" bash bench/same-numbers.sh build/moecore build/moecore \
+        ${BENCH_CONFIGS:-configs/bench/olmoe-1b-7b.yaml configs/bench/sweep-e8.yaml configs/bench/sweep-e128.yaml} |
+        tee -a "$out/glu.txt"
+      shift ;;
     fp8)
       for m in gemm wgrad; do
         OMP_NUM_THREADS=16 timeout 200 build/tests/gpu/test_fp8 $m > "$out/test_fp8_$m.log" 2>&1
