@@ -166,13 +166,14 @@ double ddp_grad_norm(Ddp *d) {
     return sqrt(s);
 }
 
-int ddp_use_wgrad_slots(Ddp *d, const double *slots, size_t n) {
-    if (!slots || !n || !d->store->ops->sum_f64 || comm_size(d->group[CLASS_EXPERT]) != 1 ||
-        d->shard_end[CLASS_EXPERT] - d->shard_begin[CLASS_EXPERT] != d->store->table.class_numel[CLASS_EXPERT])
-        return 0;
+int ddp_expert_grads_final(const Ddp *d) {
+    return d->store->ops->sum_f64 && comm_size(d->group[CLASS_EXPERT]) == 1 &&
+           d->shard_end[CLASS_EXPERT] - d->shard_begin[CLASS_EXPERT] == d->store->table.class_numel[CLASS_EXPERT];
+}
+
+void ddp_use_wgrad_slots(Ddp *d, const double *slots, size_t n) {
     d->expert_slots = slots;
     d->n_expert_slots = n;
-    return 1;
 }
 
 void ddp_gather_params(Ddp *d) {

@@ -65,12 +65,17 @@ void ddp_arm(Ddp *d, int hooks);
 void ddp_finish(Ddp *d);
 // Global grad L2 norm (after ddp_finish).
 double ddp_grad_norm(Ddp *d);
-// Whether the expert grads' sum of squares may come from slots that the
-// step's last backward fills (n of them at slots), instead of a pass over
-// the grads: only where nothing changes the expert grads after that
-// backward (an expert data-parallel group of one rank, which also makes
-// this rank's shard the whole class). Returns 1 and uses them then, else 0.
-int ddp_use_wgrad_slots(Ddp *d, const double *slots, size_t n);
+// Whether nothing changes the expert grads after the last backward (an
+// expert data-parallel group of one rank, which also makes this rank's
+// shard the whole class), so that their share of the norm may come from
+// slots that backward fills (ddp_use_wgrad_slots) instead of a pass over
+// them. With a pipeline the stages' backwards interleave, so the trainer
+// (and the memory plan and moecore plan, through ddp_norm_from_slots) also
+// needs a single stage.
+int ddp_expert_grads_final(const Ddp *d);
+static inline int ddp_norm_from_slots(int pp, int ep_dp) { return pp <= 1 && ep_dp <= 1; }
+// The norm takes the expert grads' share from n slots (ddp_expert_grads_final).
+void ddp_use_wgrad_slots(Ddp *d, const double *slots, size_t n);
 // The grads the optimizer reads for element begin of its range.
 void ddp_optimizer_grads(Ddp *d, float **grads);
 // After a sharded optimizer step: all-gathers the updated compute weights.

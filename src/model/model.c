@@ -827,18 +827,25 @@ void model_free(Model *m) {
     ops->free(m->ce_acc);
     if (m->fp8) { ops->free(m->fp8_w); ops->free(m->fp8_ws); ops->free(m->fp8_wt); ops->free(m->fp8_wts); }
     if (m->fp8_dense) { ops->free(m->fp8d_bytes); free(m->fp8d); free(m->fp8d_of); }
+    if (m->wgrad_slots) ops->free(m->wgrad_slots);
     memset(m, 0, sizeof(*m));
 }
 
-size_t model_wgrad_slots_for(const ModelConfig *cfg, int E_local) {
-    int D = cfg->d_model, Fe = cfg->expert_hidden;
-    return (size_t)model_moe_layers(cfg) * (2 * ops_wgrad_slots(E_local, D, Fe) + ops_wgrad_slots(E_local, Fe, D));
+// The grad norm's slots of one MoE layer's expert grads: gate, up, down.
+static size_t wgrad_slots_per_layer(const ModelConfig *c, int E_local) {
+    return 2 * ops_wgrad_slots(E_local, c->d_model, c->expert_hidden) +
+           ops_wgrad_slots(E_local, c->expert_hidden, c->d_model);
 }
 
-size_t model_wgrad_slots(const Model *m) {
+size_t model_wgrad_slots_for(const ModelConfig *cfg, int E_local) {
+    return (size_t)model_moe_layers(cfg) * wgrad_slots_per_layer(cfg, E_local);
+}
+
+size_t model_alloc_wgrad_slots(Model *m) {
     if (!m->n_moe || !m->ops->grouped_wgrad_sumsq || model_fp8_wgrad_gemm(m)) return 0;
-    int D = m->cfg.d_model, Fe = m->cfg.expert_hidden, El = m->E_local;
-    return (size_t)m->n_moe * (2 * ops_wgrad_slots(El, D, Fe) + ops_wgrad_slots(El, Fe, D));
+    size_t n = (size_t)m->n_moe * wgrad_slots_per_layer(&m->cfg, m->E_local);
+    m->wgrad_slots = m->ops->alloc(n * sizeof(double));
+    return n;
 }
 
 void model_zero_grads(Model *m) {
@@ -987,6 +994,25 @@ static void sym_plan_layer(Model *m, LayerActs *a, int li) {
                      expert_capacity(m), m->max_rows_local);
 }
 
+// The expert weight-grad k (0 gate, 1 up, 2 down) of layer L into its grads
+// (= or +=, by accw), with the data-grad of the same product into dinp
+// unless NULL; while wgrad_slots_on (a step's last backward) also the sum
+// of squares of the grads it leaves, into the layer's slots.
+static void expert_wgrad(Model *m, const LayerParams *L, int k, void *dinp, const void *dout, const void *inp,
+                         const int *lo, int accw) {
+    const Ops *ops = m->ops;
+    int D = m->cfg.d_model, Fe = m->cfg.expert_hidden, El = m->E_local;
+    int C = k == 2 ? Fe : D, OC = k == 2 ? D : Fe, t = k == 0 ? L->exp_gate : k == 1 ? L->exp_up : L->exp_down;
+    if (!m->wgrad_slots_on) {
+        ops->grouped_matmul_backward(dinp, G(t), dout, inp, P(t), lo, El, C, OC, accw);
+        return;
+    }
+    if (dinp) ops->grouped_matmul_backward(dinp, NULL, dout, inp, P(t), lo, El, C, OC, accw);
+    double *slots = m->wgrad_slots + (size_t)L->moe_index * wgrad_slots_per_layer(&m->cfg, El) +
+                    (size_t)k * ops_wgrad_slots(El, D, Fe);
+    ops->grouped_wgrad_sumsq(G(t), slots, dout, inp, lo, El, C, OC, accw);
+}
+
 // Symmetric expert parallelism (ops/ep_sym.h): from the routed rows a->xp
 // in expert order to their expert outputs a->ey in the same order, through
 // the owners' receive buffers, with no host-visible size: counts into every
@@ -1016,25 +1042,6 @@ static void sym_moe_experts_forward(Model *m, const LayerParams *L, LayerActs *a
 // the owners' dout buffers, barrier, the experts' backward on the valid
 // prefix (weight grads from a->xl), barrier, the input grads read back into
 // dxp (zeros for dropped rows).
-// The expert weight-grad k (0 gate, 1 up, 2 down) of layer L into its grads
-// (= or +=, by accw), with the data-grad of the same product into dinp
-// unless NULL; while wgrad_slots_on (a step's last backward) also the sum
-// of squares of the grads it leaves, into the layer's slots.
-static void expert_wgrad(Model *m, const LayerParams *L, int k, void *dinp, const void *dout, const void *inp,
-                         const int *lo, int accw) {
-    const Ops *ops = m->ops;
-    int D = m->cfg.d_model, Fe = m->cfg.expert_hidden, El = m->E_local;
-    int C = k == 2 ? Fe : D, OC = k == 2 ? D : Fe, t = k == 0 ? L->exp_gate : k == 1 ? L->exp_up : L->exp_down;
-    if (!m->wgrad_slots_on) {
-        ops->grouped_matmul_backward(dinp, G(t), dout, inp, P(t), lo, El, C, OC, accw);
-        return;
-    }
-    if (dinp) ops->grouped_matmul_backward(dinp, NULL, dout, inp, P(t), lo, El, C, OC, accw);
-    size_t gu = ops_wgrad_slots(El, D, Fe), per_layer = 2 * gu + ops_wgrad_slots(El, Fe, D);
-    ops->grouped_wgrad_sumsq(G(t), m->wgrad_slots + (size_t)L->moe_index * per_layer + (size_t)k * gu, dout, inp, lo,
-                             El, C, OC, accw);
-}
-
 static void sym_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;

@@ -119,10 +119,10 @@ typedef struct {
     int E_local;                      // experts held here
     ParamStore store;                 // table, weights, grads, router bias (params/store.h)
     int expert_grads_unset;           // set by model_zero_dense_grads, cleared by model_backward
-    // The grad norm's slots of the expert grads (ops.h grouped_wgrad_sumsq):
-    // model_wgrad_slots of them, per MoE layer gate, up, down. The trainer
-    // allocates them and sets wgrad_slots_on for a step's last backward,
-    // whose expert weight-grads then also fill them.
+    // The grad norm's slots of the expert grads (ops.h grouped_wgrad_sumsq),
+    // per MoE layer gate, up, down (model_alloc_wgrad_slots). The trainer
+    // sets wgrad_slots_on for a step's last backward, whose expert
+    // weight-grads then also fill them.
     double *wgrad_slots;
     int wgrad_slots_on;
     int embed, final_norm, lm_head;   // from the store's layout (params/layout.h)
@@ -366,11 +366,11 @@ int model_arena_plan(const ModelConfig *cfg, const Ops *ops, const ModelArenaSpe
 void model_use_slot(Model *m, int k);
 void model_free(Model *m);
 
-// The slots a backward fills with the expert grads' sums of squares
-// (Model.wgrad_slots), or 0 where it cannot: no MoE layers, a backend
-// without grouped_wgrad_sumsq, or the FP8 weight-grad GEMM
-// (fp8.wgrad: fp8), whose kernels do not sum.
-size_t model_wgrad_slots(const Model *m);
+// Allocates Model.wgrad_slots (model_free frees them) and returns how many,
+// or 0 (nothing allocated) where a backward cannot fill them: no MoE
+// layers, a backend without grouped_wgrad_sumsq, or the FP8 weight-grad
+// GEMM (fp8.wgrad: fp8), whose kernels do not sum.
+size_t model_alloc_wgrad_slots(Model *m);
 // The same from a config, for E_local experts a rank and every MoE layer.
 size_t model_wgrad_slots_for(const ModelConfig *cfg, int E_local);
 void model_zero_grads(Model *m);

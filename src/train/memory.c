@@ -55,7 +55,7 @@ static int plan_run(MemoryPlan *p, const ModelConfig *cfg, const MemoryLayout *l
     // the grad norm's slots, where the last backward sums the expert grads'
     // squares (train.c: one pipeline stage, an expert data-parallel group of
     // one; counted also where fp8.wgrad: fp8's GEMM leaves them unused)
-    if (l->pp <= 1 && !l->stage && l->ep_dp <= 1 && l->ops->grouped_wgrad_sumsq && cfg->n_experts)
+    if (ddp_norm_from_slots(l->pp, l->ep_dp) && !l->stage && l->ops->grouped_wgrad_sumsq && cfg->n_experts)
         p->small += model_wgrad_slots_for(cfg, cfg->n_experts / l->ep) * sizeof(double);
     size_t N = (size_t)a.B * a.T, R = N * cfg->top_k;
     if (l->pp > 1) p->pipe = (size_t)p->n_slots * N * cfg->d_model * l->act_bytes;

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist/ddp.h"
 #include "dist/pp_schedule.h"
 #include "model/model.h"
 #include "train/train.h"
@@ -488,7 +489,7 @@ int plan_layout(const PlanInput *in, const PlanLayout *lay, PlanResult *r, char 
         // grads), all of them under a pipeline; the norm's pass: the dense
         // grads, the expert grads too unless the last backward sums them
         // (one pipeline stage and an expert DP group of one: train.c)
-        int fused = pp == 1 && dp / ep == 1;
+        int fused = ddp_norm_from_slots(pp, dp / ep);
         opt_elems[p] = 30.0 * (double)(mp.dense_opt + mp.expert_opt) + 8.0 * (double)mp.dense +
                        (4.0 * (pp > 1) + 4.0 * !fused) * (double)mp.expert;
         back[p] = acc_sum(&s.b) + acc_sum(&s.rc);

@@ -358,18 +358,12 @@ static int setup_model(Trainer *tr) {
     // the grad norm: the expert grads' share summed by the last backward's
     // weight-grads where nothing changes them after it (ddp_use_wgrad_slots;
     // MOECORE_GRAD_NORM=separate: a pass over them, as before)
-    size_t n_slots = tr->pipe.on ? 0 : model_wgrad_slots(m);
     const char *gn = getenv("MOECORE_GRAD_NORM");
-    if (n_slots && !(gn && !strcmp(gn, "separate"))) {
-        tr->wgrad_slots = tr->ops->alloc(n_slots * sizeof(double));
-        if (ddp_use_wgrad_slots(&tr->ddp, tr->wgrad_slots, n_slots)) {
-            m->wgrad_slots = tr->wgrad_slots;
-            SAY("grad norm: the expert grads' squares summed by the last backward's weight-grads (%zu slots)\n",
-                n_slots);
-        } else {
-            tr->ops->free(tr->wgrad_slots);
-            tr->wgrad_slots = NULL;
-        }
+    size_t n_slots = !tr->pipe.on && ddp_expert_grads_final(&tr->ddp) && !(gn && !strcmp(gn, "separate"))
+                         ? model_alloc_wgrad_slots(m) : 0;
+    if (n_slots) {
+        ddp_use_wgrad_slots(&tr->ddp, m->wgrad_slots, n_slots);
+        SAY("grad norm: the expert grads' squares summed by the last backward's weight-grads (%zu slots)\n", n_slots);
     }
     model_alloc_slots(m, tr->MB, tr->T, tr->pipe.on ? tr->pipe.n_slots : 1);
     if (m->ep_note[0]) SAY("%s%s%s\n", m->ep_note, m->sym ? "; symmetric memory: " : "", m->sym ? symmem_kind(m->sym) : "");
@@ -596,12 +590,12 @@ static int train_setup(Trainer *tr) {
 // run different attention kernels, and a step's first backward writes the
 // expert grads (=) where the later ones add (+=): a graph each, captured
 // alike; so does the step's last, where it also sums the expert grads'
-// squares for the grad norm (the slots, Trainer.wgrad_slots).
+// squares for the grad norm (where it has the slots, Model.wgrad_slots).
 static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale, int last) {
     Model *m = &tr->m;
     const Ops *ops = tr->ops;
     char err[512];
-    m->wgrad_slots_on = last && tr->wgrad_slots;
+    m->wgrad_slots_on = last && m->wgrad_slots;
     int g = m->batch_docs + 2 * (m->expert_grads_unset != 0) + 4 * m->wgrad_slots_on;
     model_set_route_seed(m, route_seed); // before a capture or replay, which only read it
     m->ce_fused_scale = ce_scale;        // the forward writes the dlogits (model.h)
@@ -897,9 +891,8 @@ static int train_loop(Trainer *tr) {
 // Frees what set-up made; after a failed set-up only what it got to.
 static void train_teardown(Trainer *tr, int set_up) {
     if (set_up) {
-        for (int g = 0; g < 8; g++)
+        for (size_t g = 0; g < sizeof tr->graph / sizeof tr->graph[0]; g++)
             if (tr->graph[g]) tr->ops->graph_free(tr->graph[g]);
-        if (tr->wgrad_slots) tr->ops->free(tr->wgrad_slots);
         if (tr->metrics) fclose(tr->metrics);
         for (int i = 0; i < 2; i++)
             if (tr->lock_fd[i] >= 0) close(tr->lock_fd[i]); // releases the lock; the file stays

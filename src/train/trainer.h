@@ -94,11 +94,10 @@ typedef struct {
     // boundaries (data.doc_mask), first = 1 for a step's first backward,
     // which writes the expert grads (=) where the later ones add to them
     // (+=), last = 1 for its last, which also sums their squares for the
-    // grad norm where the trainer has the slots for it (wgrad_slots)
+    // grad norm where the model has the slots for it (Model.wgrad_slots)
     int use_graph, graph_tries[8];
     void *graph[8];
     float graph_scale[8];
-    double *wgrad_slots; // the grad norm's slots of the expert grads (Model.wgrad_slots), or NULL
     double peak_dev_mib;
     double start_dev_mib;      // GPU memory in use before the first allocation (the CUDA context)
     double mem_plan_mib[2];    // this rank's memory plan (train/memory.h): steady, peak

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -65,6 +66,16 @@ extern "C" int cuda_num_sms(void);
 static inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
 
 // 2^x on the special-function unit (the attention kernels' softmax)
+// Whether environment variable name is "1" (the opt-in experiments,
+// MOECORE_GLU, MOECORE_PERMUTE_STREAM), read once: cache starts at -1.
+static inline int env_on(int *cache, const char *name) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e && !strcmp(e, "1");
+    }
+    return *cache;
+}
+
 // SwiGLU's value from the gate and up values (FP32 math, SiLU through expf):
 // the one expression of swiglu_forward and the grouped GEMMs' fused
 // epilogue (grouped_wgmma.cu), so that both give the same bits.

@@ -23,8 +23,6 @@
 // block-per-token kernels (permute and unpermute backward,
 // row_block_threads(C) threads of 8 channels) are instantiated with
 // VEC = true under the same condition.
-#include <stdlib.h>
-#include <string.h>
 #include <cub/cub.cuh>
 
 #include "ops/cuda/memkernels.cuh"
@@ -136,11 +134,7 @@ extern "C" void cuda_embedding_forward(void *out, const int *tokens, const void 
 // times, not measured yet)
 extern "C" void cuda_permute_forward(void *xp, const void *x, const int *token_of_row, int R, int C) {
     static int stream = -1;
-    if (stream < 0) {
-        const char *e = getenv("MOECORE_PERMUTE_STREAM");
-        stream = e && !strcmp(e, "1");
-    }
-    gather_rows(xp, x, token_of_row, R, C, stream);
+    gather_rows(xp, x, token_of_row, R, C, env_on(&stream, "MOECORE_PERMUTE_STREAM"));
 }
 
 // ---------------------------------------------------------------------------

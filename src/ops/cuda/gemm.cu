@@ -26,8 +26,6 @@
 // turns the latter into the same fragments. Tiles that run past a matrix's
 // edge are zero-filled by cp.async, which is why C and OC must be multiples
 // of 8 (a 16-byte chunk is then wholly inside or outside).
-#include <stdlib.h>
-#include <string.h>
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/ops_cuda.h"
 #include "ops/cuda/grouped_sched.cuh"
@@ -560,11 +558,7 @@ extern "C" void cuda_grouped_glu_forward(void *g, void *u, void *a, const void *
     grouped_check("grouped_glu_forward", E, C, OC, operands, 3, g, 4);
     if (E == 0) return;
     static int fuse = -1;
-    if (fuse < 0) {
-        const char *e = getenv("MOECORE_GLU");
-        fuse = e && !strcmp(e, "1");
-    }
-    if (fuse && !no_wgmma() && cuda_grouped_glu_wgmma(g, u, a, inp, wg, wu, offsets, E, C, OC) == 0) return;
+    if (env_on(&fuse, "MOECORE_GLU") && !no_wgmma() && cuda_grouped_glu_wgmma(g, u, a, inp, wg, wu, offsets, E, C, OC) == 0) return;
     cuda_grouped_matmul_forward(g, inp, wg, offsets, E, C, OC);
     cuda_grouped_matmul_forward(u, inp, wu, offsets, E, C, OC);
     cuda_swiglu_forward(a, g, u, (size_t)R * OC);

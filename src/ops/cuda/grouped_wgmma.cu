@@ -1264,6 +1264,13 @@ static int launch_wgrad_pingpong(int shape, float *dw, const WsMaps &maps, const
 // w [E*OC, C] N-major) or weight-grad (WS_WGRAD: dw[e][OC, C] += A_e^T B_e,
 // WS_WGRAD_SET: =; A = dout [., OC], B = inp [., C]) on the warp-specialised
 // kernel: 0 when it ran, -1 (nothing launched) when it does not take the call.
+// grouped_ws_kernel's shared memory: `stages` stages of the ring, two
+// warpgroups' `staging` bytes, the 1024-byte alignment, the stages' 16
+// bytes of barriers and the experts' offsets and tile prefix.
+static int ws_smem_bytes(int stages, int staging, int E) {
+    return WsCfg::STAGE_BYTES * stages + 2 * staging + 1024 + 16 * stages + 2 * (E + 1) * (int)sizeof(int);
+}
+
 static int launch_ws(int mode, void *out, const void *A, const void *B, const void *A2, const void *B2,
                      const int *offsets, int E, int C, int OC, double *sq = NULL, int *sq_done = NULL) {
     int set = mode == WS_WGRAD_SET;
@@ -1308,11 +1315,10 @@ static int launch_ws(int mode, void *out, const void *A, const void *B, const vo
                                  : tensor_map(&maps.o, out, N, rows_to_end(out, N), 64, 64)))
         epi = 0;
     static const int stages[3] = {WS_STAGES, 4, 3}, staging[3] = {0, 16384, 32768};
-    int smem = WgConfig<WS_BN, 4>::STAGE_BYTES * stages[epi] + 2 * staging[epi] + 1024 + 16 * stages[epi] +
-               2 * (E + 1) * (int)sizeof(int);
+    int smem = ws_smem_bytes(stages[epi], staging[epi], E);
     if (smem > WG_SMEM_LIMIT && epi) {
         epi = 0;
-        smem = WsCfg::TILE_BYTES + 1024 + 16 * WS_STAGES + 2 * (E + 1) * (int)sizeof(int);
+        smem = ws_smem_bytes(WS_STAGES, 0, E);
     }
     if (smem > WG_SMEM_LIMIT) return -1;
     typedef void (*Kernel)(void *, const WsMaps, int, const int *, int, int, int, int, int, int);
@@ -1356,10 +1362,10 @@ extern "C" int cuda_grouped_glu_wgmma(void *g, void *u, void *a, const void *inp
     int tma = !tensor_map(&maps.o, g, OC, rows_to_end(g, OC), 64, 64) &&
               !tensor_map(&maps.o2, u, OC, rows_to_end(u, OC), 64, 64) &&
               !tensor_map(&maps.o3, a, OC, rows_to_end(a, OC), 64, 64);
-    int smem = tma ? WsCfg::STAGE_BYTES * 3 + 2 * 32768 + 1024 + 16 * 3 + 2 * (E + 1) * (int)sizeof(int) : 0;
+    int smem = ws_smem_bytes(3, 32768, E);
     if (!tma || smem > WG_SMEM_LIMIT) {
         tma = 0;
-        smem = WsCfg::TILE_BYTES + 1024 + 16 * WS_STAGES + 2 * (E + 1) * (int)sizeof(int);
+        smem = ws_smem_bytes(WS_STAGES, 0, E);
     }
     if (smem > WG_SMEM_LIMIT) return -1;
     typedef void (*Kernel)(void *, const WsMaps, int, const int *, int, int, int, int, int, int);
