@@ -98,6 +98,30 @@ done
 # ---- 3. memory ---------------------------------------------------------------------
 grep -q "FP8 expert weights [0-9]* B" "$tmp/fp8.log" && ok "memory line names the FP8 weights" || bad "no FP8 weights in the memory line"
 
+# ---- 6. the FP8 expert copies written in AdamW's pass (adamw_update_fp8) -------------------
+# By default AdamW writes each expert weight's FP8 copies as it updates it
+# (ParamStore.fp8) and the next refresh skips them once;
+# MOECORE_ADAMW_FP8=separate makes them in the refresh's own pass instead.
+# Both give the same 40 losses and 4 eval CEs bit for bit (an eval's refresh
+# takes the optimizer's marks, so the step after it quantises again). A
+# fused op that did not write the copies would leave them stale and move the
+# losses (mutation-checked: c_adamw_update_fp8 without its quantiser fails).
+for v in fused separate; do
+  MOECORE_ADAMW_FP8=$v train --train.precision=fp8 --train.eval_interval=10 --train.eval_batches=2 \
+    --logging.run_dir="$tmp/fp8-adam-$v" >"$tmp/fp8-adam-$v.log" 2>&1 \
+    || { cat "$tmp/fp8-adam-$v.log"; bad "fp8 MOECORE_ADAMW_FP8=$v run failed"; }
+done
+$py - "$tmp/fp8-adam-fused/metrics.jsonl" "$tmp/fp8-adam-separate/metrics.jsonl" <<'PY' \
+  && ok "FP8 copies from AdamW's pass: 40 losses and 4 evals identical to the separate refresh" \
+  || bad "FP8 copies from AdamW's pass: losses or evals differ from MOECORE_ADAMW_FP8=separate"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+la, lb = [r["loss"] for r in a], [r["loss"] for r in b]
+ea, eb = [r["eval_ce"] for r in a if "eval_ce" in r], [r["eval_ce"] for r in b if "eval_ce" in r]
+print(f"losses at step 40: {la[-1]!r} / {lb[-1]!r}; eval CEs {ea} / {eb}")
+assert len(la) == 40 and la == lb and len(ea) == 4 and ea == eb
+PY
+
 # ---- 5. fp8.gemms: experts_dense ----------------------------------------------------
 dense=(--train.precision=fp8 --fp8.gemms=experts_dense)
 train "${dense[@]}" --logging.run_dir="$tmp/fd" >"$tmp/fd.log" 2>&1 || { cat "$tmp/fd.log"; bad "experts_dense run failed"; }

@@ -378,6 +378,14 @@ typedef struct Ops {
     void (*adamw_update)(float *p, void *p_act, const float *g, float *m, float *v, size_t n,
                          float lr, float beta1, float beta2, float eps, float wd,
                          float grad_scale, int t);
+    // adamw_update of one expert weight p [E, M, K] (n = E M K, no compute
+    // copy) that also writes its FP8 copies from the updated main weights:
+    // the bits of adamw_update followed by fp8_quantize_weights(qw, sw, qwt,
+    // swt, ldt, col0, p, E, M, K), in one pass over memory where the backend
+    // fuses them (M, K multiples of 128). NULL where a backend has no FP8 ops.
+    void (*adamw_update_fp8)(float *p, const float *g, float *m, float *v, float lr, float beta1, float beta2,
+                             float eps, float wd, float grad_scale, int t, uint8_t *qw, float *sw, uint8_t *qwt,
+                             float *swt, int ldt, int col0, int E, int M, int K);
     // acc[0] += sum of squares of x
     void (*sum_squares)(double *acc, const float *x, size_t n);
     // acc[0] += the sum of x (FP64, in an order fixed by n and the backend)

@@ -1,5 +1,6 @@
 #include "params/store.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "util/check.h"
@@ -41,6 +42,8 @@ void param_store_free(ParamStore *s) {
     }
     if (s->stage) ops->free(s->stage);
     ops->free(s->router_bias);
+    free(s->fp8);
+    free(s->fp8_fresh);
     param_table_free(&s->table);
     memset(s, 0, sizeof(*s));
 }

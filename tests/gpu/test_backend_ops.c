@@ -59,6 +59,7 @@
 #include <time.h>
 
 #include "gpu_test_util.h"
+#include "ops/cuda/fp8_cuda.h"
 #include "ops/ops.h"
 
 // grouped_wgmma.cu: 0 when the kernel ran, -1 (nothing launched) when it
@@ -2461,6 +2462,91 @@ static void special_glu(void) {
     glu_case(4, 1024, 2048, c4); // the sweep's (d 1024, expert hidden 2048)
 }
 
+// ---- adamw_fp8: adamw_update_fp8 (AdamW on an expert weight with its FP8
+// copies made in the same pass, cuda_fp8_adamw_quantize_128x128_t) leaves
+// p, m, v, the codes, the scales and the transposed copy with the bits of
+// adamw_update followed by fp8_quantize_weights on the GPU (every output
+// NaN-poisoned first, the transposed copy's other columns included); a
+// block whose weights, grads and moments are all zero (the amax floor);
+// through the op table the same; and on buffers that are not 16-byte
+// aligned the fused kernel declines (-1) and the op falls back to the two.
+
+static void adamw_fp8_case(int E, int M, int K, int ldt, int col0, int mis) {
+    size_t n = (size_t)E * M * K, ns = (size_t)E * (M / 128) * (K / 128), nt = ldt ? (size_t)E * K * ldt : 0;
+    size_t nst = ldt ? (size_t)E * (K / 128) * (ldt / 128) : 0;
+    float *h[4]; // g, p, m, v
+    for (int i = 0; i < 4; i++) {
+        h[i] = gt_malloc(n * 4);
+        gt_fill(h[i], n, GT_NORMAL, 0, i == 0 ? 1e-2f : i == 1 ? 0.05f : i == 2 ? 1e-3f : 1.f, 0, fill_seed++);
+    }
+    for (size_t i = 0; i < n; i++) h[3][i] = h[3][i] * h[3][i] * 1e-4f; // v >= 0
+    for (int r = 0; r < 128; r++) // the first block of expert 0: all zero
+        for (int i = 0; i < 4; i++) memset(h[i] + (size_t)r * K, 0, 128 * 4);
+    float lr = 3e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.7f;
+    int t = 5;
+    void *buf[3][4];
+    uint8_t *q[3], *qt[3];
+    float *sc[3], *st[3];
+    for (int k = 0; k < 3; k++) { // 0: the two ops, 1: the fused kernel, 2: the op table
+        for (int i = 0; i < 4; i++) {
+            char *d = dkeep(gpu->alloc(n * 4 + 16));
+            buf[k][i] = d + (mis ? 4 : 0);
+            cuda_to_device(buf[k][i], h[i], n * 4);
+        }
+        q[k] = dev_poison(n), sc[k] = dev_poison(ns * 4);
+        qt[k] = ldt ? dev_poison(nt) : NULL, st[k] = ldt ? dev_poison(nst * 4) : NULL;
+    }
+    float *const *b0 = (float *const *)buf[0], *const *b1p = (float *const *)buf[1], *const *b2p = (float *const *)buf[2];
+    gpu->adamw_update(b0[1], NULL, b0[0], b0[2], b0[3], n, lr, b1, b2, eps, wd, gs, t);
+    gpu->fp8_quantize_weights(q[0], sc[0], qt[0], st[0], ldt, col0, b0[1], E, M, K);
+    int rc = cuda_fp8_adamw_quantize_128x128_t(b1p[1], b1p[0], b1p[2], b1p[3], lr, b1, b2, eps, wd, gs, t, q[1], sc[1],
+                                               qt[1], st[1], ldt, col0, E, M, K);
+    if (rc) { // declined (misaligned): the same result through the two ops, so that the comparison below says only rc
+        gpu->adamw_update(b1p[1], NULL, b1p[0], b1p[2], b1p[3], n, lr, b1, b2, eps, wd, gs, t);
+        gpu->fp8_quantize_weights(q[1], sc[1], qt[1], st[1], ldt, col0, b1p[1], E, M, K);
+    }
+    gpu->adamw_update_fp8(b2p[1], b2p[0], b2p[2], b2p[3], lr, b1, b2, eps, wd, gs, t, q[2], sc[2], qt[2], st[2], ldt,
+                          col0, E, M, K);
+    cuda_synchronize();
+    const char *what[7] = {"p", "m", "v", "codes", "scales", "transposed codes", "scales of the transposed"};
+    for (int k = 1; k < 3; k++) {
+        size_t bad[7] = {0}, cnt[7] = {n, n, n, n, ns * 4, nt, nst * 4};
+        void *a[7] = {buf[0][1], buf[0][2], buf[0][3], q[0], sc[0], qt[0], st[0]};
+        void *b[7] = {buf[k][1], buf[k][2], buf[k][3], q[k], sc[k], qt[k], st[k]};
+        char msg[400] = "";
+        size_t all = 0;
+        for (int i = 0; i < 7; i++) {
+            if (!cnt[i]) continue;
+            size_t bytes = i < 3 ? cnt[i] * 4 : cnt[i];
+            uint8_t *x = gt_host_bytes(a[i], bytes), *y = gt_host_bytes(b[i], bytes);
+            if (i < 3) {
+                for (size_t j = 0; j < cnt[i]; j++) bad[i] += memcmp(x + 4 * j, y + 4 * j, 4) != 0;
+            } else {
+                for (size_t j = 0; j < cnt[i]; j++) bad[i] += x[j] != y[j];
+            }
+            all += bad[i];
+            size_t len = strlen(msg);
+            snprintf(msg + len, sizeof msg - len, "%s%s %zu/%zu", len ? ", " : "", what[i], bad[i], cnt[i]);
+            free(x);
+            free(y);
+        }
+        int want_rc = mis ? -1 : 0;
+        gt_ok(!all && (k == 2 || rc == want_rc), "%-48s E=%d M=%d K=%d ldt=%d col0=%d%s %s (rc %d): differ: %s",
+              "adamw_update_fp8 = adamw_update + quantise", E, M, K, ldt, col0, mis ? " misaligned" : "",
+              k == 1 ? "fused kernel" : "op table", rc, msg);
+    }
+    for (int i = 0; i < 4; i++) free(h[i]);
+    dev_release();
+}
+static void special_adamw_fp8(void) {
+    adamw_fp8_case(2, 256, 384, 512, 256, 0);   // the up weight of a pair: columns 256.. of [Wg^T | Wu^T]
+    adamw_fp8_case(2, 256, 384, 512, 0, 0);     // the gate: columns 0..
+    adamw_fp8_case(3, 128, 256, 0, 0, 0);       // no transposed copy
+    adamw_fp8_case(2, 256, 128, 512, 256, 1);   // misaligned: declined, the two ops
+    adamw_fp8_case(8, 1024, 2048, 2048, 1024, 0); // OLMoE's up [E, 1024, 2048]
+    adamw_fp8_case(8, 2048, 1024, 2048, 0, 0);  // and its down
+}
+
 // ---- coverage: every compute op of Ops has a case
 
 static const char *const compute_ops[] = {
@@ -2576,6 +2662,7 @@ static const struct { const char *name; void (*fn)(void); } specials[] = {
     {"grouped_wgrad_tail", special_wgrad_tail},
     {"wgrad_sumsq", special_wgrad_sumsq},
     {"glu_forward", special_glu},
+    {"adamw_fp8", special_adamw_fp8},
     {"coverage", special_coverage},
     {"timed_table", special_timed_table},
     {"rope_paths", special_rope_paths},

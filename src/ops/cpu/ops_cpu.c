@@ -315,6 +315,13 @@ static void c_adamw_update(float *p, void *p_act, const float *g, float *m, floa
     cpu_adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t);
     if (p_act && p_act != p) memcpy(p_act, p, n * sizeof(float));
 }
+// the reference of the fused op: the two ops in turn
+static void c_adamw_update_fp8(float *p, const float *g, float *m, float *v, float lr, float beta1, float beta2,
+                               float eps, float wd, float grad_scale, int t, uint8_t *qw, float *sw, uint8_t *qwt,
+                               float *swt, int ldt, int col0, int E, int M, int K) {
+    cpu_adamw_update(p, g, m, v, (size_t)E * M * K, lr, beta1, beta2, eps, wd, grad_scale, t);
+    c_fp8_quantize_weights(qw, sw, qwt, swt, ldt, col0, p, E, M, K);
+}
 static void c_sum_squares(double *acc, const float *x, size_t n) { acc[0] += cpu_sum_squares(x, n); }
 static void c_sum_f64(double *acc, const double *x, size_t n) {
     double s = 0;
@@ -403,6 +410,7 @@ const Ops ops_cpu = {
     .copy_f32 = cpu_copy,
     .zero = c_zero,
     .adamw_update = c_adamw_update,
+    .adamw_update_fp8 = c_adamw_update_fp8,
     .sum_squares = c_sum_squares,
     .sum_f64 = c_sum_f64,
 };

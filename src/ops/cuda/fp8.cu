@@ -56,6 +56,7 @@
 // the FP8 grouped weight-grad, whose block scales vary along both output
 // axes (H200, OLMoE shapes: 1.18-1.21x the BF16 weight-grad, 553 TFLOP/s;
 // bench/results/2026-12-01-h200-issue18-wgrad-gpu.md).
+#include "ops/cuda/adamw.cuh"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/fp8_cuda.h"
 #include "ops/cuda/grouped_sched.cuh"
@@ -308,9 +309,20 @@ __device__ __forceinline__ void transpose4x4(uint32_t (&out)[4], const uint32_t 
 // 8c..8c+7 at byte columns 4 jw .. 4 jw + 3 (jw = jq, jq + 16), transposes
 // the 8 x 4 bytes in registers and writes 8 bytes to each of those 4 rows
 // of the transposed block.
+// ADAM (adamw_update_fp8): the block is first updated by AdamW (adamw.cuh:
+// w the FP32 main weights, their grads ga and moments ma, va at the same
+// offsets, written back) and the updated values quantised: the bits of
+// adamw_update followed by this kernel, in one pass over memory.
 constexpr int Q_LD = 136;
+__device__ __forceinline__ void store8(float *x, const float (&v)[8]) {
+    *(float4 *)x = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4 *)(x + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <bool ADAM = false>
 __global__ void __launch_bounds__(256) quantize_128x128_kernel(uint8_t *q, float *scale, uint8_t *qt, float *st,
-                                                                 const float *w, int ldt, int col0, int M, int K) {
+                                                                 const float *w, int ldt, int col0, int M, int K,
+                                                                 const float *ga = nullptr, float *ma = nullptr,
+                                                                 float *va = nullptr, AdamArgs adam = AdamArgs{}) {
     __shared__ float s_max[8];
     __shared__ __align__(16) uint8_t s_q[128 * Q_LD];
     int mb = M / 128, kb = K / 128;
@@ -321,7 +333,19 @@ __global__ void __launch_bounds__(256) quantize_128x128_kernel(uint8_t *q, float
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        load8(v[i], w + base + (size_t)(g + 16 * i) * K);
+        size_t at = base + (size_t)(g + 16 * i) * K;
+        load8(v[i], w + at);
+        if (ADAM) {
+            float gf[8], mf[8], vf[8];
+            load8(gf, ga + at);
+            load8(mf, ma + at);
+            load8(vf, va + at);
+#pragma unroll
+            for (int j = 0; j < 8; j++) adamw_apply(v[i][j], mf[j], vf[j], gf[j], adam);
+            store8(const_cast<float *>(w) + at, v[i]);
+            store8(ma + at, mf);
+            store8(va + at, vf);
+        }
 #pragma unroll
         for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[i][j]));
     }
@@ -1186,6 +1210,20 @@ extern "C" int cuda_fp8_quantize_128x128_t(uint8_t *q, float *scale, uint8_t *qt
     cudaLaunchCheck();
     return 0;
 }
+// adamw_update_fp8: AdamW on p [E, M, K] and its FP8 copies in one pass
+// (quantize_128x128_kernel<true>); -1 for sizes or buffers it does not take
+extern "C" int cuda_fp8_adamw_quantize_128x128_t(float *p, const float *g, float *m, float *v, float lr, float beta1,
+                                                 float beta2, float eps, float wd, float grad_scale, int t, uint8_t *q,
+                                                 float *scale, uint8_t *qt, float *st, int ldt, int col0, int E, int M,
+                                                 int K) {
+    if (E <= 0 || M <= 0 || K <= 0 || M % 128 || K % 128 || E > 65535) return -1;
+    if (qt && (ldt % 128 || col0 % 128 || col0 < 0 || col0 + M > ldt || ((uintptr_t)qt & 7))) return -1;
+    if (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) return -1;
+    quantize_128x128_kernel<true><<<dim3((unsigned)(M / 128 * (K / 128)), E), 256, 0, cuda_stream()>>>(
+        q, scale, qt, st, p, ldt, col0, M, K, g, m, v, adamw_args(lr, beta1, beta2, eps, wd, grad_scale, t));
+    cudaLaunchCheck();
+    return 0;
+}
 extern "C" int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, int M, int K) {
     return cuda_fp8_quantize_128x128_t(q, scale, NULL, NULL, 0, 0, w, E, M, K);
 }
@@ -1331,6 +1369,16 @@ static void fp8_ok(int rc, const char *what, int a, int b) {
 extern "C" void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0,
                                           const float *w, int E, int M, int K) {
     fp8_ok(cuda_fp8_quantize_128x128_t(qw, sw, qwt, swt, ldt, col0, w, E, M, K), "fp8_quantize_weights", M, K);
+}
+extern "C" void cuda_adamw_update_fp8(float *p, const float *g, float *m, float *v, float lr, float beta1,
+                                      float beta2, float eps, float wd, float grad_scale, int t, uint8_t *qw, float *sw,
+                                      uint8_t *qwt, float *swt, int ldt, int col0, int E, int M, int K) {
+    if (!cuda_fp8_adamw_quantize_128x128_t(p, g, m, v, lr, beta1, beta2, eps, wd, grad_scale, t, qw, sw, qwt, swt, ldt,
+                                           col0, E, M, K))
+        return;
+    // sizes or alignment the fused kernel does not take: the two ops
+    cuda_adamw_update(p, NULL, g, m, v, (size_t)E * M * K, lr, beta1, beta2, eps, wd, grad_scale, t);
+    cuda_fp8_quantize_weights(qw, sw, qwt, swt, ldt, col0, p, E, M, K);
 }
 extern "C" void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C) {
     fp8_ok(cuda_fp8_gather_quantize(q, s, x, token_of_row, R, C), "fp8_quantize_rows", R, C);

@@ -33,6 +33,15 @@ int cuda_fp8_quantize_128x128(uint8_t *q, float *scale, const float *w, int E, i
 // multiples of 128, col0 + M <= ldt.
 int cuda_fp8_quantize_128x128_t(uint8_t *q, float *scale, uint8_t *qt, float *st, int ldt, int col0, const float *w,
                                 int E, int M, int K);
+// AdamW (cuda_adamw_update's arguments) on p [E, M, K] with its grads g and
+// moments m, v, then its FP8 copies from the updated values as
+// cuda_fp8_quantize_128x128_t makes them, in one pass (the bits of the two);
+// -1 without running for sizes or buffers it does not take (the same rules,
+// and p, g, m, v 16-byte aligned). ops_cuda's adamw_update_fp8 falls back
+// to the two kernels then.
+int cuda_fp8_adamw_quantize_128x128_t(float *p, const float *g, float *m, float *v, float lr, float beta1, float beta2,
+                                      float eps, float wd, float grad_scale, int t, uint8_t *q, float *scale,
+                                      uint8_t *qt, float *st, int ldt, int col0, int E, int M, int K);
 // The same with row r of q read from row rows[r] of x (BF16): the permute's
 // gather and the quantiser in one pass.
 int cuda_fp8_gather_quantize(uint8_t *q, float *scale, const void *x, const int *rows, int R, int C);

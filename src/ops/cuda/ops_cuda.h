@@ -108,6 +108,9 @@ void cuda_loss_sum(double *acc, const float *losses, const int *targets, int N);
 // optim.cu: AdamW and the sum of squares (gradient norm)
 void cuda_adamw_update(float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, float grad_scale, int t);
+void cuda_adamw_update_fp8(float *p, const float *g, float *m, float *v, float lr, float beta1, float beta2, float eps,
+                           float wd, float grad_scale, int t, uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt,
+                           int col0, int E, int M, int K);
 void cuda_sum_squares(double *acc, const float *x, size_t n);
 void cuda_sum_f64(double *acc, const double *x, size_t n);
 

@@ -232,6 +232,11 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr, float beta1,           \
        float beta2, float eps, float wd, float grad_scale, int t),                                           \
       (p, p_act, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t))                                      \
+    X(adamw_update_fp8, C_OPTIM,                                                                             \
+      (float *p, const float *g, float *m, float *v, float lr, float beta1, float beta2, float eps, float wd, \
+       float grad_scale, int t, uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0, int E,   \
+       int M, int K),                                                                                        \
+      (p, g, m, v, lr, beta1, beta2, eps, wd, grad_scale, t, qw, sw, qwt, swt, ldt, col0, E, M, K))          \
     X(sum_squares, C_OPTIM, (double *acc, const float *x, size_t n), (acc, x, n))                            \
     X(sum_f64, C_OPTIM, (double *acc, const double *x, size_t n), (acc, x, n))
 

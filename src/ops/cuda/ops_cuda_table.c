@@ -105,6 +105,7 @@ const Ops ops_cuda = {
     .copy_f32 = cuda_copy_f32,
     .zero = cuda_zero,
     .adamw_update = cuda_adamw_update,
+    .adamw_update_fp8 = cuda_adamw_update_fp8,
     .sum_squares = cuda_sum_squares,
     .sum_f64 = cuda_sum_f64,
 };

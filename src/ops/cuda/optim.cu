@@ -8,13 +8,11 @@
 // blocks (fixed by n and the GPU) sums FP64 squares over a grid-stride loop
 // into one partial per block (block_sum), and sum_partials adds the partials
 // in order into acc.
+#include "ops/cuda/adamw.cuh"
 #include "ops/cuda/memkernels.cuh"
 
-// torch.optim.AdamW, with cpu_adamw_update's operations in its order and
-// without contraction into FMAs (__f*_rn), so p, m, v match the CPU's
-// bit for bit.
-static __global__ void adamw_kernel(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n, float beta1,
-                                    float beta2, float eps, float grad_scale, float step, float bc2_sqrt, float decay,
+// torch.optim.AdamW (adamw.cuh: cpu_adamw_update's bits)
+static __global__ void adamw_kernel(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n, AdamArgs a,
                                     bool vec) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i >= n) return;
@@ -23,15 +21,8 @@ static __global__ void adamw_kernel(float *p, bf16 *p_act, const float *g, float
     load8(g, i, n, vec, gf);
     load8(m, i, n, vec, mf);
     load8(v, i, n, vec, vf);
-    float b1c = __fsub_rn(1.f, beta1), b2c = __fsub_rn(1.f, beta2);
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float gi = __fmul_rn(gf[j], grad_scale);
-        mf[j] = __fadd_rn(__fmul_rn(beta1, mf[j]), __fmul_rn(b1c, gi));
-        vf[j] = __fadd_rn(__fmul_rn(beta2, vf[j]), __fmul_rn(__fmul_rn(b2c, gi), gi));
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vf[j]), bc2_sqrt), eps);
-        pf[j] = __fsub_rn(__fmul_rn(pf[j], decay), __fdiv_rn(__fmul_rn(step, mf[j]), denom));
-    }
+    for (int j = 0; j < 8; j++) adamw_apply(pf[j], mf[j], vf[j], gf[j], a);
     store8(p, i, n, vec, pf);
     store8(m, i, n, vec, mf);
     store8(v, i, n, vec, vf);
@@ -41,12 +32,10 @@ static __global__ void adamw_kernel(float *p, bf16 *p_act, const float *g, float
 extern "C" void cuda_adamw_update(float *p, void *p_act, const float *g, float *m, float *v, size_t n, float lr,
                                   float beta1, float beta2, float eps, float wd, float grad_scale, int t) {
     if (!n) return;
-    double bc1 = 1 - pow(beta1, t), bc2 = 1 - pow(beta2, t);
-    float step = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2), decay = 1 - lr * wd;
+    AdamArgs a = adamw_args(lr, beta1, beta2, eps, wd, grad_scale, t);
     if (p_act == (void *)p) p_act = NULL;
     bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!p_act || aligned16(p_act));
-    adamw_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(p, (bf16 *)p_act, g, m, v, n, beta1, beta2, eps,
-                                                               grad_scale, step, bc2_sqrt, decay, vec);
+    adamw_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream()>>>(p, (bf16 *)p_act, g, m, v, n, a, vec);
     cudaLaunchCheck();
 }
 
