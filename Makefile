@@ -29,8 +29,15 @@ CUDA_SRC  := $(sort $(wildcard src/ops/cuda/*.cu src/dist/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=build/%.o)
 CFLAGS    += -DMOECORE_CUDA -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O3 -lineinfo
-NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -DMOECORE_CUDA \
+NVCC_ARCH := -gencode=arch=compute_90a,code=sm_90a
+NVCCFLAGS += -std=c++17 $(NVCC_ARCH) -Isrc -DMOECORE_CUDA \
              --expt-relaxed-constexpr -Xcompiler -Wall,-Wno-unused-function
+# The Blackwell MXFP8 GEMM (fp8_sm100.cu, compile-only: never run here) is
+# built for sm_100a instead where nvcc knows compute_100; elsewhere without
+# its kernel (MOECORE_SM100A unset), and its function says so.
+ifneq ($(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),)
+build/src/ops/cuda/fp8_sm100.o: NVCC_ARCH := -gencode=arch=compute_100a,code=sm_100a -DMOECORE_SM100A
+endif
 NVCCFLAGS += -DMOECORE_CUDA_LIB_DIR='"$(CUDA_HOME)/lib64"'
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif

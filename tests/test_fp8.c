@@ -12,7 +12,9 @@
 // - the FP8 GEMM reference against a naive double-precision triple loop
 //   over the dequantised operands, and its error against the unquantised
 //   FP32 product (what FP8 costs); the dense FP8 GEMM's (transposed
-//   activation scales, the data-grad's transposed weights) likewise;
+//   activation scales, the data-grad's transposed weights) likewise; the
+//   MXFP8 GEMM's exactly on values whose sums are exact in FP32, and within
+//   the FP32 summation bound on random ones;
 // - the FP8 dispatch payload: rows quantised at the source, packed, moved
 //   and unpacked equal the rows quantised after the dispatch.
 #include <check.h>
@@ -341,6 +343,101 @@ START_TEST(test_grouped_matmul_ref) {
 }
 END_TEST
 
+// The MXFP8 GEMM reference (the Blackwell kernel's), C a multiple of 32 but
+// not of 128, with an empty expert and one of a single row:
+// - exact: codes of small values (0, +-0.5 .. +-4) and scale bytes 2^-2 ..
+//   2^2, so that every product is a multiple of 2^-6 of at most 2^8 and every
+//   sum of C of them below 2^15: exact in FP32 whatever the order, so the
+//   result must equal the integer-exact sum (in double) bit for bit; then a
+//   NaN scale byte (0xff) makes its row NaN and leaves the others' bits;
+// - random values quantised by fp8_quantize_mx, with magnitudes that change
+//   from one 32-block to the next (so a scale applied to the wrong block
+//   shows): each element within C 2^-24 sum |a_k w_k| of the double sum of
+//   the dequantised operands (FP32 summation of C terms in any order).
+static int mx_code_of(double v) { // the E4M3 code of v, by search over the decoder's oracle
+    for (int b = 0; b < 256; b++)
+        if (oracle_decode(b) == v) return b;
+    return -1;
+}
+// sum_c deq(qa[r]) deq(qw_e[o]) in double, and sum |..| in *abs_sum
+static double mx_dot(const uint8_t *qa, const uint8_t *sa, const uint8_t *qw, const uint8_t *sw, int r, int e, int o,
+                     int OC, int C, double *abs_sum) {
+    int nb = (C + 31) / 32;
+    double acc = 0, mag = 0;
+    size_t wr = (size_t)e * OC + o;
+    for (int c = 0; c < C; c++) {
+        double x = oracle_decode(qa[(size_t)r * C + c]) * ldexp(1.0, sa[(size_t)r * nb + c / 32] - 127);
+        double y = oracle_decode(qw[wr * C + c]) * ldexp(1.0, sw[wr * nb + c / 32] - 127);
+        acc += x * y;
+        mag += fabs(x * y);
+    }
+    if (abs_sum) *abs_sum = mag;
+    return acc;
+}
+
+START_TEST(test_grouped_matmul_mx_ref) {
+    { // exact
+        int E = 3, C = 96, OC = 7, nb = C / 32;
+        int off[4] = {0, 5, 5, 11};
+        int R = off[E];
+        static const double vals[13] = {0, 0.5, -0.5, 1, -1, 1.5, -1.5, 2, -2, 3, -3, 4, -4};
+        uint8_t *qa = malloc((size_t)R * C), *sa = malloc((size_t)R * nb);
+        uint8_t *qw = malloc((size_t)E * OC * C), *sw = malloc((size_t)E * OC * nb);
+        for (size_t i = 0; i < (size_t)R * C; i++) qa[i] = (uint8_t)mx_code_of(vals[(int)(urand() * 13)]);
+        for (size_t i = 0; i < (size_t)E * OC * C; i++) qw[i] = (uint8_t)mx_code_of(vals[(int)(urand() * 13)]);
+        for (size_t i = 0; i < (size_t)R * nb; i++) sa[i] = (uint8_t)(125 + (int)(urand() * 5));
+        for (size_t i = 0; i < (size_t)E * OC * nb; i++) sw[i] = (uint8_t)(125 + (int)(urand() * 5));
+        float *out = malloc((size_t)R * OC * 4), *again = malloc((size_t)R * OC * 4);
+        fp8_grouped_matmul_mx_ref(out, qa, sa, qw, sw, off, E, C, OC);
+        int nonzero = 0;
+        for (int e = 0; e < E; e++)
+            for (int r = off[e]; r < off[e + 1]; r++)
+                for (int o = 0; o < OC; o++) {
+                    double want = mx_dot(qa, sa, qw, sw, r, e, o, OC, C, NULL);
+                    float got = out[(size_t)r * OC + o];
+                    ck_assert_msg((double)got == want, "exact MX GEMM row %d col %d: %.9g, want %.9g", r, o, got, want);
+                    nonzero += want != 0;
+                }
+        ck_assert_int_gt(nonzero, R * OC / 2);
+        // a NaN scale byte: row 2's second block
+        sa[2 * nb + 1] = 0xff;
+        fp8_grouped_matmul_mx_ref(again, qa, sa, qw, sw, off, E, C, OC);
+        for (int r = 0; r < R; r++)
+            for (int o = 0; o < OC; o++) {
+                size_t i = (size_t)r * OC + o;
+                if (r == 2) ck_assert_msg(isnan(again[i]), "NaN scale: row 2 col %d is %g", o, again[i]);
+                else ck_assert_msg(f_bits(again[i]) == f_bits(out[i]), "NaN scale of row 2 changed row %d", r);
+            }
+        free(qa); free(sa); free(qw); free(sw); free(out); free(again);
+    }
+    { // random, against the double sum within the FP32 bound
+        int E = 5, C = 32 * 7, OC = 40, nb = C / 32;
+        int off[6] = {0, 13, 13, 50, 51, 90}; // an empty expert, one of one row
+        int R = off[E];
+        float *a = malloc((size_t)R * C * 4), *w = malloc((size_t)E * OC * C * 4);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) a[(size_t)r * C + c] = (float)ldexp(urand() * 2 - 1, (c / 32) % 5 - 2);
+        for (int i = 0; i < E * OC; i++)
+            for (int c = 0; c < C; c++) w[(size_t)i * C + c] = (float)ldexp((urand() * 2 - 1) * 0.05, 2 - (c / 32) % 3);
+        uint8_t *qa = malloc((size_t)R * C), *sa = malloc((size_t)R * nb);
+        uint8_t *qw = malloc((size_t)E * OC * C), *sw = malloc((size_t)E * OC * nb);
+        fp8_quantize_mx(qa, sa, a, R, C);
+        fp8_quantize_mx(qw, sw, w, E * OC, C);
+        float *out = malloc((size_t)R * OC * 4);
+        fp8_grouped_matmul_mx_ref(out, qa, sa, qw, sw, off, E, C, OC);
+        for (int e = 0; e < E; e++)
+            for (int r = off[e]; r < off[e + 1]; r++)
+                for (int o = 0; o < OC; o++) {
+                    double mag, want = mx_dot(qa, sa, qw, sw, r, e, o, OC, C, &mag);
+                    double err = fabs(out[(size_t)r * OC + o] - want), bound = C * 0x1p-24 * mag;
+                    ck_assert_msg(err <= bound, "MX GEMM row %d col %d: %.9g, want %.9g (|err| %.3g > bound %.3g)", r,
+                                  o, out[(size_t)r * OC + o], want, err, bound);
+                }
+        free(a); free(w); free(qa); free(sa); free(qw); free(sw); free(out);
+    }
+}
+END_TEST
+
 // ---- the data-grads: transposed weights, the gate/up pair ---------------------------
 
 // fp8_transpose_128x128 moves the forward copy's bytes and scales, and the
@@ -589,6 +686,7 @@ int main(void) {
     tcase_add_test(tc, test_quantize_128x128);
     tcase_add_test(tc, test_quantize_mx);
     tcase_add_test(tc, test_grouped_matmul_ref);
+    tcase_add_test(tc, test_grouped_matmul_mx_ref);
     tcase_add_test(tc, test_dgrad_ref);
     tcase_add_test(tc, test_quantize_pair);
     tcase_add_test(tc, test_fake_quantize_128x1);

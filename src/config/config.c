@@ -668,8 +668,8 @@ static int validate(RunConfig *c, int world, char *err, size_t errlen) {
              "which is not set");
     if (t->precision == PRECISION_FP8) {
         if (c->fp8.recipe == FP8_RECIPE_MXFP8)
-            FAIL("fp8.recipe: mxfp8 is not implemented for training: no GEMM consumes MXFP8 here (Blackwell's "
-                 "tensor cores would; the H200 has none); use fp8.recipe: block128");
+            FAIL("fp8.recipe: mxfp8 is not implemented for training: the MXFP8 GEMM is Blackwell's (compiled for "
+                 "sm_100a, never run, no training path calls it; README, FP8); use fp8.recipe: block128");
         if (c->model.n_experts <= 0)
             FAIL("train.precision: fp8 with fp8.gemms: %s needs MoE layers (model.n_experts > 0)",
                  c->fp8.gemms == FP8_GEMMS_EXPERTS_DENSE ? "experts_dense" : "experts");

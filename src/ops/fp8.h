@@ -106,6 +106,15 @@ void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, 
 // is this function with qa = dY [R, OC] and qw = W^T [E, C, OC].
 void fp8_grouped_matmul_ref(float *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                             const int *offsets, int E, int C, int OC);
+// The MXFP8 grouped GEMM reference (the Blackwell kernel's, fp8_sm100.cu):
+// out[R, OC] (FP32) = dequant_mx(qa) dequant_mx(qw_e)^T over the expert
+// segments offsets[e]..offsets[e+1] (host offsets), qa [R, C] with scale
+// bytes sa [R, ceil(C/32)], qw [E, OC, C] with sw [E, OC, ceil(C/32)]
+// (fp8_quantize_mx's layouts; a weight is OC rows of C). The dequantised
+// values (E4M3 times a power of two) and their products are exact in FP32
+// unless they leave its range; the sums are FP32's (ops_cpu's product).
+void fp8_grouped_matmul_mx_ref(float *out, const uint8_t *qa, const uint8_t *sa, const uint8_t *qw, const uint8_t *sw,
+                               const int *offsets, int E, int C, int OC);
 
 // The dense FP8 GEMMs' activations (fp8.gemms: experts_dense): the codes
 // and scales of fp8_quantize_1x128 with the scales transposed, st [C/128,

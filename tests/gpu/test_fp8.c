@@ -30,7 +30,8 @@
 // Argument "dgrad": the data-grad checks and the small GEMM check only;
 // "gemm": the grouped GEMM checks (every kernel variant) and the data-grads;
 // "wgrad": wgrad_tests only; "payload": test_payload only; "dense":
-// dense_tests only.
+// dense_tests only; "mx": the Blackwell MXFP8 grouped GEMM (mx_tests, on a
+// compute capability 10.0 GPU only; elsewhere it says it skipped).
 // Ends with "N passed, N failed".
 #include <math.h>
 #include <stdint.h>
@@ -41,6 +42,7 @@
 #include "gpu_test_util.h"
 #include "ops/cuda/fp8_cuda.h"
 #include "ops/fp8.h"
+#include "ops/ops.h"
 
 static void check_rc(int rc, const char *what) {
     if (rc) {
@@ -866,6 +868,111 @@ static void test_payload(void) {
     cuda_free(ds); cuda_free(dsl); cuda_free(drecv);
 }
 
+// The MXFP8 grouped GEMM on Blackwell (fp8_sm100.cu, mode "mx"; compile-only
+// where no compute capability 10.0 GPU is at hand: then it says it skipped
+// and counts nothing). Operands quantised by the CPU reference
+// (fp8_quantize_mx), with magnitudes that change from one 32-block of K to
+// the next, so that a scale applied to the wrong block shows. Every output
+// element against fp8_grouped_matmul_mx_ref rounded to BF16, within
+//   2^-7 |ref| + 1.01 * 2 C 2^-24 sum_k |a_k w_k|:
+// the kernel's and the reference's FP32 sums of C terms each lie within
+// C 2^-24 sum |a_k w_k| of the exact sum (any order), and the two roundings
+// to BF16 (8 significant bits) within 2^-8 of each value. The output has
+// 64 rows past R, poisoned like the rest: they must keep their poison,
+// and every element of the R rows must be written (finite).
+static int mx_off(int *off, int E, int R_min) { // random segments: every 5th empty, expert 0 of one row
+    int avg = R_min / (E - E / 5) + 1;
+    off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        int n = e % 5 == 2 ? 0 : e == 0 ? 1 : avg / 2 + gt_irand(avg + 1);
+        off[e + 1] = off[e] + n;
+    }
+    if (off[E] < R_min) off[E] = R_min; // the last expert takes the rows short of R_min
+    return off[E];
+}
+
+static void test_mx_gemm(const char *name, int E, int R_min, int C, int OC) {
+    int *off = gt_malloc((E + 1) * sizeof(int));
+    int R = mx_off(off, E, R_min), pad = 64, nb = C / 32;
+    size_t na = (size_t)R * C, nw = (size_t)E * OC * C, no = (size_t)R * OC, nall = (size_t)(R + pad) * OC;
+    float *a = gt_malloc(na * 4), *w = gt_malloc(nw * 4);
+    gt_fill(a, na, GT_NORMAL, 0, 1, 0, 41);
+    gt_fill(w, nw, GT_NORMAL, 0, 1 / sqrtf((float)C), 0, 42);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < na; i++) a[i] = ldexpf(a[i], (int)(i % C / 32 % 7) - 3);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nw; i++) w[i] = ldexpf(w[i], 2 - (int)(i % C / 32 % 5));
+    uint8_t *qa = gt_malloc(na), *sa = gt_malloc((size_t)R * nb), *qw = gt_malloc(nw), *sw = gt_malloc((size_t)E * OC * nb);
+    fp8_quantize_mx(qa, sa, a, R, C);
+    fp8_quantize_mx(qw, sw, w, E * OC, C);
+    float *ref = gt_malloc(no * 4), *mag = gt_malloc(no * 4);
+    fp8_grouped_matmul_mx_ref(ref, qa, sa, qw, sw, off, E, C, OC);
+    // sum_k |a_k w_k| per element: the same product of the operands' magnitudes
+    fp8_dequantize_mx(a, qa, sa, R, C);
+    fp8_dequantize_mx(w, qw, sw, E * OC, C);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < na; i++) a[i] = fabsf(a[i]);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nw; i++) w[i] = fabsf(w[i]);
+    ops_cpu.grouped_matmul_forward(mag, a, w, off, E, C, OC);
+
+    uint8_t *dqa = gt_dev_bytes(qa, na), *dsa = gt_dev_bytes(sa, (size_t)R * nb);
+    uint8_t *dqw = gt_dev_bytes(qw, nw), *dsw = gt_dev_bytes(sw, (size_t)E * OC * nb);
+    int *doff = gt_dev_bytes(off, (E + 1) * sizeof(int));
+    void *dout = cuda_alloc(nall * 2);
+    gt_poison(dout, nall * 2);
+    int rc = cuda_mxfp8_grouped_forward(dout, dqa, dsa, dqw, dsw, doff, R, E, C, OC);
+    char what[160];
+    snprintf(what, sizeof what, "MXFP8 grouped forward %s: E %d, R %d, %d -> %d", name, E, R, C, OC);
+    if (rc) {
+        gt_ok(0, "%s: refused: %s", what, cuda_mxfp8_error(rc));
+    } else {
+        uint16_t *got = gt_host_bytes(dout, nall * 2);
+        size_t over = 0, unwritten = 0, past = 0, worst_i = 0;
+        double worst = 0;
+        for (size_t i = 0; i < no; i++) {
+            float g = bf2f(got[i]), rb = bf2f(f2bf(ref[i]));
+            double tol = 0x1p-7 * fabs(ref[i]) + 1.01 * 2 * C * 0x1p-24 * mag[i];
+            if (!isfinite(g)) { unwritten++; continue; }
+            double d = fabs((double)g - rb);
+            if (d > tol) over++;
+            if (d / (tol > 0 ? tol : 1e-30) > worst) { worst = d / (tol > 0 ? tol : 1e-30); worst_i = i; }
+        }
+        for (size_t i = no; i < nall; i++) past += got[i] != 0xffff;
+        gt_ok(over == 0 && unwritten == 0, "%s: %zu of %zu elements over the bound, %zu not written; largest "
+              "|diff| / bound %.3g at [%zu, %zu] (got %.6g, ref %.6g)", what, over, no, unwritten, worst,
+              worst_i / OC, worst_i % OC, bf2f(got[worst_i]), ref[worst_i]);
+        gt_ok(past == 0, "%s: the %d x %d elements past the last row keep their poison (%zu written)", what, pad, OC,
+              past);
+        free(got);
+    }
+    free(off); free(a); free(w); free(qa); free(sa); free(qw); free(sw); free(ref); free(mag);
+    cuda_free(dqa); cuda_free(dsa); cuda_free(dqw); cuda_free(dsw); cuda_free(doff); cuda_free(dout);
+}
+
+static void mx_tests(void) {
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+        gt_ok(0, "test_fp8 mx: no CUDA device");
+        return;
+    }
+    if (prop.major != 10) {
+        printf("test_fp8 mx: skipped: needs a compute capability 10.x GPU (this is %s, %d.%d)\n", prop.name,
+               prop.major, prop.minor);
+        return;
+    }
+    if (prop.minor != 0) { // sm_100a code loads on 10.0 only
+        printf("test_fp8 mx: skipped: the kernel is built for sm_100a, which runs on compute capability 10.0 only "
+               "(this is %s, %d.%d)\n", prop.name, prop.major, prop.minor);
+        return;
+    }
+    test_mx_gemm("OLMoE-like up", 8, 4096, 2048, 1024);
+    test_mx_gemm("OLMoE-like down", 8, 4096, 1024, 2048);
+    test_mx_gemm("OLMoE up", 64, 16384, 2048, 1024);
+    test_mx_gemm("OLMoE down", 64, 16384, 1024, 2048);
+}
+
 static void wgrad_tests(void) {
     int edges[9] = {0, 0, 1, 128, 256, 385, 512, 512, 900}; // empty, 1, 127, 128, 129, 127, empty, 388 rows
     test_fake_quantize_128x1("edges", edges, 8, 328, 37);
@@ -880,12 +987,27 @@ static void wgrad_tests(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "mx")) {
+        mx_tests();
+        return gt_finish();
+    }
     if (argc > 1 && !strcmp(argv[1], "payload")) {
         test_payload();
         return gt_finish();
     }
     if (argc > 1 && !strcmp(argv[1], "dense")) {
         dense_tests();
+        return gt_finish();
+    }
+    if (argc > 1 && !strcmp(argv[1], "quant")) { // the quantisers alone, bit for bit
+        test_encode_all();
+        test_div_bf16_all();
+        test_fused();
+        test_quantize_1x128(1);
+        test_quantize_1x128(0);
+        test_quantize_128x128();
+        test_transposed();
+        test_swiglu_backward_quantize();
         return gt_finish();
     }
     if (argc > 1 && !strcmp(argv[1], "wgrad")) {

@@ -233,6 +233,18 @@ void fp8_grouped_matmul_ref(float *out, const uint8_t *qa, const float *sa, cons
     free(w);
 }
 
+void fp8_grouped_matmul_mx_ref(float *out, const uint8_t *qa, const uint8_t *sa, const uint8_t *qw, const uint8_t *sw,
+                               const int *offsets, int E, int C, int OC) {
+    int R = offsets[E];
+    float *a = mallocCheck((size_t)R * C * sizeof(float) + 1);
+    float *w = mallocCheck((size_t)E * OC * C * sizeof(float) + 1);
+    fp8_dequantize_mx(a, qa, sa, R, C);
+    fp8_dequantize_mx(w, qw, sw, E * OC, C); // [E, OC, C] is E * OC rows of C, scales alike
+    ops_cpu.grouped_matmul_forward(out, a, w, offsets, E, C, OC);
+    free(a);
+    free(w);
+}
+
 void fp8_quantize_1x128_t(uint8_t *q, float *st, const float *x, int R, int C) {
     int nt = C / FP8_BLOCK;
     float *s = mallocCheck((size_t)R * nt * sizeof(float) + 1);

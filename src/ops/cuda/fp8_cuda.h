@@ -108,6 +108,25 @@ int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, cons
 // benchmarks and tests only; fp8.cu says what each does): the same bits.
 #define FP8_GEMM_VARIANTS 4
 
+// The MXFP8 grouped GEMM forward on Blackwell (fp8_sm100.cu; COMPILE-ONLY:
+// built for sm_100a where nvcc has it, never run: no Blackwell GPU was
+// available; tests/gpu/test_fp8 mx is its check). out[R, OC] (BF16) =
+// dequant_mx(qa) dequant_mx(qw_e)^T over the segments offsets[e]..
+// offsets[e+1] (device offsets, offsets[E] == R): qa [R, C] with E8M0 scale
+// bytes sa [R, C/32], qw [E, OC, C] with sw [E, OC, C/32] (fp8_quantize_mx's
+// layouts; reference fp8_grouped_matmul_mx_ref), FP32 accumulation in
+// tensor memory; only rows of segments are written. On cuda_stream().
+// Returns 0, or one of the codes below having launched nothing;
+// cuda_mxfp8_error(rc) says why in words. C % 128 == 0, OC % 128 == 0, qa,
+// qw, out 16-byte aligned, sa, sw 4-byte aligned.
+#define CUDA_MXFP8_NOT_BUILT (-1) // this build's nvcc had no sm_100a
+#define CUDA_MXFP8_DEVICE (-2)    // the current device is not compute capability 10.0
+#define CUDA_MXFP8_SIZES (-3)     // sizes or alignment not taken
+#define CUDA_MXFP8_NO_TMA (-4)    // no tensor maps from the driver
+int cuda_mxfp8_grouped_forward(void *out, const uint8_t *qa, const uint8_t *sa, const uint8_t *qw, const uint8_t *sw,
+                               const int *offsets, int R, int E, int C, int OC);
+const char *cuda_mxfp8_error(int rc);
+
 #ifdef __cplusplus
 }
 #endif
