@@ -2468,8 +2468,10 @@ static void special_glu(void) {
 // adamw_update followed by fp8_quantize_weights on the GPU (every output
 // NaN-poisoned first, the transposed copy's other columns included); a
 // block whose weights, grads and moments are all zero (the amax floor);
-// through the op table the same; and on buffers that are not 16-byte
-// aligned the fused kernel declines (-1) and the op falls back to the two.
+// through the op table the same; and with grads and moments that are not
+// 16-byte aligned the fused kernel declines (-1) and the op falls back to
+// the two (the weights themselves stay aligned, as fp8_quantize_weights
+// needs; the optimizer's tensors always are).
 
 static void adamw_fp8_case(int E, int M, int K, int ldt, int col0, int mis) {
     size_t n = (size_t)E * M * K, ns = (size_t)E * (M / 128) * (K / 128), nt = ldt ? (size_t)E * K * ldt : 0;
@@ -2490,7 +2492,7 @@ static void adamw_fp8_case(int E, int M, int K, int ldt, int col0, int mis) {
     for (int k = 0; k < 3; k++) { // 0: the two ops, 1: the fused kernel, 2: the op table
         for (int i = 0; i < 4; i++) {
             char *d = dkeep(gpu->alloc(n * 4 + 16));
-            buf[k][i] = d + (mis ? 4 : 0);
+            buf[k][i] = d + (mis && i != 1 ? 4 : 0); // p stays aligned: fp8_quantize_weights reads it by 16 bytes
             cuda_to_device(buf[k][i], h[i], n * 4);
         }
         q[k] = dev_poison(n), sc[k] = dev_poison(ns * 4);

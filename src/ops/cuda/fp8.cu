@@ -96,13 +96,18 @@ __device__ __forceinline__ float div_bf16(float x, Recip d) {
     float e = __fmaf_rn(-q, d.s, x);
     return e == 0.0f || !isfinite(q) ? q : __fmaf_rn(e, d.r, q);
 }
+// e4m3 of a, b, c, d in bytes 0..3: two values per conversion
+// (cvt.rn.satfinite.e4m3x2.f32, the instruction e4m3 uses for one)
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+    uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return lo | hi << 16;
+}
 __device__ __forceinline__ uint32_t pack4(float a, float b, float c, float d, float s) {
-    return (uint32_t)e4m3(__fdiv_rn(a, s)) | (uint32_t)e4m3(__fdiv_rn(b, s)) << 8 |
-           (uint32_t)e4m3(__fdiv_rn(c, s)) << 16 | (uint32_t)e4m3(__fdiv_rn(d, s)) << 24;
+    return e4m3x4(__fdiv_rn(a, s), __fdiv_rn(b, s), __fdiv_rn(c, s), __fdiv_rn(d, s));
 }
 __device__ __forceinline__ uint32_t pack4(float a, float b, float c, float d, Recip s) {
-    return (uint32_t)e4m3(div_bf16(a, s)) | (uint32_t)e4m3(div_bf16(b, s)) << 8 |
-           (uint32_t)e4m3(div_bf16(c, s)) << 16 | (uint32_t)e4m3(div_bf16(d, s)) << 24;
+    return e4m3x4(div_bf16(a, s), div_bf16(b, s), div_bf16(c, s), div_bf16(d, s));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -205,11 +210,12 @@ __device__ __forceinline__ void quantize_tile8(uint8_t *q, float *scale, const f
 // fp8_fake_quantize_rows, the bits of quantise then dequantise.
 template <typename T, bool FAKE = false>
 __global__ void quantize_1x128_kernel(uint8_t *q, float *scale, const T *x, const int *rows, int R, int C) {
-    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, e0 = t * 8;
+    uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; // R C / 8 < 2^32 (the launcher)
+    size_t e0 = (size_t)t * 8;
     bool live = e0 < (size_t)R * C; // whole tiles are live or not (C % 128 == 0)
     float v[8];
     if (live) {
-        size_t r = e0 / C, c = e0 % C;
+        uint32_t cw = (uint32_t)C / 8, r = t / cw, c = (t - r * cw) * 8; // 32-bit: no 64-bit division
         load8(v, x + (size_t)(rows ? rows[r] : (int)r) * C + c);
     }
     quantize_tile8<sizeof(T) == 2, FAKE>(q, scale, v, live, e0);
@@ -239,10 +245,11 @@ __global__ void swiglu_quantize_kernel(uint8_t *q, float *scale, const bf16 *gat
 // 16-thread group holds one tile of each).
 __global__ void swiglu_backward_quantize_kernel(bf16 *dgate, bf16 *dup, uint8_t *q, float *scale, const bf16 *dout,
                                                 const bf16 *gate, const bf16 *up, size_t n, int F) {
-    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, e0 = t * 8;
+    uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; // n / 8 < 2^32 (the launcher)
+    size_t e0 = (size_t)t * 8;
     bool live = e0 < n;
     float vg[8], vu[8];
-    size_t r = live ? e0 / F : 0, c = live ? e0 % F : 0;
+    uint32_t fw = (uint32_t)F / 8, r = live ? t / fw : 0, c = live ? (t - r * fw) * 8 : 0;
     if (live) {
         float g[8], u[8], d[8];
         load8(g, gate + e0);
@@ -264,7 +271,7 @@ __global__ void swiglu_backward_quantize_kernel(bf16 *dgate, bf16 *dup, uint8_t 
         *(uint4 *)(dgate + e0) = make_uint4(og[0], og[1], og[2], og[3]);
         *(uint4 *)(dup + e0) = make_uint4(ou[0], ou[1], ou[2], ou[3]);
     }
-    size_t q0 = r * 2 * F + c;
+    size_t q0 = (size_t)r * 2 * F + c;
     quantize_tile8<true>(q, scale, vg, live, q0);
     quantize_tile8<true>(q, scale, vu, live, q0 + F);
 }
@@ -1139,6 +1146,7 @@ static int quantize_1x128(uint8_t *q, float *scale, const T *x, const int *rows,
     if (R < 0 || C <= 0 || C % 128) return -1;
     size_t threads = (size_t)R * C / 8;
     if (!threads) return 0;
+    if (threads > 0xffffff00u) return -1; // the kernel's 32-bit thread index
     quantize_1x128_kernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>(q, scale, x, rows, R, C);
     cudaLaunchCheck();
     return 0;
@@ -1156,6 +1164,7 @@ extern "C" int cuda_fp8_gather_fake_quantize(void *out, const void *x, const int
     if (R < 0 || C <= 0 || C % 128 || ((uintptr_t)out | (uintptr_t)x) & 15) return -1;
     size_t threads = (size_t)R * C / 8;
     if (!threads) return 0;
+    if (threads > 0xffffff00u) return -1; // the kernel's 32-bit thread index
     quantize_1x128_kernel<bf16, true><<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>(
         (uint8_t *)out, NULL, (const bf16 *)x, rows, R, C);
     cudaLaunchCheck();
@@ -1177,6 +1186,7 @@ extern "C" int cuda_fp8_swiglu_backward_quantize_1x128(void *dgate, void *dup, u
     size_t n = (size_t)R * F, threads = n / 8;
     if (!threads) return 0;
     if (((uintptr_t)dgate | (uintptr_t)dup | (uintptr_t)dout | (uintptr_t)gate | (uintptr_t)up) & 15) return -1;
+    if (threads > 0xffffff00u) return -1; // the kernel's 32-bit thread index
     swiglu_backward_quantize_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, cuda_stream()>>>(
         (bf16 *)dgate, (bf16 *)dup, q, scale, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n, F);
     cudaLaunchCheck();
