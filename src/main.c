@@ -169,7 +169,12 @@ int main(int argc, char **argv) {
         comm_finalize();
         return rc;
     }
-    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "bench")) { // under mpirun as train is: every rank runs the configs, rank 0 reports
+        comm_init(&argc, &argv);
+        int rc = cmd_bench(argc - 2, argv + 2);
+        comm_finalize();
+        return rc;
+    }
     if (!strcmp(argv[1], "schedule")) return cmd_schedule(argc - 2, argv + 2);
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 2, argv + 2);

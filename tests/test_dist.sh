@@ -27,7 +27,8 @@
 #     expert share of the layout, and agrees with what was allocated;
 #  6. rank 0 locks the run directory (the ranks of one job never refuse each
 #     other: every run above has several), and a second job on a run directory
-#     in use ends with the holder's pid, not a hang.
+#     in use ends with the holder's pid, not a hang;
+#  7. moecore bench under mpirun runs one job of all the ranks and prints one table.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -225,6 +226,19 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "is in use by another trainer (pi
   ok "a 2-rank job on a run directory in use: exit $rc, $(grep -m1 'moecore: error' "$tmp/second.log")"
 else
   tail -n 5 "$tmp/second.log"; bad "2-rank job on a locked run directory: exit $rc (124 = hang)"
+fi
+
+# ---- 7. moecore bench under mpirun ------------------------------------------------------------------
+# every rank runs the config as one job (2 ranks in the run header), rank 0
+# alone prints the table, once (before, bench did not start MPI: each
+# process was a job of one and refused parallel.dp 2)
+out=$(timeout 120 mpirun --oversubscribe -np 2 "$bin" bench configs/tiny.yaml --steps=3 --warmup=1 \
+      --parallel.dp=2 --train.micro_batch=4 --model.seq_len=32 --device.type=cpu 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "^parallel: 2 ranks, dp 2" <<<"$out" && [ "$(grep -c '^config ' <<<"$out")" = 1 ] \
+   && [ "$(grep -c '^== bench' <<<"$out")" = 1 ] && grep -qE "^configs/tiny.yaml +[0-9]+" <<<"$out"; then
+  ok "bench under mpirun -np 2: one 2-rank job, one table ($(grep -E '^configs/tiny.yaml' <<<"$out" | tr -s ' '))"
+else
+  echo "$out" | tail -n 8; bad "bench under mpirun -np 2: exit $rc"
 fi
 
 echo "$fails failures"

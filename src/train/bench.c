@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dist/launch.h"
 #include "train/train.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -61,6 +62,11 @@ int cmd_bench(int argc, char **argv) {
         opt.timed_ops = 1;
         opt.timed_from = warmup;
     }
+    // several ranks (mpirun, torchrun, srun: one per GPU): each runs every
+    // config in its own temporary run directory; rank 0 prints and records
+    LaunchInfo li;
+    char lerr[256];
+    int quiet = launch_detect(&li, lerr, sizeof lerr) == 0 && li.rank != 0;
     char rows[32][256];
     int rc = 0;
     for (int c = 0; c < nc; c++) {
@@ -82,7 +88,7 @@ int cmd_bench(int argc, char **argv) {
         // events time each op only when the ops are launched one by one;
         // last, so that it wins over an override
         if (breakdown) args[n++] = "--device.cuda_graph=false";
-        printf("== bench %s\n", configs[c]);
+        if (!quiet) printf("== bench %s\n", configs[c]);
         fflush(stdout);
         int r = train_run(n, args, &opt);
         if (r) { rc = r; snprintf(rows[c], sizeof rows[c], "%-36s failed (exit %d)", configs[c], r); continue; }
@@ -122,7 +128,7 @@ int cmd_bench(int argc, char **argv) {
         if (mfu_known) snprintf(mfu_s, sizeof mfu_s, "%.1f%%", 100 * mm);
         snprintf(rows[c], sizeof rows[c], "%-36s %12.0f %10.1f %8s %10.1f GiB %10.6f", configs[c], mt, mf,
                  mfu_s, (mem > 0 ? mem : mem_host) / 1024, last_loss);
-        if (record) {
+        if (record && !quiet) {
             FILE *rf = fopen(record, "a");
             if (!rf) { fprintf(stderr, "moecore: bench: cannot append to %s\n", record); rc = 2; }
             else {
@@ -155,6 +161,7 @@ int cmd_bench(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/run", dir);
         if (fs_remove_dir(path) == 0) fs_remove_dir(dir);
     }
+    if (quiet) return rc;
     printf("\n%-36s %12s %10s %8s %14s %10s\n", "config", "tokens/s", "TFLOP/s", "MFU", "memory", "last loss");
     for (int c = 0; c < nc; c++) printf("%s\n", rows[c]);
     return rc;
