@@ -234,7 +234,7 @@ bench() {
 }
 pyc() { "$py" "$work/mg.py" "$@"; }   # the parsers below
 cfgval() { awk -v k="$2:" '$1 == k { print $2; exit }' "$1"; }   # a top-level-looking key of a config
-graph_ok() { grep -q "cuda graph: on" "$work/$1.log" && ! grep -q "running uncaptured" "$work/$1.log"; }
+graph_ok() { grep -q "cuda graph: captured" "$work/$1.log" && ! grep -q "running uncaptured" "$work/$1.log"; }
 
 cat > "$work/mg.py" <<'PY'
 # Parsers of multi-gpu.sh: each command prints one summary text and exits with the verdict
@@ -584,7 +584,7 @@ step_correct() {
     report correct exact 5 "ep$N symmetric captured as a CUDA graph: skipped on cpu (no CUDA graphs on CPU ranks)"
   elif [ -f "$work/ep${N}_sym/metrics.jsonl" ]; then
     if graph_ok "ep${N}_sym"; then
-      report correct exact 0 "ep$N symmetric captured as a CUDA graph: the header says 'cuda graph: on' and no capture failed over $CS steps"
+      report correct exact 0 "ep$N symmetric captured as a CUDA graph: the log says 'cuda graph: captured' and no capture failed over $CS steps"
     else
       report correct exact 1 "ep$N symmetric captured as a CUDA graph: $(grep -m1 'cuda graph' "$work/ep${N}_sym.log" || echo 'no cuda graph line')"
     fi

@@ -610,6 +610,9 @@ static void micro_batch(Trainer *tr, uint64_t route_seed, float ce_scale, int la
         tr->graph[g] = ops->capture_end(err, sizeof err);
         if (tr->graph[g]) {
             tr->graph_scale[g] = ce_scale;
+            SAY("cuda graph: captured a micro-batch's forward + backward (%s backward%s%s)\n",
+                g & 2 ? "a step's first" : "a later", g & 4 ? ", the step's last" : "",
+                g & 1 ? ", documents" : "");
             ops->graph_launch(tr->graph[g]);
         } else {
             SAY("cuda graph: %s; running uncaptured\n", err);
