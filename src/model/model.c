@@ -88,7 +88,7 @@ int model_init_parallel(Model *m, const ModelConfig *cfg, const Ops *ops, const 
 
 static size_t fp8_blocks(int n) { return ((size_t)n + 127) / 128; }
 
-// Weight t (0 gate, 1 up, 2 down) of MoE layer li: its table entry and the
+// Weight t (0 gate, 1 up, 2 down) of MoE layer L: its table entry and the
 // arguments of fp8_quantize_weights that make its two FP8 copies: gate and
 // up [E, Fe, D] into the pair's [Wg^T | Wu^T] at columns 0 and Fe, down
 // [E, D, Fe] into Wd^T.
@@ -96,7 +96,7 @@ typedef struct {
     int entry;
     ParamFp8Copy copy;
 } Fp8Target;
-static Fp8Target fp8_target(const Model *m, int li, int t);
+static Fp8Target fp8_target(const Model *m, const LayerParams *L, int t);
 
 int model_set_fp8(Model *m, char *err, size_t errlen) {
     const ModelConfig *c = &m->cfg;
@@ -149,13 +149,12 @@ int model_set_fp8(Model *m, char *err, size_t errlen) {
     if (!(sep && !strcmp(sep, "separate")) && m->ops->adamw_update_fp8) {
         ParamStore *st = &m->store;
         st->fp8 = calloc((size_t)st->table.n, sizeof(ParamFp8Copy));
-        st->fp8_fresh = calloc((size_t)st->table.n, 1);
-        if (!st->fp8 || !st->fp8_fresh) die("model_set_fp8: out of host memory");
+        if (!st->fp8) die("model_set_fp8: out of host memory");
         for (int l = 0; l < c->n_layers; l++) {
             const LayerParams *L = &m->layers[l];
             if (L->moe_index < 0) continue;
             for (int t = 0; t < 3; t++) {
-                Fp8Target f = fp8_target(m, L->moe_index, t);
+                Fp8Target f = fp8_target(m, L, t);
                 st->fp8[f.entry] = f.copy;
             }
         }
@@ -177,11 +176,8 @@ static float *fp8_scales_t(const Model *m, int li, int t) { return m->fp8_wts + 
 
 static void fp8d_refresh(Model *m);
 
-static Fp8Target fp8_target(const Model *m, int li, int t) {
-    const LayerParams *L = NULL;
-    for (int l = 0; l < m->cfg.n_layers && !L; l++)
-        if (m->layers[l].moe_index == li) L = &m->layers[l];
-    int El = m->E_local, D = m->cfg.d_model, Fe = m->cfg.expert_hidden;
+static Fp8Target fp8_target(const Model *m, const LayerParams *L, int t) {
+    int li = L->moe_index, El = m->E_local, D = m->cfg.d_model, Fe = m->cfg.expert_hidden;
     int tt = t == 2 ? 2 : 0; // the pair's copy holds gate and up
     Fp8Target f = {.entry = t == 0 ? L->exp_gate : t == 1 ? L->exp_up : L->exp_down,
                    .copy = {.q = fp8_weight(m, li, t), .s = fp8_scales(m, li, t), .qt = fp8_weight_t(m, li, tt),
@@ -193,17 +189,20 @@ static Fp8Target fp8_target(const Model *m, int li, int t) {
 void model_fp8_refresh(Model *m) {
     if (!m->fp8) return;
     ParamStore *st = &m->store;
-    for (int li = 0; li < m->n_moe; li++)
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const LayerParams *L = &m->layers[l];
+        if (L->moe_index < 0) continue;
         for (int t = 0; t < 3; t++) {
-            Fp8Target f = fp8_target(m, li, t);
-            if (st->fp8_fresh && st->fp8_fresh[f.entry]) { // written by the last AdamW step (store.h)
-                st->fp8_fresh[f.entry] = 0;
+            Fp8Target f = fp8_target(m, L, t);
+            if (st->fp8 && st->fp8[f.entry].fresh) { // written by the last AdamW step (store.h)
+                st->fp8[f.entry].fresh = 0;
                 continue;
             }
             const ParamFp8Copy *c = &f.copy;
             m->ops->fp8_quantize_weights(c->q, c->s, c->qt, c->st, c->ldt, c->col0, param_store_main(st, f.entry),
                                          c->E, c->M, c->K);
         }
+    }
     fp8d_refresh(m);
 }
 

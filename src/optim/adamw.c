@@ -55,7 +55,7 @@ void adamw_step_grads(AdamW *o, ParamStore *s, float *const *grads, float lr, fl
         float wd = adamw_decays(c, e) ? c->weight_decay : 0.0f;
         size_t r = lo - o->begin[k];
         void *act = s->wact[k] ? (char *)s->wact[k] + lo * s->ops->act_bytes : NULL; // NULL: dropped (store.h)
-        const ParamFp8Copy *f = s->fp8 ? &s->fp8[i] : NULL;
+        ParamFp8Copy *f = s->fp8 ? &s->fp8[i] : NULL;
         float *p = s->params[k] + (lo - s->main_begin[k]);
         if (f && f->q && lo == e->offset && hi == e->offset + e->numel && s->ops->adamw_update_fp8 &&
             (!act || act == (void *)p)) {
@@ -63,7 +63,7 @@ void adamw_step_grads(AdamW *o, ParamStore *s, float *const *grads, float lr, fl
             s->ops->adamw_update_fp8(p, grads[k] + r, o->m[k] + r, o->v[k] + r,
                                      lr, c->beta1, c->beta2, c->eps, wd, grad_scale, o->t, f->q, f->s, f->qt, f->st,
                                      f->ldt, f->col0, f->E, f->M, f->K);
-            s->fp8_fresh[i] = 1;
+            f->fresh = 1;
             continue;
         }
         s->ops->adamw_update(p, act, grads[k] + r, o->m[k] + r, o->v[k] + r, hi - lo,

@@ -43,7 +43,6 @@ void param_store_free(ParamStore *s) {
     if (s->stage) ops->free(s->stage);
     ops->free(s->router_bias);
     free(s->fp8);
-    free(s->fp8_fresh);
     param_table_free(&s->table);
     memset(s, 0, sizeof(*s));
 }

@@ -26,11 +26,13 @@
 typedef void (*GradsReadyFn)(void *ctx, int first_entry, int end_entry);
 
 // An entry's FP8 copies (train.precision: fp8, the expert weights): the
-// arguments of ops->fp8_quantize_weights for its main weights [E, M, K].
+// arguments of ops->fp8_quantize_weights for its main weights [E, M, K],
+// and whether the last AdamW step wrote them (fresh).
 typedef struct {
     uint8_t *q, *qt;
     float *s, *st;
     int ldt, col0, E, M, K;
+    int fresh;
 } ParamFp8Copy;
 
 typedef struct {
@@ -46,13 +48,12 @@ typedef struct {
     GradsReadyFn grads_ready;         // optional backward hook
     void *grads_ready_ctx;
     float *stage;                     // FP32 backend scratch of param_store_write (lazy)
-    // FP8 copies the optimizer writes (train.precision: fp8; host arrays of
+    // FP8 copies the optimizer writes (train.precision: fp8; a host array of
     // table.n, NULL without): where fp8[i].q is set and AdamW updates all of
     // entry i, ops->adamw_update_fp8 writes its copies in the update's pass
-    // and sets fp8_fresh[i]; the model's refresh skips such an entry once
+    // and sets fp8[i].fresh; the model's refresh skips such an entry once
     // (and clears the mark) instead of quantising it again.
     ParamFp8Copy *fp8;
-    unsigned char *fp8_fresh;
 } ParamStore;
 
 // Lays out cfg (validated) for expert-parallel rank ep_rank of ep_size into

@@ -221,28 +221,36 @@ void fp8_dequantize_mx(float *x, const uint8_t *q, const uint8_t *scale, int R, 
                 fp8_e4m3_to_float(q[(size_t)r * C + c]) * fp8_e8m0_to_float(scale[(size_t)r * nb + c / FP8_MX_BLOCK]);
 }
 
+// The grouped GEMM references: both operands dequantised into FP32 host
+// buffers a [R, C] and w [E, OC, C], then the CPU backend's grouped product.
+typedef struct {
+    float *a, *w;
+} Dequantised;
+static Dequantised dequantised_alloc(const int *offsets, int E, int C, int OC) {
+    Dequantised d = {mallocCheck((size_t)offsets[E] * C * sizeof(float) + 1),
+                     mallocCheck((size_t)E * OC * C * sizeof(float) + 1)};
+    return d;
+}
+static void dequantised_matmul(float *out, Dequantised d, const int *offsets, int E, int C, int OC) {
+    ops_cpu.grouped_matmul_forward(out, d.a, d.w, offsets, E, C, OC);
+    free(d.a);
+    free(d.w);
+}
+
 void fp8_grouped_matmul_ref(float *out, const uint8_t *qa, const float *sa, const uint8_t *qw, const float *sw,
                             const int *offsets, int E, int C, int OC) {
-    int R = offsets[E];
-    float *a = mallocCheck((size_t)R * C * sizeof(float) + 1);
-    float *w = mallocCheck((size_t)E * OC * C * sizeof(float) + 1);
-    fp8_dequantize_1x128(a, qa, sa, R, C);
-    fp8_dequantize_128x128(w, qw, sw, E, OC, C);
-    ops_cpu.grouped_matmul_forward(out, a, w, offsets, E, C, OC);
-    free(a);
-    free(w);
+    Dequantised d = dequantised_alloc(offsets, E, C, OC);
+    fp8_dequantize_1x128(d.a, qa, sa, offsets[E], C);
+    fp8_dequantize_128x128(d.w, qw, sw, E, OC, C);
+    dequantised_matmul(out, d, offsets, E, C, OC);
 }
 
 void fp8_grouped_matmul_mx_ref(float *out, const uint8_t *qa, const uint8_t *sa, const uint8_t *qw, const uint8_t *sw,
                                const int *offsets, int E, int C, int OC) {
-    int R = offsets[E];
-    float *a = mallocCheck((size_t)R * C * sizeof(float) + 1);
-    float *w = mallocCheck((size_t)E * OC * C * sizeof(float) + 1);
-    fp8_dequantize_mx(a, qa, sa, R, C);
-    fp8_dequantize_mx(w, qw, sw, E * OC, C); // [E, OC, C] is E * OC rows of C, scales alike
-    ops_cpu.grouped_matmul_forward(out, a, w, offsets, E, C, OC);
-    free(a);
-    free(w);
+    Dequantised d = dequantised_alloc(offsets, E, C, OC);
+    fp8_dequantize_mx(d.a, qa, sa, offsets[E], C);
+    fp8_dequantize_mx(d.w, qw, sw, E * OC, C); // [E, OC, C] is E * OC rows of C, scales alike
+    dequantised_matmul(out, d, offsets, E, C, OC);
 }
 
 void fp8_quantize_1x128_t(uint8_t *q, float *st, const float *x, int R, int C) {
