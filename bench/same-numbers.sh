@@ -9,7 +9,9 @@
 # Usage: bench/same-numbers.sh A_BIN B_BIN CONFIG... (env: STEPS=12 WARMUP=3, OUT=dir for logs,
 # ARGS="--key=value ..." overrides for every run, e.g. ARGS=--data.doc_mask=true;
 # A_ENV / B_ENV="NAME=value ..." environment for A's / B's runs alone, so that
-# one binary can be compared with itself, e.g. A_ENV=MOECORE_GLU=0 B_ENV=MOECORE_GLU=1)
+# one binary can be compared with itself, e.g. A_ENV=MOECORE_GLU=0 B_ENV=MOECORE_GLU=1;
+# A_ARGS / B_ARGS="--key=value ..." overrides for A's / B's runs alone, e.g.
+# A_ARGS=--train.recompute=gather B_ARGS=--train.recompute=none)
 set -u
 a=$1 b=$2; shift 2
 steps=${STEPS:-12} warmup=${WARMUP:-3}
@@ -18,10 +20,11 @@ mkdir -p "$out"
 run() { # BIN NAME CONFIG
   local dir="$out/$2-$(basename "$3" .yaml)-$4" vars
   rm -rf "$dir"
-  if [ "$2" = A ]; then vars=${A_ENV:-}; else vars=${B_ENV:-}; fi
+  local args
+  if [ "$2" = A ]; then vars=${A_ENV:-} args=${A_ARGS:-}; else vars=${B_ENV:-} args=${B_ARGS:-}; fi
   # shellcheck disable=SC2086 # NAME=value words
   env $vars timeout 300 "$1" train "$3" --data.synthetic=true --checkpoint.save_final=false --checkpoint.interval=0 \
-    --train.eval_interval=0 --train.steps="$steps" --logging.run_dir="$dir" ${ARGS:-} > "$dir.log" 2>&1 ||
+    --train.eval_interval=0 --train.steps="$steps" --logging.run_dir="$dir" ${ARGS:-} $args > "$dir.log" 2>&1 ||
     echo "   $2 on $3: exit $? (log $dir.log): $(tail -n 2 "$dir.log" | tr '\n' ' ')"
 }
 for cfg in "$@"; do
