@@ -1229,6 +1229,13 @@ static void sym_fp8_moe_experts_forward(Model *m, const LayerParams *L, LayerAct
     ops->ep_sym_combine(a->ey, m->sym_out_tab, a->sym_plan, a->offsets, P, E, R, D);
 }
 
+// The routed rows in expert order, xp[r] = in[token_of_row[r]] (R = N k):
+// by the backend's scatter where it has one (each token row read once).
+static void route_rows(Model *m, void *xp, const void *in, const LayerActs *a, int N, int k) {
+    if (m->ops->permute_scatter) m->ops->permute_scatter(xp, in, a->row_of, N, k, m->cfg.d_model);
+    else m->ops->permute_forward(xp, in, a->token_of_row, N * k, m->cfg.d_model);
+}
+
 static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -1268,14 +1275,13 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
     ops->lb_loss_forward(m->lb_mb + li, a->probs, a->lb_counts, a->lb_tokens, N, E, k, c->gating);
     ops->zloss_forward(m->z_mb + li, a->logits, N, E);
 
-    int R = N * k;
     ops->moe_route_index(a->offsets, a->row_of, a->token_of_row, a->idx, N, E, k);
     // the routed rows to their experts and the outputs back (a->xp -> a->ey)
     if (m->fp8) {
         if (m->ep_sym) sym_fp8_moe_experts_forward(m, L, a, in, li);
         else fp8_moe_experts_forward(m, L, a, in, li);
     } else {
-        ops->permute_forward(a->xp, in, a->token_of_row, R, D);
+        route_rows(m, a->xp, in, a, N, k);
         if (m->ep_sym) sym_moe_experts_forward(m, L, a, li);
         else a2a_moe_experts_forward(m, L, a, li);
     }
@@ -1481,7 +1487,7 @@ static void swiglu_mlp_backward(Model *m, void *dinp, const void *dout, const vo
 static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    int D = c->d_model, R = m->B * m->T * c->top_k, Fe = c->expert_hidden;
+    int D = c->d_model, Fe = c->expert_hidden;
     int El = m->E_local, Rl = a->rows_local;
     const int *lo = a->local_offsets;
     Comm *epc = m->par.ep_comm;
@@ -1500,7 +1506,7 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     expert_wgrad(m, L, 2, m->dea, dyl, a->ea, lo, accw);
     ops->swiglu_backward(m->deg, m->deu, m->dea, a->eg, a->eu, (size_t)Rl * Fe);
     if ((m->recompute == 1 || m->recompute == 2) && !a->use_plan) // the rows stayed here: xl is xp, shared (carve)
-        ops->permute_forward(a->xl, in, a->token_of_row, R, D);
+        route_rows(m, a->xl, in, a, m->B * m->T, c->top_k);
     expert_wgrad(m, L, 0, NULL, m->deg, a->xl, lo, accw);
     expert_wgrad(m, L, 1, NULL, m->deu, a->xl, lo, accw);
     ops->grouped_dgrad_pair(dxl, m->deg, P(L->exp_gate), m->deu, P(L->exp_up), lo, El, D, Fe);

@@ -206,6 +206,11 @@ typedef struct Ops {
                             int N, int E, int k);
     // xp[R,C] = x[token_of_row[r], :]   (R = N*k)
     void (*permute_forward)(void *xp, const void *x, const int *token_of_row, int R, int C);
+    // The same rows from the other map: xp[row_of[n,s], :] = x[n, :] for
+    // every token n and slot s (R = N*k, row_of a permutation of 0..R-1, as
+    // moe_route_index leaves it): permute_forward's bytes, with each token
+    // row read once instead of k times. Optional (NULL: permute_forward).
+    void (*permute_scatter)(void *xp, const void *x, const int *row_of, int N, int k, int C);
     // dx[N,C] (=|+=) scatter-add of dxp
     void (*permute_backward)(void *dx, const void *dxp, const int *token_of_row,
                              int N, int R, int C, int accumulate);

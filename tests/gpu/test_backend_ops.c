@@ -917,6 +917,13 @@ static void add_route_index(int N, int E, int k, int kind, int flags) {
 static void run_permute_fwd(const Case *c, const Ops *o, void *const *b) {
     o->permute_forward(b[2], b[1], b[0], c->R, c->C);
 }
+// permute_scatter where the backend has it (the GPU), else permute_forward
+// from the matching token_of_row (the CPU: the reference is the gather)
+static void run_permute_scatter(const Case *c, const Ops *o, void *const *b) {
+    if (o->permute_scatter) o->permute_scatter(b[3], b[2], b[0], c->N, c->k, c->C);
+    else o->permute_forward(b[3], b[2], b[1], c->R, c->C);
+}
+static void init_route_maps(const Case *c, void *const *h) { cpu_route(h[1], h[0], c->N, c->k); }
 static void run_permute_bwd(const Case *c, const Ops *o, void *const *b) {
     o->permute_backward(b[2], b[1], b[0], c->N, c->R, c->C, c->acc);
 }
@@ -933,6 +940,14 @@ static void add_permute(int N, int k, int C, int acc, int mis, int flags) {
     c->N = N, c->k = k, c->C = C, c->R = R;
     c->flags = flags & PERF;
     c->init = init_tor;
+    tin(c, "token_of_row", I32, R, G_CUSTOM, 0);
+    tin(c, "x", ACT, nc, G_UNIFORM, 1);
+    dims2(tout(c, "xp", ACT, rc, &B_EXACT), R, C)->flags |= mis ? MIS : 0;
+    c = new_case("permute_scatter", run_permute_scatter, "N=%d k=%d C=%d%s", N, k, C, MIS_(mis));
+    c->N = N, c->k = k, c->C = C, c->R = R;
+    c->flags = flags & PERF;
+    c->init = init_route_maps;
+    tin(c, "row_of", I32, R, G_CUSTOM, 0);
     tin(c, "token_of_row", I32, R, G_CUSTOM, 0);
     tin(c, "x", ACT, nc, G_UNIFORM, 1);
     dims2(tout(c, "xp", ACT, rc, &B_EXACT), R, C)->flags |= mis ? MIS : 0;
@@ -2557,7 +2572,7 @@ static const char *const compute_ops[] = {
     "rope_backward", "rmsnorm_rope_forward", "rmsnorm_rope_backward", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
     "router_probs_forward", "router_probs_backward", "router_topk", "router_weights_forward",
     "router_weights_backward", "router_count", "router_bias_update", "lb_loss_forward", "lb_loss_backward", "zloss_forward",
-    "zloss_backward", "moe_route_index", "permute_forward", "permute_backward", "unpermute_forward",
+    "zloss_backward", "moe_route_index", "permute_forward", "permute_scatter", "permute_backward", "unpermute_forward",
     "unpermute_backward", "moe_capacity_drop", "moe_segment_sizes", "grouped_matmul_forward", "grouped_matmul_backward", "grouped_dgrad_pair",
     "crossentropy_forward", "crossentropy_backward", "crossentropy_fused", "loss_sum", "add_act", "sum_act", "copy_act", "add_f32", "copy_f32",
     "zero", "adamw_update", "sum_squares"};

@@ -137,6 +137,56 @@ extern "C" void cuda_permute_forward(void *xp, const void *x, const int *token_o
     gather_rows(xp, x, token_of_row, R, C, env_on(&stream, "MOECORE_PERMUTE_STREAM"));
 }
 
+// permute_scatter: xp[row_of[n, s]] = x[n] for the k slots of token n, one
+// warp per token: the lanes hold SCATTER_V 16-byte chunks each (SCATTER_V *
+// 256 channels) and store them to the k rows, so that each token row is
+// read once, where the gather (one warp per expert row) reads it k times,
+// from L2 when it stays there (OLMoE's 8192 x 2048 input is 32 MiB, but the
+// 256 MiB of rows stored meanwhile pass through the same L2).
+#define SCATTER_V 8
+static __global__ void scatter_rows_kernel(bf16 *__restrict__ xp, const bf16 *__restrict__ x,
+                                           const int *__restrict__ row_of, int N, int k, int C, bool vec) {
+    int n = blockIdx.x * ROW_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;
+    const bf16 *s = x + (size_t)n * C;
+    int mine = lane < k ? row_of[(size_t)n * k + lane] : 0; // k <= 32: the slots' rows, one a lane
+    if (!vec) {
+        for (int c = lane; c < C; c += WARP) {
+            bf16 v = s[c];
+            for (int j = 0; j < k; j++) xp[(size_t)__shfl_sync(0xffffffffu, mine, j) * C + c] = v;
+        }
+        return;
+    }
+    for (int c0 = lane * 8; c0 < C; c0 += SCATTER_V * WARP * 8) {
+        uint4 v[SCATTER_V];
+#pragma unroll
+        for (int u = 0; u < SCATTER_V; u++) {
+            int c = c0 + u * WARP * 8;
+            if (c < C) v[u] = *reinterpret_cast<const uint4 *>(s + c);
+        }
+        for (int j = 0; j < k; j++) {
+            bf16 *o = xp + (size_t)__shfl_sync(0xffffffffu, mine, j) * C;
+#pragma unroll
+            for (int u = 0; u < SCATTER_V; u++) {
+                int c = c0 + u * WARP * 8;
+                if (c < C) *reinterpret_cast<uint4 *>(o + c) = v[u];
+            }
+        }
+    }
+}
+
+extern "C" void cuda_permute_scatter(void *xp, const void *x, const int *row_of, int N, int k, int C) {
+    if (N <= 0 || C <= 0 || k <= 0) return;
+    if (k > WARP) { // never with top-k routing; the gather's map is not at hand here
+        fprintf(stderr, "moecore: permute_scatter: k = %d slots per token, at most %d\n", k, WARP);
+        exit(3);
+    }
+    bool vec = C % 8 == 0 && aligned16(xp) && aligned16(x);
+    scatter_rows_kernel<<<row_blocks(N), ROW_THREADS, 0, cuda_stream()>>>((bf16 *)xp, (const bf16 *)x, row_of, N, k,
+                                                                         C, vec);
+    cudaLaunchCheck();
+}
+
 // ---------------------------------------------------------------------------
 // Deterministic scatter-adds.
 

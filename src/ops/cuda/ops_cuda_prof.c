@@ -127,6 +127,8 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (offsets, row_of, token_of_row, idx, N, E, k))                                                         \
     X(permute_forward, C_DISPATCH, (void *xp, const void *x, const int *token_of_row, int R, int C),         \
       (xp, x, token_of_row, R, C))                                                                           \
+    X(permute_scatter, C_DISPATCH, (void *xp, const void *x, const int *row_of, int N, int k, int C),        \
+      (xp, x, row_of, N, k, C))                                                                              \
     X(permute_backward, C_DISPATCH,                                                                          \
       (void *dx, const void *dxp, const int *token_of_row, int N, int R, int C, int accumulate),             \
       (dx, dxp, token_of_row, N, R, C, accumulate))                                                          \

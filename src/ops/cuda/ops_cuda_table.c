@@ -65,6 +65,7 @@ const Ops ops_cuda = {
     .zloss_backward = cuda_zloss_backward,
     .moe_route_index = cuda_moe_route_index,
     .permute_forward = cuda_permute_forward,
+    .permute_scatter = cuda_permute_scatter,
     .permute_backward = cuda_permute_backward,
     .unpermute_forward = cuda_unpermute_forward,
     .unpermute_backward = cuda_unpermute_backward,
