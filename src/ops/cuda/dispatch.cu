@@ -175,8 +175,29 @@ static __global__ void scatter_rows_kernel(bf16 *__restrict__ xp, const bf16 *__
     }
 }
 
+// tor[row_of[i]] = i / k: permute_forward's map from permute_scatter's
+static __global__ void invert_rows_kernel(int *tor, const int *row_of, int R, int k) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < R) tor[row_of[i]] = i / k;
+}
+
+// MOECORE_PERMUTE_SCATTER=0 (measurement only): the gather instead, from
+// the inverted map (the A/B of one binary; MOECORE_PERMUTE_STREAM applies)
 extern "C" void cuda_permute_scatter(void *xp, const void *x, const int *row_of, int N, int k, int C) {
+    static int off = -1;
     if (N <= 0 || C <= 0 || k <= 0) return;
+    if (off < 0) {
+        const char *v = getenv("MOECORE_PERMUTE_SCATTER");
+        off = v && !strcmp(v, "0");
+    }
+    if (off) {
+        static Scratch s;
+        int R = N * k, *tor = (int *)scratch_get(&s, (size_t)R * sizeof(int));
+        invert_rows_kernel<<<ceil_div(R, 256), 256, 0, cuda_stream()>>>(tor, row_of, R, k);
+        cudaLaunchCheck();
+        cuda_permute_forward(xp, x, tor, R, C);
+        return;
+    }
     if (k > WARP) { // never with top-k routing; the gather's map is not at hand here
         fprintf(stderr, "moecore: permute_scatter: k = %d slots per token, at most %d\n", k, WARP);
         exit(3);
