@@ -1236,7 +1236,12 @@ static void route_rows(Model *m, void *xp, const void *in, const LayerActs *a, i
     else m->ops->permute_forward(xp, in, a->token_of_row, N * k, m->cfg.d_model);
 }
 
-static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in) {
+// With res_out (not NULL), the layer's output goes straight into the
+// residual stream: res_out = res_in + the combined expert rows
+// (ops->unpermute_residual, the bits of unpermute_forward then sum_act),
+// and a->f is not written.
+static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, const void *in, void *res_out,
+                        const void *res_in) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int N = m->B * m->T, D = c->d_model, E = c->n_experts, k = c->top_k;
@@ -1284,6 +1289,10 @@ static void moe_forward(Model *m, int l, const LayerParams *L, LayerActs *a, con
         route_rows(m, a->xp, in, a, N, k);
         if (m->ep_sym) sym_moe_experts_forward(m, L, a, li);
         else a2a_moe_experts_forward(m, L, a, li);
+    }
+    if (res_out) {
+        ops->unpermute_residual(res_out, res_in, a->ey, a->weights, a->row_of, N, k, D);
+        return;
     }
     ops->unpermute_forward(a->f, a->ey, a->weights, a->row_of, N, k, D, 0);
     if (c->n_shared > 0) {
@@ -1351,7 +1360,12 @@ static void block_forward(Model *m, int l) {
     const void *add = maybe_norm(m, a->on, a->o_rstd, a->o, L->attn_post_norm, N);
     ops->sum_act(a->h, x, add, (size_t)N * D);
     in = maybe_norm(m, a->ln2, a->ln2_rstd, a->h, L->ffn_norm, N);
-    if (L->moe_index >= 0) moe_forward(m, l, L, a, in);
+    // an MoE output that only joins the residual stream: combined into it
+    if (L->moe_index >= 0 && L->ffn_post_norm < 0 && c->n_shared == 0 && ops->unpermute_residual) {
+        moe_forward(m, l, L, a, in, m->resid[l + 1], a->h);
+        return;
+    }
+    if (L->moe_index >= 0) moe_forward(m, l, L, a, in, NULL, NULL);
     else swiglu_mlp_forward(m, a->f, a->g, a->u, a->a, in, L->mlp_gate, L->mlp_up, L->mlp_down, N, c->dense_hidden);
     add = maybe_norm(m, a->fn, a->f_rstd, a->f, L->ffn_post_norm, N);
     ops->sum_act(m->resid[l + 1], a->h, add, (size_t)N * D);

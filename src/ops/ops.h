@@ -217,6 +217,13 @@ typedef struct Ops {
     // out[n] (=|+=) sum_s weights[n,s] * y[row_of[n,s]]
     void (*unpermute_forward)(void *out, const void *y, const float *weights,
                               const int *row_of, int N, int k, int C, int accumulate);
+    // out[n] = res[n] + sum_s weights[n,s] * y[row_of[n,s]], the sum rounded
+    // to the compute dtype first: the bits of unpermute_forward into a
+    // scratch f, then sum_act(out, res, f), without f's write and read (the
+    // residual add after an MoE layer whose output needs no post-norm).
+    // Optional (NULL: those two ops).
+    void (*unpermute_residual)(void *out, const void *res, const void *y, const float *weights,
+                               const int *row_of, int N, int k, int C);
     // dy[row_of[n,s]] = weights[n,s] * dout[n] ;  dweights[n,s] = <dout[n], y[row]>
     void (*unpermute_backward)(void *dy, float *dweights, const void *dout, const void *y,
                                const float *weights, const int *row_of, int N, int k, int C);

@@ -1012,6 +1012,16 @@ static void add_segment_sizes(int E, int mean) {
 static void run_unpermute_fwd(const Case *c, const Ops *o, void *const *b) {
     o->unpermute_forward(b[3], b[1], b[2], b[0], c->N, c->k, c->C, c->acc);
 }
+// unpermute_residual where the backend has it (the GPU), else the two ops it
+// replaces (the CPU): unpermute_forward into the scratch f, sum_act
+static void run_unpermute_res(const Case *c, const Ops *o, void *const *b) {
+    if (o->unpermute_residual) {
+        o->unpermute_residual(b[4], b[3], b[1], b[2], b[0], c->N, c->k, c->C);
+        return;
+    }
+    o->unpermute_forward(b[5], b[1], b[2], b[0], c->N, c->k, c->C, 0);
+    o->sum_act(b[4], b[3], b[5], (size_t)c->N * c->C);
+}
 static void run_unpermute_bwd(const Case *c, const Ops *o, void *const *b) {
     o->unpermute_backward(b[4], b[5], b[1], b[2], b[3], b[0], c->N, c->k, c->C);
 }
@@ -1033,6 +1043,18 @@ static void add_unpermute(int N, int k, int C, int acc, int mis, int flags) {
     tin(c, "y", ACT, rc, G_UNIFORM, 1);
     tin(c, "weights", F32, nk, G_CUSTOM, 0);
     dims2(tio(c, "out", ACT, nc, acc, G_UNIFORM, 1, &B_BF16), N, C)->flags |= mis ? MIS : 0;
+    if (!acc) {
+        c = new_case("unpermute_residual", run_unpermute_res, "N=%d k=%d C=%d%s", N, k, C, MIS_(mis));
+        c->N = N, c->k = k, c->C = C, c->R = R;
+        c->flags = flags;
+        c->init = init_unpermute_fwd;
+        tin(c, "row_of", I32, nk, G_CUSTOM, 0);
+        tin(c, "y", ACT, rc, G_UNIFORM, 1);
+        tin(c, "weights", F32, nk, G_CUSTOM, 0);
+        tin(c, "res", ACT, nc, G_UNIFORM, 1);
+        dims2(tout(c, "out", ACT, nc, &B_BF16), N, C)->flags |= mis ? MIS : 0;
+        tensor(c, "f", ACT, WORK, nc); // the CPU's scratch
+    }
     c = new_case("unpermute_backward", run_unpermute_bwd, "N=%d k=%d C=%d%s", N, k, C, MIS_(mis));
     c->N = N, c->k = k, c->C = C, c->R = R;
     c->flags = acc ? 0 : flags;
@@ -2572,7 +2594,7 @@ static const char *const compute_ops[] = {
     "rope_backward", "rmsnorm_rope_forward", "rmsnorm_rope_backward", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
     "router_probs_forward", "router_probs_backward", "router_topk", "router_weights_forward",
     "router_weights_backward", "router_count", "router_bias_update", "lb_loss_forward", "lb_loss_backward", "zloss_forward",
-    "zloss_backward", "moe_route_index", "permute_forward", "permute_scatter", "permute_backward", "unpermute_forward",
+    "zloss_backward", "moe_route_index", "permute_forward", "permute_scatter", "permute_backward", "unpermute_forward", "unpermute_residual",
     "unpermute_backward", "moe_capacity_drop", "moe_segment_sizes", "grouped_matmul_forward", "grouped_matmul_backward", "grouped_dgrad_pair",
     "crossentropy_forward", "crossentropy_backward", "crossentropy_fused", "loss_sum", "add_act", "sum_act", "copy_act", "add_f32", "copy_f32",
     "zero", "adamw_update", "sum_squares"};

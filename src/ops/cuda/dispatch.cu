@@ -337,9 +337,12 @@ extern "C" void cuda_permute_backward(void *dx, const void *dxp, const int *toke
 // ---------------------------------------------------------------------------
 // Unpermute
 
-// out[n] (=|+=) sum_s weights[n,s] y[row_of[n,s]], s ascending
+// out[n] (=|+=) sum_s weights[n,s] y[row_of[n,s]], s ascending; with res
+// (unpermute_residual), out[n] = res[n] + that sum rounded to BF16, in FP32
+// and rounded again: unpermute_forward's then sum_act's roundings.
 static __global__ void unpermute_forward_kernel(bf16 *out, const bf16 *y, const float *weights, const int *row_of,
-                                                int N, int k, int C, int accumulate, bool vec) {
+                                                int N, int k, int C, int accumulate, bool vec,
+                                                const bf16 *res = nullptr) {
     int n = blockIdx.x * ROW_WARPS + threadIdx.x / WARP;
     int c = (blockIdx.y * WARP + threadIdx.x % WARP) * 8;
     if (n >= N || c >= C) return;
@@ -356,6 +359,11 @@ static __global__ void unpermute_forward_kernel(bf16 *out, const bf16 *y, const 
 #pragma unroll
         for (int u = 0; u < 8; u++) acc[u] += w * f[u];
     }
+    if (res) {
+        load8(res + (size_t)n * C, c, C, vec, f);
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc[u] = f[u] + __bfloat162float(__float2bfloat16_rn(acc[u]));
+    }
     store8(o, c, C, vec, acc);
 }
 
@@ -366,6 +374,16 @@ extern "C" void cuda_unpermute_forward(void *out, const void *y, const float *we
     dim3 grid(row_blocks(N), ceil_div(C, WARP * 8));
     unpermute_forward_kernel<<<grid, ROW_THREADS, 0, cuda_stream()>>>((bf16 *)out, (const bf16 *)y, weights, row_of,
                                                                       N, k, C, accumulate, vec);
+    cudaLaunchCheck();
+}
+
+extern "C" void cuda_unpermute_residual(void *out, const void *res, const void *y, const float *weights,
+                                        const int *row_of, int N, int k, int C) {
+    if (N <= 0 || C <= 0) return;
+    bool vec = C % 8 == 0 && aligned16(out) && aligned16(y) && aligned16(res);
+    dim3 grid(row_blocks(N), ceil_div(C, WARP * 8));
+    unpermute_forward_kernel<<<grid, ROW_THREADS, 0, cuda_stream()>>>((bf16 *)out, (const bf16 *)y, weights, row_of,
+                                                                      N, k, C, 0, vec, (const bf16 *)res);
     cudaLaunchCheck();
 }
 

@@ -89,6 +89,8 @@ void cuda_zloss_backward(float *dlogits, const float *logits, int N, int E, floa
 void cuda_moe_route_index(int *offsets, int *row_of, int *token_of_row, const int *idx, int N, int E, int k);
 void cuda_permute_forward(void *xp, const void *x, const int *token_of_row, int R, int C);
 void cuda_permute_scatter(void *xp, const void *x, const int *row_of, int N, int k, int C);
+void cuda_unpermute_residual(void *out, const void *res, const void *y, const float *weights, const int *row_of, int N,
+                             int k, int C);
 void cuda_permute_backward(void *dx, const void *dxp, const int *token_of_row, int N, int R, int C, int accumulate);
 void cuda_unpermute_forward(void *out, const void *y, const float *weights, const int *row_of,
                             int N, int k, int C, int accumulate);

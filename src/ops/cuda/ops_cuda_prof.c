@@ -136,6 +136,10 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *out, const void *y, const float *weights, const int *row_of, int N, int k, int C,               \
        int accumulate),                                                                                      \
       (out, y, weights, row_of, N, k, C, accumulate))                                                        \
+    X(unpermute_residual, C_DISPATCH,                                                                        \
+      (void *out, const void *res, const void *y, const float *weights, const int *row_of, int N, int k,     \
+       int C),                                                                                               \
+      (out, res, y, weights, row_of, N, k, C))                                                               \
     X(unpermute_backward, C_DISPATCH,                                                                        \
       (void *dy, float *dweights, const void *dout, const void *y, const float *weights, const int *row_of,  \
        int N, int k, int C),                                                                                 \

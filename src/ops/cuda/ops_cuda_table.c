@@ -66,6 +66,7 @@ const Ops ops_cuda = {
     .moe_route_index = cuda_moe_route_index,
     .permute_forward = cuda_permute_forward,
     .permute_scatter = cuda_permute_scatter,
+    .unpermute_residual = cuda_unpermute_residual,
     .permute_backward = cuda_permute_backward,
     .unpermute_forward = cuda_unpermute_forward,
     .unpermute_backward = cuda_unpermute_backward,
