@@ -20,12 +20,8 @@
 // with the CPU backend. Every operand (64-512 MB) is over 2 x L2.
 // Prints a markdown table (to argv[1] too when given) and ends with
 // "N passed, N failed". Built by `make build/tests/gpu/bench_grouped`.
-// Usage: bench_grouped [table.md [quick | sumsq]]; quick: 3 rounds, and only
-// the variants after the first checked; sumsq: the last micro-batch's
-// weight-grads (+= with the grad norm's slots, cuda_grouped_wgrad_sumsq)
-// alone, under the default (577) and its sumsq epilogue variants, each
-// checked against 577 bit for bit (dw; test_backend_ops -o wgrad_sumsq
-// checks the slots).
+// Usage: bench_grouped [table.md [quick]]; quick: 3 rounds, and only the
+// variants after the first checked.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,17 +37,9 @@
 enum { TOKENS = 8192, N_EXP = 64, TOP_K = 8, D_MODEL = 2048, HIDDEN = 1024 };
 enum { WARMUP = 3, RUNS = 10, ROUNDS = 5 };
 
-static const int all_variants[] = {0, 1, 65, 193, 321, 577, 4, 132, 260};
-static const int sq_variants[] = {577, 1601, 2625, 3649};
-#define N_VAR_MAX 9
-static const int *variants = all_variants;
-static int N_VAR = 9;
-static const char *sq_variant_name[] = {"577: the default (8 quads' loads in flight)",
-                                        "1601: 577 + 16 quads' loads in flight",
-                                        "2625: 577 + each tile's dw rows prefetched into L2",
-                                        "3649: 577 + both"};
-static const char *const *variant_name;
-static const char *all_variant_name[] = {"0: 4-byte stores (before)",
+static const int variants[] = {0, 1, 65, 193, 321, 577, 4, 132, 260};
+#define N_VAR ((int)(sizeof variants / sizeof variants[0]))
+static const char *variant_name[] = {"0: 4-byte stores (before)",
                                      "1: 16-byte stores (the default before e396024)",
                                      "65: TMA epilogue by mode (EPI3 BF16, EPI4 FP32)",
                                      "193: 65 + weight-grad ping-pong 64x256",
@@ -60,17 +48,13 @@ static const char *all_variant_name[] = {"0: 4-byte stores (before)",
                                      "4: no epilogue (main loop alone)",
                                      "132: no epilogue, ping-pong 64x256",
                                      "260: no epilogue, ping-pong 128x128"};
-static const int all_checked[] = {1, 65, 193, 321, 577}; // compared with variant 0 bit for bit
-static const int sq_checked[] = {1601, 2625, 3649};      // sumsq: compared with 577
-static const int *checked = all_checked;
-static int n_checked = 5;
-static int sumsq;
+static const int checked[] = {1, 65, 193, 321, 577}; // compared with variant 0 bit for bit
 static int quick; // argv[2] "quick": the last two checked only, 3 rounds
 // how often a micro-batch of one MoE layer runs each case (bench_case's
 // order): forward gate and up, down; down data-grad; the pair; weight-grads
 // gate and up, down, assigned on 1 micro-batch of 4 and accumulated on 3
 static const double per_layer[] = {2, 1, 1, 1, 0.5, 1.5, 0.25, 0.75};
-static double case_ms[8][N_VAR_MAX];
+static double case_ms[8][N_VAR];
 static int n_cases;
 
 static char table[16384];
@@ -82,13 +66,12 @@ static void row(const char *fmt, ...) {
     va_end(ap);
 }
 
-enum { OP_FWD, OP_DGRAD, OP_PAIR, OP_WGRAD_SET, OP_WGRAD_ADD, OP_WGRAD_SQ };
+enum { OP_FWD, OP_DGRAD, OP_PAIR, OP_WGRAD_SET, OP_WGRAD_ADD };
 typedef struct {
     int op, E, C, OC, R;
     int *doff;
     void *inp, *w, *dout, *dout2, *w2, *res; // res: forward out or dinp (BF16)
     float *dw, *dw0;                          // weight-grad [E, OC, C] and its random start
-    double *sq;                               // OP_WGRAD_SQ: the slots
 } Case;
 
 static void run_case(Case *c) {
@@ -98,7 +81,6 @@ static void run_case(Case *c) {
         cuda_grouped_matmul_backward(c->res, NULL, c->dout, c->inp, c->w, c->doff, c->E, c->C, c->OC, 1);
         break;
     case OP_PAIR: cuda_grouped_dgrad_pair(c->res, c->dout, c->w, c->dout2, c->w2, c->doff, c->E, c->C, c->OC); break;
-    case OP_WGRAD_SQ: cuda_grouped_wgrad_sumsq(c->dw, c->sq, c->dout, c->inp, c->doff, c->E, c->C, c->OC, 1); break;
     default:
         cuda_grouped_matmul_backward(NULL, c->dw, c->dout, c->inp, c->w, c->doff, c->E, c->C, c->OC,
                                      c->op == OP_WGRAD_ADD);
@@ -136,9 +118,9 @@ static void bench_case(Case *c, const char *name) {
     char what[160];
     snprintf(what, sizeof what, "%s, variant 0: every element written, finite", name);
     gt_ok(bad == 0, "%s (%zu not)", what, bad);
-    for (int k = quick ? 1 : 0; k < n_checked; k++) {
+    for (size_t k = quick ? 1 : 0; k < sizeof checked / sizeof checked[0]; k++) {
         void *got = run_output(c, checked[k], &n);
-        snprintf(what, sizeof what, "%s, variant %d = variant %d", name, checked[k], variants[0]);
+        snprintf(what, sizeof what, "%s, variant %d = variant 0", name, checked[k]);
         gt_check_bits(what, got, ref, cnt, elem);
         free(got);
     }
@@ -173,12 +155,6 @@ static void bench_case(Case *c, const char *name) {
 
 int main(int argc, char **argv) {
     quick = argc > 2 && !strcmp(argv[2], "quick");
-    sumsq = argc > 2 && !strcmp(argv[2], "sumsq");
-    variant_name = all_variant_name;
-    if (sumsq) {
-        variants = sq_variants, N_VAR = 4, variant_name = sq_variant_name;
-        checked = sq_checked, n_checked = 3;
-    }
     // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
     int off[N_EXP + 1];
     gt_random_offsets(off, TOKENS, N_EXP, TOP_K);
@@ -198,10 +174,10 @@ int main(int argc, char **argv) {
     row("- %d tokens x top-%d of %d experts, random routing: %d rows, %d..%d per expert\n", TOKENS, TOP_K, N_EXP, R,
         mn, mx);
     row("- each entry the median of %d runs after %d warm-ups (CUDA events); %d interleaved rounds of all variants: "
-        "ms = median over rounds (min..max), vs %d = median of the rounds' variant-%d / variant time ratios; "
+        "ms = median over rounds (min..max), vs 0 = median of the rounds' variant-0 / variant time ratios; "
         "FLOPs 2 R C OC (pair: twice)\n\n",
-        RUNS, WARMUP, quick ? 3 : ROUNDS, variants[0], variants[0]);
-    row("| op | variant | ms | TFLOP/s | vs %d |\n|---|---|---:|---:|---:|\n", variants[0]);
+        RUNS, WARMUP, quick ? 3 : ROUNDS);
+    row("| op | variant | ms | TFLOP/s | vs 0 |\n|---|---|---:|---:|---:|\n");
 
     // one random host buffer (N(0, 1), BF16-representable) for every operand
     size_t big = (size_t)E * D_MODEL * HIDDEN, rows_big = (size_t)R * D_MODEL;
@@ -221,16 +197,8 @@ int main(int argc, char **argv) {
     free(h_dw);
 
     // gate/up: C = d 2048 -> OC = hidden 1024 (inp x_d, dout g_h); down: C = hidden -> OC = d (inp x_h, dout g_d)
-    double *sq = cuda_alloc(ops_wgrad_slots(E, D_MODEL, HIDDEN) * 8);
-    Case base = {.E = E, .R = R, .doff = doff, .res = res, .dw = dw, .dw0 = dw0, .sq = sq};
+    Case base = {.E = E, .R = R, .doff = doff, .res = res, .dw = dw, .dw0 = dw0};
     Case c;
-    if (sumsq) {
-        c = base, c.op = OP_WGRAD_SQ, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.dout = g_h;
-        bench_case(&c, "weight-grad gate/up, dw += and the slots");
-        c = base, c.op = OP_WGRAD_SQ, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.dout = g_d;
-        bench_case(&c, "weight-grad down, dw += and the slots");
-        goto done;
-    }
     c = base, c.op = OP_FWD, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.w = w_a;
     bench_case(&c, "forward gate/up 2048->1024");
     c = base, c.op = OP_FWD, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.w = w_a;
@@ -248,7 +216,6 @@ int main(int argc, char **argv) {
     c.op = OP_WGRAD_ADD;
     bench_case(&c, "weight-grad down, dw +=");
 
-done:;
     // the variant (not the diagnostic one) with the least time per layer and micro-batch
     int best = 0;
     double best_ms = 1e30;
@@ -256,13 +223,13 @@ done:;
     for (int k = 0; k < N_VAR; k++) {
         if (variants[k] & 4) continue;
         double sum = 0;
-        for (int i = 0; i < n_cases; i++) sum += (sumsq ? 1 : per_layer[i]) * case_ms[i][k];
+        for (int i = 0; i < n_cases; i++) sum += per_layer[i] * case_ms[i][k];
         row("| %s | %.3f |\n", variant_name[k], sum);
         if (sum < best_ms) best_ms = sum, best = variants[k];
     }
     if (gt_fail) { // a variant that does not give variant 0's bits is no candidate
-        row("\n(checks failed: variant %d kept)\n", variants[0]);
-        best = variants[0];
+        row("\n(checks failed: variant 0 kept)\n");
+        best = 0;
     }
     printf("\n%s\n", table);
     printf("BEST_VARIANT=%d\n", best);
@@ -274,6 +241,6 @@ done:;
         }
     }
     cuda_free(x_d); cuda_free(x_h); cuda_free(w_a); cuda_free(w_b); cuda_free(g_h); cuda_free(g_h2);
-    cuda_free(g_d); cuda_free(res); cuda_free(dw); cuda_free(dw0); cuda_free(doff); cuda_free(sq);
+    cuda_free(g_d); cuda_free(res); cuda_free(dw); cuda_free(dw0); cuda_free(doff);
     return gt_finish();
 }

@@ -563,28 +563,25 @@ __device__ __forceinline__ void acc_sumsq(const float (&acc)[BN / 2], double *sq
 // dw += acc (one writer per element: a load, the FP32 addition the L2's
 // reduction would do, a store) and the slots of the sums, for a warp's 16
 // rows x BN columns as acc_sumsq.
-// QB: the quads whose loads are in flight together (8, or 16: a slot's
-// whole row pair, 32 more registers).
-template <int BN, int QB = 8>
+template <int BN>
 __device__ __forceinline__ void add_acc_f32_sumsq(const float (&acc)[BN / 2], float *o, double *sq, int e, int M, int N,
                                                   int r, int c0, int n0) {
-    static_assert(QB == 8 || QB == 16, "8 or 16 quads a batch");
 #pragma unroll
     for (int q = 0; q < BN / 128; q++) {
         double s = 0;
 #pragma unroll
-        for (int h = 0; h < 16 / QB; h++) { // QB quads at a time: their loads in flight together
-            float2 lo[QB], hi[QB];
+        for (int h = 0; h < 2; h++) { // 8 quads at a time: their loads in flight together
+            float2 lo[8], hi[8];
 #pragma unroll
-            for (int t = 0; t < QB; t++) {
-                int c = c0 + 8 * (16 * q + QB * h + t);
+            for (int t = 0; t < 8; t++) {
+                int c = c0 + 8 * (16 * q + 8 * h + t);
                 bool c_ok = c < N;
                 lo[t] = c_ok && r < M ? *(const float2 *)(o + (size_t)r * N + c) : make_float2(0.f, 0.f);
                 hi[t] = c_ok && r + 8 < M ? *(const float2 *)(o + (size_t)(r + 8) * N + c) : make_float2(0.f, 0.f);
             }
 #pragma unroll
-            for (int t = 0; t < QB; t++) {
-                int j = 16 * q + QB * h + t, c = c0 + 8 * j;
+            for (int t = 0; t < 8; t++) {
+                int j = 16 * q + 8 * h + t, c = c0 + 8 * j;
                 bool c_ok = c < N, l_ok = c_ok && r < M, h_ok = c_ok && r + 8 < M;
                 float x0 = lo[t].x + acc[4 * j], x1 = lo[t].y + acc[4 * j + 1];
                 float y0 = hi[t].x + acc[4 * j + 2], y1 = hi[t].y + acc[4 * j + 3];
@@ -689,16 +686,8 @@ enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3, WS_GLU = 4 };
 // bench_grouped's 40 bit-for-bit checks. So the default takes each call's
 // fastest: EPI3 for the BF16 outputs, EPI4 for dw =, the 128 x 128
 // ping-pong for dw += (variant 577).
-// WS_SUMSQ_WIDE / WS_SUMSQ_PREFETCH (the ping-pong kernel's += with the
-// grad norm's slots, the last micro-batch's weight-grads: its epilogue
-// loads dw, unlike the plain +=, whose red.global.add needs no answer):
-// 16 quads' loads in flight at a time instead of 8 (128 x 128 tiles); each tile's dw rows
-// brought into L2 (cp.async.bulk.prefetch, one row a consumer thread) when
-// the warpgroup starts the tile, so that the epilogue's loads hit L2. Both
-// leave the arithmetic and its order as they are: the same bits.
 enum { WS_STORE16 = 1, WS_PREFETCH_DW = 2, WS_NO_EPILOGUE = 4, WS_STAGGER = 8, WS_TMA_EPI4 = 16, WS_TMA_EPI3 = 32,
-       WS_TMA_BY_MODE = 64, WS_PINGPONG = 128, WS_PINGPONG_128 = 256, WS_PINGPONG_ADD = 512, WS_SUMSQ_WIDE = 1024,
-       WS_SUMSQ_PREFETCH = 2048 };
+       WS_TMA_BY_MODE = 64, WS_PINGPONG = 128, WS_PINGPONG_128 = 256, WS_PINGPONG_ADD = 512 };
 enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_TMA_BY_MODE | WS_PINGPONG_ADD };
 
 // The TMA epilogue (kernels with STG > 0, variants WS_TMA_EPI4 / _EPI3):
@@ -1042,9 +1031,7 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
 // 1.33x (128 x 128) what grouped_ws_kernel's 128 x 256 tiles move. A partial last
 // K step is zeroed past the segment in all the warpgroup's boxes (its own
 // stage: no wait for the other warpgroup).
-// WIDE: the sumsq epilogue's 16 quads in flight (WS_SUMSQ_WIDE, its own
-// instance: 36 bytes of spills at 128 x 128, which the others do not get).
-template <int TM, int S, bool WIDE = false>
+template <int TM, int S>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, const int *offsets, int E, int M, int N,
                               int vec4, int variant) {
@@ -1116,12 +1103,6 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
         int need = mine - 1 + cw;
         if (need >= 0) mbar_wait(order0 + 8 * cw, (uint32_t)need & 1);
         mine++;
-        if (maps.sq && !(vec4 & 2) && (vec4 & 1) && (variant & WS_SUMSQ_PREFETCH)) {
-            const float *o = dw + (size_t)tl.e * M * N + tl.n0;
-            uint32_t bytes = (uint32_t)min(TN, N - tl.n0) * 4; // a multiple of 32 (N % 8 == 0)
-            for (int r = threadIdx.x & 127; r < TM && tl.m0 + r < M; r += 128)
-                bulk_prefetch_l2(o + (size_t)(tl.m0 + r) * N, bytes);
-        }
         int prev = 0;
         for (int kt = 0; kt < ktiles; kt++) {
             mbar_wait(full0 + 8 * slot, phase);
@@ -1164,7 +1145,7 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
         for (int h = 0; h < NA; h++) {
             int r = tl.m0 + 64 * h + warp * 16 + (lane >> 2);
             if (maps.sq && !(vec4 & 2)) {
-                add_acc_f32_sumsq<TN, WIDE ? 16 : 8>(acc[h], o, maps.sq, tl.e, M, N, r, c0, tl.n0);
+                add_acc_f32_sumsq<TN>(acc[h], o, maps.sq, tl.e, M, N, r, c0, tl.n0);
                 continue;
             }
             if (maps.sq) acc_sumsq<TN>(acc[h], maps.sq, tl.e, M, N, r, c0, tl.n0);
@@ -1244,23 +1225,12 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
 // The epilogue variant: WS_DEFAULT_VARIANT unless a benchmark or test has
-// set another (cuda_grouped_set_variant, a number 0-4095 of the WS_* bits;
+// set another (cuda_grouped_set_variant, a number 0-1023 of the WS_* bits;
 // tests/gpu/bench_grouped.c interleaves them). Not configuration: the
 // variants other than the default are measured, not supported.
 static int ws_variant_override = -1;
-// MOECORE_WS_VARIANT=N in the environment sets it for a whole run (the
-// training A/B of a variant; measurement only, like the above).
-extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 4095 ? v : -1; }
-static int ws_variant(void) {
-    static int env = -2;
-    if (env == -2) {
-        const char *v = getenv("MOECORE_WS_VARIANT");
-        char *end;
-        long n = v && *v ? strtol(v, &end, 10) : -1;
-        env = v && *v && !*end && n >= 0 && n <= 4095 ? (int)n : -1;
-    }
-    return ws_variant_override >= 0 ? ws_variant_override : env >= 0 ? env : WS_DEFAULT_VARIANT;
-}
+extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 1023 ? v : -1; }
+static int ws_variant(void) { return ws_variant_override >= 0 ? ws_variant_override : WS_DEFAULT_VARIANT; }
 
 // dw = A_e^T B_e leaves the experts without rows (no tiles) to this.
 static void zero_empty(void *dw, const int *offsets, int E, int C, int OC) {
@@ -1276,16 +1246,14 @@ static void zero_empty(void *dw, const int *offsets, int E, int C, int OC) {
 static int launch_wgrad_pingpong(int shape, float *dw, const WsMaps &maps, const int *offsets, int E, int C, int OC,
                                  int set, int variant) {
     typedef void (*Kernel)(float *, const WsMaps, const int *, int, int, int, int, int);
-    static const Kernel kernels[3] = {grouped_wgrad_pingpong_kernel<64, 5>, grouped_wgrad_pingpong_kernel<128, 6>,
-                                      grouped_wgrad_pingpong_kernel<128, 6, true>};
+    static const Kernel kernels[2] = {grouped_wgrad_pingpong_kernel<64, 5>, grouped_wgrad_pingpong_kernel<128, 6>};
     static const int stages[2] = {5, 6}, stage_bytes[2] = {5 * MN_LBO, 4 * MN_LBO};
-    static int smem_set[3];
+    static int smem_set[2];
     int smem = stages[shape] * (stage_bytes[shape] + 16) + 16 + 1024 + (E + 1) * (int)sizeof(int);
     if (smem > WG_SMEM_LIMIT) return -1;
-    int k = shape == 1 && maps.sq && !set && (variant & WS_SUMSQ_WIDE) ? 2 : shape;
-    cuda_allow_smem((const void *)kernels[k], &smem_set[k], smem);
+    cuda_allow_smem((const void *)kernels[shape], &smem_set[shape], smem);
     if (set) zero_empty(dw, offsets, E, C, OC);
-    kernels[k]<<<cuda_num_sms(), WS_THREADS, smem, cuda_stream()>>>(dw, maps, offsets, E, OC, C,
+    kernels[shape]<<<cuda_num_sms(), WS_THREADS, smem, cuda_stream()>>>(dw, maps, offsets, E, OC, C,
                                                                          wgrad_vec4(dw) | (set << 1), variant);
     cudaLaunchCheck();
     return 0;

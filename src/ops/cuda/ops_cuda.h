@@ -140,7 +140,7 @@ int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void *dsT, const
                                   size_t ds_head);
 int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen);                 // gemm.cu
 // For benchmarks and tests only, not configuration: the grouped kernels'
-// epilogue variant (0-4095 of grouped_wgmma.cu's WS_* bits; -1: the default)
+// epilogue variant (0-1023 of grouped_wgmma.cu's WS_* bits; -1: the default)
 // and the streaming cross-entropy kernels instead of the shared-memory ones.
 void cuda_grouped_set_variant(int v);         // grouped_wgmma.cu
 void cuda_crossentropy_set_streaming(int on); // loss.cu
