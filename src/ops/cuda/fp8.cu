@@ -44,9 +44,13 @@
 // mbarrier arrivals): 0.34x / 0.38x, L2 71% busy for a third of the work
 // (not understood); the next tile's first stage issued under the epilogue:
 // slower (it spilled). What the shared pipe (ncu: 55.9%, the highest)
-// and the issue of four m64n128k32 per half leave is the next question:
-// an m64n256 wgmma per stage (one instruction stream for the whole tile
-// width, 128 partial registers) or A from registers. Tiles come from the device offsets like the BF16 kernels
+// and the issue of four m64n128k32 per half leave is the next question.
+// A from registers (ldmatrix of the swizzled A box once a stage, both
+// halves' wgmma reading the registers; commit c80f930) gave the default's
+// bits at 0.89x (gate/up) and 0.92x (down) on an H100 (2026-12-07,
+// bench/results/2026-12-07-s9.md): not the shared pipe's A reads either.
+// An m64n256 wgmma per stage (one instruction stream for the whole tile
+// width, 128 partial registers) is what is left untried. Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
 //
@@ -605,26 +609,6 @@ __device__ __forceinline__ void f8_mma_k128(float (&part)[64], uint64_t da, uint
     wgmma_commit();
     wgmma_wait<0>();
 }
-// The same with A from registers: a[kk] the warp's fragment of K slice kk
-// (f8_load_a's)
-__device__ __forceinline__ void f8_mma_k128_rs(float (&part)[64], const uint32_t (&a)[F8_BK / 32][4], uint64_t db) {
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < F8_BK / 32; kk++) wgmma_fp8_n128_rs(part, a[kk], db + 2 * kk, kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-}
-// The warp's 16 rows x 128 bytes of a K-major, 128-byte-swizzled A box at
-// `base` (1024-byte aligned: row r's 16-byte chunk c at r * 128 + 16 (c ^ (r %
-// 8))), as the four K slices' register fragments of wgmma_fp8_n128_rs:
-// lanes 0-15 address rows 0-15 at the slice's first 16 bytes, lanes 16-31
-// the same rows at its second 16 (ldmatrix's matrices 0-3 = a0..a3).
-__device__ __forceinline__ void f8_load_a(uint32_t (&a)[F8_BK / 32][4], uint32_t base, int warp, int lane) {
-    int r = warp * 16 + (lane & 15);
-    uint32_t row = base + r * 128;
-#pragma unroll
-    for (int kk = 0; kk < F8_BK / 32; kk++) ldsm_x4_shared(a[kk], row + (((2 * kk + (lane >> 4)) ^ (r & 7)) << 4));
-}
 
 // out[R, N] = A[R, K] B_e^T with block scales sa [R, K/128], sb [E, N/128, K/128].
 // PREFETCH: each stage's four scales are loaded one stage ahead (else at
@@ -632,9 +616,7 @@ __device__ __forceinline__ void f8_load_a(uint32_t (&a)[F8_BK / 32][4], uint32_t
 // stores 16 bytes per thread (store_half_vec), else 4 (store_acc_bf16).
 // STAGGER: consumer warpgroup 2 takes the column halves in the order 1, 0,
 // so that the two warpgroups' first wgmma of a stage read different B.
-// RS: A from registers (f8_load_a once a stage, both halves' wgmma reading
-// the registers), so that the shared pipe reads A once a stage, not twice.
-template <bool PREFETCH, bool VEC_STORE, bool STAGGER = false, bool RS = false>
+template <bool PREFETCH, bool VEC_STORE, bool STAGGER = false>
 __global__ void __launch_bounds__(F8_THREADS, 1)
 fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const float *sa, const float *sb,
                        const int *offsets, int E, int N, int K) {
@@ -704,14 +686,11 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
             mbar_wait(full0 + 8 * slot, phase);
             uint32_t st = tiles + slot * F8_STAGE_BYTES;
             uint64_t da = smem_desc(st + cw * 64 * 128);
-            uint32_t afr[F8_BK / 32][4];
-            if (RS) f8_load_a(afr, st + cw * 64 * 128, warp, lane);
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 int h = STAGGER ? hh ^ cw : hh;
                 uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
-                if (RS) f8_mma_k128_rs(part, afr, db);
-                else f8_mma_k128(part, da, db);
+                f8_mma_k128(part, da, db);
                 if (hh == 1) mbar_arrive(empty0 + 8 * slot); // both halves read: release the stage
                 float bs = h ? b1 : b0;
                 if (h == 0) promote(acc0, part, a_lo * bs, a_hi * bs);
@@ -1306,12 +1285,10 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     // staggers the column halves. H200, OLMoE shapes, 7 interleaved rounds
     // (bench/results/2026-12-01-h200-issue18-fp8.md): 1.38 / 1.35 / 1.49 /
     // 1.52x the BF16 grouped forward (gate/up), 1.28 / 1.23 / 1.48 / 1.52x (down).
-    // 4: variant 3 with A from registers (measurement; not yet timed).
     typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
-    static const Kernel kernels[FP8_GEMM_VARIANTS] = {
-        fp8_grouped_fwd_kernel<false, false>, fp8_grouped_fwd_kernel<true, false>, fp8_grouped_fwd_kernel<true, true>,
-        fp8_grouped_fwd_kernel<true, true, true>, fp8_grouped_fwd_kernel<true, true, true, true>};
-    static int smem_set[FP8_GEMM_VARIANTS];
+    static const Kernel kernels[4] = {fp8_grouped_fwd_kernel<false, false>, fp8_grouped_fwd_kernel<true, false>,
+                                      fp8_grouped_fwd_kernel<true, true>, fp8_grouped_fwd_kernel<true, true, true>};
+    static int smem_set[4];
     cuda_allow_smem((const void *)kernels[variant], &smem_set[variant], smem);
     kernels[variant]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
     cudaLaunchCheck();

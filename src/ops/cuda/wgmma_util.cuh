@@ -180,39 +180,6 @@ __device__ __forceinline__ void wgmma_fp8_n128(float (&d)[64], uint64_t a, uint6
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(a), "l"(b), "r"(accumulate));
 }
-// d[64] (+)= A B(desc b)^T, m64n128k32 e4m3 x e4m3 -> f32 with A from
-// registers: a[4] the warp's 16 rows x 32 bytes of A (a0 row g, bytes
-// 4c..4c+3; a1 row g+8; a2 row g, bytes 16+4c..; a3 row g+8, bytes 16+4c..;
-// g = lane / 4, c = lane % 4: ldsm_x4_shared's result for that slice), warp
-// w of the warpgroup holding rows 16w..16w+15; B K-major as wgmma_fp8_n128.
-__device__ __forceinline__ void wgmma_fp8_n128_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int accumulate) {
-    asm volatile("{\n.reg .pred p;\n"
-                 "setp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                 "{%64,%65,%66,%67}, %68, p, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-// ldmatrix .x4 from a shared-space address: lanes 8m..8m+7 give the row
-// addresses of 8 x 16-byte matrix m, and r[m] holds the thread's 4 bytes
-// of it (row lane / 4, bytes 4 (lane % 4)..+3).
-__device__ __forceinline__ void ldsm_x4_shared(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
 // d[64] (+)= A B(desc b)^T, m64n128k16 with A from registers: a[4] is the
 // warp's 16 x 16 slice of A as mma.sync m16n8k16 holds it (a0 row g, k
 // 2c..2c+1; a1 row g+8; a2 row g, k 2c+8..; a3 row g+8, k 2c+8.., g = lane
