@@ -11,7 +11,11 @@
 # A_ENV / B_ENV="NAME=value ..." environment for A's / B's runs alone, so that
 # one binary can be compared with itself, e.g. A_ENV=MOECORE_GLU=0 B_ENV=MOECORE_GLU=1;
 # A_ARGS / B_ARGS="--key=value ..." overrides for A's / B's runs alone, e.g.
-# A_ARGS=--train.recompute=gather B_ARGS=--train.recompute=none)
+# A_ARGS=--train.recompute=gather B_ARGS=--train.recompute=none;
+# SMI=1: nvidia-smi samples each run's SM clock, power and clock-event
+# reasons every 250 ms, and the summary adds each side's median clock and
+# power over the busy samples and how many of them the power cap held
+# (the 700 W cap slows a training step's kernels: bench/results/2026-12-07-s9.md))
 set -u
 a=$1 b=$2; shift 2
 steps=${STEPS:-12} warmup=${WARMUP:-3}
@@ -22,10 +26,17 @@ run() { # BIN NAME CONFIG
   rm -rf "$dir"
   local args
   if [ "$2" = A ]; then vars=${A_ENV:-} args=${A_ARGS:-}; else vars=${B_ENV:-} args=${B_ARGS:-}; fi
+  local smi=""
+  if [ "${SMI:-0}" = 1 ] && command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active,utilization.gpu --format=csv,noheader,nounits \
+      -lms 250 > "$dir.smi.csv" 2>/dev/null &
+    smi=$!
+  fi
   # shellcheck disable=SC2086 # NAME=value words
   env $vars timeout 300 "$1" train "$3" --data.synthetic=true --checkpoint.save_final=false --checkpoint.interval=0 \
     --train.eval_interval=0 --train.steps="$steps" --logging.run_dir="$dir" ${ARGS:-} $args > "$dir.log" 2>&1 ||
     echo "   $2 on $3: exit $? (log $dir.log): $(tail -n 2 "$dir.log" | tr '\n' ' ')"
+  [ -n "$smi" ] && kill "$smi" 2>/dev/null
 }
 for cfg in "$@"; do
   run "$a" A "$cfg" 1; run "$b" B "$cfg" 1; run "$b" B "$cfg" 2; run "$a" A "$cfg" 2
@@ -48,6 +59,23 @@ print(f"{cfg}: losses bit-identical in all 4 runs: {same}; loss at step 10 A {l1
       f"tokens/s A {tps['A']:.0f} B {tps['B']:.0f} (B/A {ratio:.4f}); per run A "
       + " ".join(f"{statistics.median([r['tokens_per_s'] for r in run if r['step'] > warmup] or [0]):.0f}" for run in runs["A"])
       + " B " + " ".join(f"{statistics.median([r['tokens_per_s'] for r in run if r['step'] > warmup] or [0]):.0f}" for run in runs["B"]))
+def smi(who):  # busy samples (utilisation > 50%) of both runs: (SM MHz, W, power-capped)
+    got = []
+    for i in (1, 2):
+        try:
+            for line in open(f"{out}/{who}-{name}-{i}.smi.csv"):
+                f = [x.strip() for x in line.split(",")]
+                try:
+                    if float(f[3]) > 50: got.append((float(f[0]), float(f[1]), int(f[2], 16) & 0x4 != 0))
+                except (ValueError, IndexError):
+                    pass
+        except OSError:
+            pass
+    return got
+if any(smi(w) for w in "AB"):
+    print("   nvidia-smi, busy samples: " + "; ".join(
+        f"{w} {len(g)}: SM clock median {statistics.median(x[0] for x in g):.0f} MHz, power {statistics.median(x[1] for x in g):.0f} W, "
+        f"power-capped {sum(x[2] for x in g)}" for w in "AB" for g in [smi(w)] if g))
 EOF
 done
 # few files come back from a lent machine: the runs travel as one archive,
