@@ -38,7 +38,12 @@ fi
 while [ $# -gt 0 ]; do
   case $1 in
     tests)
-      # test_backend_ops also times its OLMoE-shape cases (--perf)
+      # test_backend_ops also times its OLMoE-shape cases (--perf). The
+      # processes share the host's cores (their CPU references dominate):
+      # 8 threads each, OpenBLAS's pool capped alike, and idle OpenMP
+      # threads sleep instead of spinning (on a 16-core H100 host three
+      # processes did not finish in 400 s with spinning threads and
+      # OpenBLAS's default pool; bench/results/2026-12-07-s9.md)
       pids=() logs=()
       for t in build/tests/gpu/test_*; do
         n=$(basename "$t")
@@ -47,7 +52,7 @@ while [ $# -gt 0 ]; do
         [ "$n" = test_cuda_model ] && args=(models docs capacity fp8) # one process each
         for a in "${args[@]}"; do
           log=$n${a:+.${a#--}}
-          (OMP_NUM_THREADS=8 timeout "${GPU_TEST_TIMEOUT:-400}" "$t" $a > "$out/$log.log" 2>&1; echo "exit $?" >> "$out/$log.log") &
+          (OMP_NUM_THREADS=8 OPENBLAS_NUM_THREADS=8 OMP_WAIT_POLICY=PASSIVE timeout "${GPU_TEST_TIMEOUT:-400}" "$t" $a > "$out/$log.log" 2>&1; echo "exit $?" >> "$out/$log.log") &
           pids+=($!) logs+=("$log")
         done
       done
