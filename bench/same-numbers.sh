@@ -72,10 +72,11 @@ def smi(who):  # busy samples (utilisation > 50%) of both runs: (SM MHz, W, powe
         except OSError:
             pass
     return got
-if any(smi(w) for w in "AB"):
+busy = {w: smi(w) for w in "AB"}
+if any(busy.values()):
     print("   nvidia-smi, busy samples: " + "; ".join(
         f"{w} {len(g)}: SM clock median {statistics.median(x[0] for x in g):.0f} MHz, power {statistics.median(x[1] for x in g):.0f} W, "
-        f"power-capped {sum(x[2] for x in g)}" for w in "AB" for g in [smi(w)] if g))
+        f"power-capped {sum(x[2] for x in g)}" for w, g in busy.items() if g))
 EOF
 done
 # few files come back from a lent machine: the runs travel as one archive,

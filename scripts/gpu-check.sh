@@ -41,9 +41,9 @@ while [ $# -gt 0 ]; do
       # test_backend_ops also times its OLMoE-shape cases (--perf). The
       # processes share the host's cores (their CPU references dominate):
       # 8 threads each, OpenBLAS's pool capped alike, and idle OpenMP
-      # threads sleep instead of spinning (on a 16-core H100 host three
-      # processes did not finish in 400 s with spinning threads and
-      # OpenBLAS's default pool; bench/results/2026-12-07-s9.md)
+      # threads sleep instead of spinning. On a 16-core H100 host three
+      # processes did not finish in 400 s before these two settings
+      # (bench/results/2026-12-07-s9.md); their effect is not yet measured.
       pids=() logs=()
       for t in build/tests/gpu/test_*; do
         n=$(basename "$t")

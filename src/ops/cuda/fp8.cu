@@ -49,8 +49,9 @@
 // halves' wgmma reading the registers; commit c80f930) gave the default's
 // bits at 0.89x (gate/up) and 0.92x (down) on an H100 (2026-12-07,
 // bench/results/2026-12-07-s9.md): not the shared pipe's A reads either.
-// An m64n256 wgmma per stage (one instruction stream for the whole tile
-// width, 128 partial registers) is what is left untried. Tiles come from the device offsets like the BF16 kernels
+// An m64n256 wgmma per stage does not fit: with the promotion every 128
+// of K it needs 128 partial and 128 accumulator registers a thread (256,
+// the limit is 255). Next: ncu's stall reasons of the consumer loop. Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
 //
