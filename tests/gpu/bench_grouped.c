@@ -20,8 +20,14 @@
 // with the CPU backend. Every operand (64-512 MB) is over 2 x L2.
 // Prints a markdown table (to argv[1] too when given) and ends with
 // "N passed, N failed". Built by `make build/tests/gpu/bench_grouped`.
-// Usage: bench_grouped [table.md [quick]]; quick: 3 rounds, and only the
-// variants after the first checked.
+// Usage: bench_grouped [table.md [quick | sumsq]]; quick: 3 rounds, and only
+// the variants after the first checked; sumsq: the last micro-batch's
+// weight-grads (+= with the grad norm's slots, cuda_grouped_wgrad_sumsq)
+// and the earlier micro-batches' (+= alone), under the default (577) and
+// 1601 (577 + WS_DW_SMEM: the old dw from a shared-memory copy), 1601
+// checked against 577 bit for bit (dw; test_backend_ops -o wgrad_sumsq
+// checks the slots), beside a reference: the += then the slots from dw in
+// memory (MOECORE_GRAD_NORM=separate's pass, cuda_wgrad_sumsq_slots).
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,24 +43,35 @@
 enum { TOKENS = 8192, N_EXP = 64, TOP_K = 8, D_MODEL = 2048, HIDDEN = 1024 };
 enum { WARMUP = 3, RUNS = 10, ROUNDS = 5 };
 
-static const int variants[] = {0, 1, 65, 193, 321, 577, 4, 132, 260};
-#define N_VAR ((int)(sizeof variants / sizeof variants[0]))
-static const char *variant_name[] = {"0: 4-byte stores (before)",
+static const int all_variants[] = {0, 1, 65, 193, 321, 577, 1601, 4, 132, 260};
+static const int sq_variants[] = {577, 1601};
+#define N_VAR_MAX 10
+static const int *variants = all_variants;
+static int N_VAR = 10;
+static const char *sq_variant_name[] = {"577: the default before WS_DW_SMEM (slots: the epilogue loads dw; else L2 reductions)",
+                                        "1601 (default): 577 + the old dw from a shared-memory copy (WS_DW_SMEM)"};
+static const char *const *variant_name;
+static const char *all_variant_name[] = {"0: 4-byte stores (before)",
                                      "1: 16-byte stores (the default before e396024)",
                                      "65: TMA epilogue by mode (EPI3 BF16, EPI4 FP32)",
                                      "193: 65 + weight-grad ping-pong 64x256",
                                      "321: 65 + weight-grad ping-pong 128x128",
-                                     "577: 65 + ping-pong 128x128 for += (default)",
+                                     "577: 65 + ping-pong 128x128 for += (the default before WS_DW_SMEM)",
+                                     "1601: 577 + dw += from a shared-memory copy of dw (default)",
                                      "4: no epilogue (main loop alone)",
                                      "132: no epilogue, ping-pong 64x256",
                                      "260: no epilogue, ping-pong 128x128"};
-static const int checked[] = {1, 65, 193, 321, 577}; // compared with variant 0 bit for bit
+static const int all_checked[] = {1, 65, 193, 321, 577, 1601}; // compared with variant 0 bit for bit
+static const int sq_checked[] = {1601};                  // sumsq: compared with 577
+static const int *checked = all_checked;
+static int n_checked = 6;
+static int sumsq;
 static int quick; // argv[2] "quick": the last two checked only, 3 rounds
 // how often a micro-batch of one MoE layer runs each case (bench_case's
 // order): forward gate and up, down; down data-grad; the pair; weight-grads
 // gate and up, down, assigned on 1 micro-batch of 4 and accumulated on 3
 static const double per_layer[] = {2, 1, 1, 1, 0.5, 1.5, 0.25, 0.75};
-static double case_ms[8][N_VAR];
+static double case_ms[8][N_VAR_MAX];
 static int n_cases;
 
 static char table[16384];
@@ -66,12 +83,13 @@ static void row(const char *fmt, ...) {
     va_end(ap);
 }
 
-enum { OP_FWD, OP_DGRAD, OP_PAIR, OP_WGRAD_SET, OP_WGRAD_ADD };
+enum { OP_FWD, OP_DGRAD, OP_PAIR, OP_WGRAD_SET, OP_WGRAD_ADD, OP_WGRAD_SQ, OP_WGRAD_ADD_SLOTS };
 typedef struct {
     int op, E, C, OC, R;
     int *doff;
     void *inp, *w, *dout, *dout2, *w2, *res; // res: forward out or dinp (BF16)
     float *dw, *dw0;                          // weight-grad [E, OC, C] and its random start
+    double *sq;                               // OP_WGRAD_SQ: the slots
 } Case;
 
 static void run_case(Case *c) {
@@ -81,6 +99,11 @@ static void run_case(Case *c) {
         cuda_grouped_matmul_backward(c->res, NULL, c->dout, c->inp, c->w, c->doff, c->E, c->C, c->OC, 1);
         break;
     case OP_PAIR: cuda_grouped_dgrad_pair(c->res, c->dout, c->w, c->dout2, c->w2, c->doff, c->E, c->C, c->OC); break;
+    case OP_WGRAD_SQ: cuda_grouped_wgrad_sumsq(c->dw, c->sq, c->dout, c->inp, c->doff, c->E, c->C, c->OC, 1); break;
+    case OP_WGRAD_ADD_SLOTS:
+        cuda_grouped_matmul_backward(NULL, c->dw, c->dout, c->inp, c->w, c->doff, c->E, c->C, c->OC, 1);
+        cuda_wgrad_sumsq_slots(c->dw, c->sq, c->doff, c->E, c->C, c->OC, 0);
+        break;
     default:
         cuda_grouped_matmul_backward(NULL, c->dw, c->dout, c->inp, c->w, c->doff, c->E, c->C, c->OC,
                                      c->op == OP_WGRAD_ADD);
@@ -118,9 +141,9 @@ static void bench_case(Case *c, const char *name) {
     char what[160];
     snprintf(what, sizeof what, "%s, variant 0: every element written, finite", name);
     gt_ok(bad == 0, "%s (%zu not)", what, bad);
-    for (size_t k = quick ? 1 : 0; k < sizeof checked / sizeof checked[0]; k++) {
+    for (int k = quick ? 1 : 0; k < n_checked; k++) {
         void *got = run_output(c, checked[k], &n);
-        snprintf(what, sizeof what, "%s, variant %d = variant 0", name, checked[k]);
+        snprintf(what, sizeof what, "%s, variant %d = variant %d", name, checked[k], variants[0]);
         gt_check_bits(what, got, ref, cnt, elem);
         free(got);
     }
@@ -155,6 +178,12 @@ static void bench_case(Case *c, const char *name) {
 
 int main(int argc, char **argv) {
     quick = argc > 2 && !strcmp(argv[2], "quick");
+    sumsq = argc > 2 && !strcmp(argv[2], "sumsq");
+    variant_name = all_variant_name;
+    if (sumsq) {
+        variants = sq_variants, N_VAR = 2, variant_name = sq_variant_name;
+        checked = sq_checked, n_checked = 1;
+    }
     // random top-8 routing of 8192 tokens over 64 experts (distinct per token)
     int off[N_EXP + 1];
     gt_random_offsets(off, TOKENS, N_EXP, TOP_K);
@@ -174,10 +203,10 @@ int main(int argc, char **argv) {
     row("- %d tokens x top-%d of %d experts, random routing: %d rows, %d..%d per expert\n", TOKENS, TOP_K, N_EXP, R,
         mn, mx);
     row("- each entry the median of %d runs after %d warm-ups (CUDA events); %d interleaved rounds of all variants: "
-        "ms = median over rounds (min..max), vs 0 = median of the rounds' variant-0 / variant time ratios; "
+        "ms = median over rounds (min..max), vs %d = median of the rounds' variant-%d / variant time ratios; "
         "FLOPs 2 R C OC (pair: twice)\n\n",
-        RUNS, WARMUP, quick ? 3 : ROUNDS);
-    row("| op | variant | ms | TFLOP/s | vs 0 |\n|---|---|---:|---:|---:|\n");
+        RUNS, WARMUP, quick ? 3 : ROUNDS, variants[0], variants[0]);
+    row("| op | variant | ms | TFLOP/s | vs %d |\n|---|---|---:|---:|---:|\n", variants[0]);
 
     // one random host buffer (N(0, 1), BF16-representable) for every operand
     size_t big = (size_t)E * D_MODEL * HIDDEN, rows_big = (size_t)R * D_MODEL;
@@ -197,8 +226,24 @@ int main(int argc, char **argv) {
     free(h_dw);
 
     // gate/up: C = d 2048 -> OC = hidden 1024 (inp x_d, dout g_h); down: C = hidden -> OC = d (inp x_h, dout g_d)
-    Case base = {.E = E, .R = R, .doff = doff, .res = res, .dw = dw, .dw0 = dw0};
+    double *sq = cuda_alloc(ops_wgrad_slots(E, D_MODEL, HIDDEN) * 8);
+    Case base = {.E = E, .R = R, .doff = doff, .res = res, .dw = dw, .dw0 = dw0, .sq = sq};
     Case c;
+    if (sumsq) {
+        c = base, c.op = OP_WGRAD_SQ, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.dout = g_h;
+        bench_case(&c, "weight-grad gate/up, dw += and the slots");
+        c = base, c.op = OP_WGRAD_SQ, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.dout = g_d;
+        bench_case(&c, "weight-grad down, dw += and the slots");
+        c = base, c.op = OP_WGRAD_ADD, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.dout = g_h;
+        bench_case(&c, "weight-grad gate/up, dw += alone");
+        c = base, c.op = OP_WGRAD_ADD, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.dout = g_d;
+        bench_case(&c, "weight-grad down, dw += alone");
+        c = base, c.op = OP_WGRAD_ADD_SLOTS, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.dout = g_h;
+        bench_case(&c, "reference: weight-grad gate/up, dw += then the slots from memory");
+        c = base, c.op = OP_WGRAD_ADD_SLOTS, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.dout = g_d;
+        bench_case(&c, "reference: weight-grad down, dw += then the slots from memory");
+        goto done;
+    }
     c = base, c.op = OP_FWD, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.w = w_a;
     bench_case(&c, "forward gate/up 2048->1024");
     c = base, c.op = OP_FWD, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.w = w_a;
@@ -216,6 +261,7 @@ int main(int argc, char **argv) {
     c.op = OP_WGRAD_ADD;
     bench_case(&c, "weight-grad down, dw +=");
 
+done:;
     // the variant (not the diagnostic one) with the least time per layer and micro-batch
     int best = 0;
     double best_ms = 1e30;
@@ -223,13 +269,13 @@ int main(int argc, char **argv) {
     for (int k = 0; k < N_VAR; k++) {
         if (variants[k] & 4) continue;
         double sum = 0;
-        for (int i = 0; i < n_cases; i++) sum += per_layer[i] * case_ms[i][k];
+        for (int i = 0; i < (sumsq ? 4 : n_cases); i++) sum += (sumsq ? 1 : per_layer[i]) * case_ms[i][k]; // sumsq: not the reference
         row("| %s | %.3f |\n", variant_name[k], sum);
         if (sum < best_ms) best_ms = sum, best = variants[k];
     }
     if (gt_fail) { // a variant that does not give variant 0's bits is no candidate
-        row("\n(checks failed: variant 0 kept)\n");
-        best = 0;
+        row("\n(checks failed: variant %d kept)\n", variants[0]);
+        best = variants[0];
     }
     printf("\n%s\n", table);
     printf("BEST_VARIANT=%d\n", best);
@@ -241,6 +287,6 @@ int main(int argc, char **argv) {
         }
     }
     cuda_free(x_d); cuda_free(x_h); cuda_free(w_a); cuda_free(w_b); cuda_free(g_h); cuda_free(g_h2);
-    cuda_free(g_d); cuda_free(res); cuda_free(dw); cuda_free(dw0); cuda_free(doff);
+    cuda_free(g_d); cuda_free(res); cuda_free(dw); cuda_free(dw0); cuda_free(doff); cuda_free(sq);
     return gt_finish();
 }

@@ -594,6 +594,41 @@ __device__ __forceinline__ void add_acc_f32_sumsq(const float (&acc)[BN / 2], fl
     }
 }
 
+// dw += acc with the old dw values from a copy in shared memory (WS_DW_SMEM,
+// the ping-pong's 128 x 128 tiles), and with SQ the slots as
+// add_acc_f32_sumsq: `half` is the tile's 64-row half this warp's rows r,
+// r + 8 are in, as the copy engine left it: four boxes of 64 rows x 32 FP32
+// columns (8 KB each, 128-byte swizzle: row q at q * 128, its 16-byte chunk
+// c at (c ^ (q % 8)) * 16), box b holding the tile's columns 32 b .. 32 b +
+// 31; rq = r's row in the half. The loads are shared-memory reads (a
+// warp's 8 rows x 32 bytes in the two wavefronts 256 bytes take), so the
+// epilogue no longer waits on device memory. The additions (one writer per
+// element, the FP32 sum red_add_quad's reduction makes), the stores and the
+// sums in add_acc_f32_sumsq's order: the same dw and slots, bit for bit.
+template <int BN, bool SQ>
+__device__ __forceinline__ void add_acc_f32_smem(const float (&acc)[BN / 2], float *o, double *sq, int e, int M,
+                                                 int N, int r, int c0, int n0, uint32_t half, int rq) {
+    static_assert(BN == 128, "a 128-column tile: four 32-column boxes");
+    const int lane = threadIdx.x & 31;
+    double s = 0;
+#pragma unroll
+    for (int t = 0; t < 16; t++) {
+        int c = c0 + 8 * t;
+        bool c_ok = c < N, l_ok = c_ok && r < M, h_ok = c_ok && r + 8 < M;
+        // column 8 t + 2 (lane % 4) of the tile: box t / 4, chunk 2 (t % 4) + (lane % 4) / 2, byte 8 (lane % 2)
+        uint32_t at = half + (t >> 2) * 8192 + swz(rq, 2 * (t & 3) + ((lane & 3) >> 1)) + 8 * (lane & 1);
+        float2 lo, hi;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lo.x), "=f"(lo.y) : "r"(at));
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(hi.x), "=f"(hi.y) : "r"(at + 8 * 128));
+        float x0 = lo.x + acc[4 * t], x1 = lo.y + acc[4 * t + 1];
+        float y0 = hi.x + acc[4 * t + 2], y1 = hi.y + acc[4 * t + 3];
+        if (l_ok) *(float2 *)(o + (size_t)r * N + c) = make_float2(x0, x1);
+        if (h_ok) *(float2 *)(o + (size_t)(r + 8) * N + c) = make_float2(y0, y1);
+        if (SQ) sq_quad(s, x0, x1, y0, y1, l_ok, h_ok);
+    }
+    if (SQ) sq_slot_store(s, sq, e, (r - lane / 4) / 16, n0 / 128, M, N);
+}
+
 // The slots from dw in memory (the kernels without the fused sum, and the
 // experts without rows, which have no tiles): one warp a slot, in the
 // order above; with only_empty, the slots of experts with rows are left.
@@ -686,9 +721,21 @@ enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3, WS_GLU = 4 };
 // bench_grouped's 40 bit-for-bit checks. So the default takes each call's
 // fastest: EPI3 for the BF16 outputs, EPI4 for dw =, the 128 x 128
 // ping-pong for dw += (variant 577).
+// WS_DW_SMEM (dw += on the 128 x 128 ping-pong, with or without the grad
+// norm's slots): the old dw from a copy the copy engine brings into shared
+// memory under the other warpgroup's main loop, then plain stores, instead
+// of the epilogue's own loads (with the slots) or red_add_quad's L2
+// reductions (without) (grouped_wgrad_pingpong_kernel's SMEM_DW). The
+// same bits as without it. Measured on an H100 (2026-12-07, bench_grouped
+// sumsq, OLMoE shapes, 65536 rows, 5 interleaved rounds; 577 against 1601 =
+// 577 + WS_DW_SMEM): dw += alone 0.842 -> 0.739 ms (gate/up, 1.14x) and
+// 0.801 -> 0.635 (down, 1.26x), with the slots 0.845 -> 0.772 (1.10x) and
+// 0.833 -> 0.732 (1.14x); OLMoE-1B-7B at 8 of its layers 94,804 -> 97,007
+// tokens/s (1.023x, every loss and grad norm bit-identical;
+// bench/results/2026-12-07-s10.md). So the default is 1601.
 enum { WS_STORE16 = 1, WS_PREFETCH_DW = 2, WS_NO_EPILOGUE = 4, WS_STAGGER = 8, WS_TMA_EPI4 = 16, WS_TMA_EPI3 = 32,
-       WS_TMA_BY_MODE = 64, WS_PINGPONG = 128, WS_PINGPONG_128 = 256, WS_PINGPONG_ADD = 512 };
-enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_TMA_BY_MODE | WS_PINGPONG_ADD };
+       WS_TMA_BY_MODE = 64, WS_PINGPONG = 128, WS_PINGPONG_128 = 256, WS_PINGPONG_ADD = 512, WS_DW_SMEM = 1024 };
+enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_TMA_BY_MODE | WS_PINGPONG_ADD | WS_DW_SMEM };
 
 // The TMA epilogue (kernels with STG > 0, variants WS_TMA_EPI4 / _EPI3):
 // a consumer warpgroup's 64 x 256 half of the tile goes through its own
@@ -1009,6 +1056,21 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
     if (STG > 0 && (threadIdx.x & 127) == 0) bulk_wait<0>(); // the last stores out of shared memory
 }
 
+// WS_DW_SMEM: the copy engine brings tile tl's 128 x 128 FP32 block of
+// dw [E M, N] (rows e M + m0 .., columns n0 ..; maps.o, boxes of 32
+// columns x 64 rows) into `buf` as up to 8 boxes, box (h, b) at (4 h + b)
+// 8 KB, onto barrier bar. A box that starts past dw's last column or row
+// is not asked for (the epilogue uses none of its values); the part of a
+// box past them comes back as zeros, counted in the transaction all the
+// same; rows past M are the next expert's, which the epilogue does not use.
+__device__ __forceinline__ void dw_copy_load(uint32_t buf, uint32_t bar, const CUtensorMap *map, const Tile &tl, int M,
+                                             int N, int E) {
+    int nb = min(4, (N - tl.n0 + 31) / 32), row0 = tl.e * M + tl.m0, nh = row0 + 64 < E * M ? 2 : 1;
+    mbar_expect_tx(bar, (uint32_t)(nh * nb * 8192));
+    for (int h = 0; h < nh; h++)
+        for (int b = 0; b < nb; b++) tma_load_2d(buf + (4 * h + b) * 8192, map, tl.n0 + 32 * b, row0 + 64 * h, bar);
+}
+
 // ---------------------------------------------------------------------------
 // Weight-grad ping-pong (variants WS_PINGPONG: TM x TN = 64 x 256, 5 stages;
 // WS_PINGPONG_128 and, for += only, WS_PINGPONG_ADD: 128 x 128, 6 stages;
@@ -1031,17 +1093,35 @@ grouped_ws_kernel(void *out, const __grid_constant__ WsMaps maps, int pair, cons
 // 1.33x (128 x 128) what grouped_ws_kernel's 128 x 256 tiles move. A partial last
 // K step is zeroed past the segment in all the warpgroup's boxes (its own
 // stage: no wait for the other warpgroup).
-template <int TM, int S>
+//
+// SMEM_DW (variant WS_DW_SMEM, 128 x 128 only, +=): the epilogue takes
+// the old dw from a 64 KB copy in shared memory and stores the sums,
+// instead of loading dw itself (with the grad norm's slots: the loads'
+// latency, one tile's 64 KB with 16 KB in flight a warpgroup, left the
+// epilogue longer than the other warpgroup's main loop) or reducing into
+// it in L2 (red_add_quad, without the slots). One copy serves both warpgroups,
+// in the order of the block's tiles: the warpgroup of tile i, once every
+// thread of it has read tile i's copy, has the copy engine bring tile i +
+// 1's (8 boxes of maps.o, 64 rows x 32 columns) onto dwbar[(i + 1) % 2];
+// tile 0's is asked for by warpgroup 0 before its first main loop. So each
+// load has the other warpgroup's main loop to land in, a load never
+// overwrites a copy still being read, and each barrier completes once per
+// tile of its warpgroup, in order (its parity is the tile's count there).
+template <int TM, int S, bool SMEM_DW = false>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, const int *offsets, int E, int M, int N,
                               int vec4, int variant) {
     constexpr int TN = 16384 / TM, NA = TM / 64, NB = TN / 64;
     constexpr int A_BYTES = NA * MN_LBO, STAGE = (NA + NB) * MN_LBO;
+    constexpr int DW_BYTES = SMEM_DW ? TM * TN * 4 : 0;
+    static_assert(!SMEM_DW || (TM == 128 && TN == 128), "the shared copy of dw: 128 x 128 tiles");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t tiles = (raw + 1023) & ~1023u;
-    uint32_t full0 = tiles + S * STAGE, empty0 = full0 + 8 * S, order0 = empty0 + 8 * S; // order[w] at order0 + 8 w
-    int *s_off = (int *)(smem_raw + (tiles - raw) + S * STAGE + 16 * S + 16);
+    uint32_t dwbuf = tiles + S * STAGE; // SMEM_DW: the copy (1024-aligned: STAGE is)
+    uint32_t full0 = dwbuf + DW_BYTES, empty0 = full0 + 8 * S, order0 = empty0 + 8 * S; // order[w] at order0 + 8 w
+    uint32_t dwbar0 = order0 + 16;                                                          // SMEM_DW: dwbar[w]
+    int *s_off = (int *)(smem_raw + (tiles - raw) + S * STAGE + DW_BYTES + 16 * S + 16 + (SMEM_DW ? 16 : 0));
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; s++) {
             mbar_init(full0 + 8 * s, 1);
@@ -1049,6 +1129,10 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
         }
         mbar_init(order0, 1);
         mbar_init(order0 + 8, 1);
+        if (SMEM_DW) {
+            mbar_init(dwbar0, 1);
+            mbar_init(dwbar0 + 8, 1);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     grouped_load_offsets<WS_THREADS>(offsets, E, s_off); // ends with a barrier
@@ -1085,6 +1169,8 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
     int slot = 0, mine = 0; // mine: tiles this warpgroup has taken
     uint32_t phase = 0;
     float acc[NA][TN / 2];
+    if (SMEM_DW && cw == 0 && (threadIdx.x & 127) == 0 && first < total) // tile 0's copy of dw
+        dw_copy_load(dwbuf, dwbar0, &maps.o, wgrad_locate(first, s_off, per_e, col_tiles, TN, TM), M, N, E);
     int i = 0; // the tile's place in the block's list
     for (int t = first; t < total; t = wgrad_skip_empty(t + gridDim.x, total, gridDim.x, s_off, per_e), i++) {
         Tile tl = wgrad_locate(t, s_off, per_e, col_tiles, TN, TM);
@@ -1141,16 +1227,33 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
         if (variant & WS_NO_EPILOGUE) continue; // timing only: nothing stored
         float *o = dw + (size_t)tl.e * M * N;
         int c0 = tl.n0 + 2 * (lane & 3);
+        if constexpr (SMEM_DW) {
+            mbar_wait(dwbar0 + 8 * cw, (uint32_t)(mine - 1) & 1); // this tile's copy has landed
 #pragma unroll
-        for (int h = 0; h < NA; h++) {
-            int r = tl.m0 + 64 * h + warp * 16 + (lane >> 2);
-            if (maps.sq && !(vec4 & 2)) {
-                add_acc_f32_sumsq<TN>(acc[h], o, maps.sq, tl.e, M, N, r, c0, tl.n0);
-                continue;
+            for (int h = 0; h < NA; h++) {
+                int r = tl.m0 + 64 * h + warp * 16 + (lane >> 2);
+                uint32_t half = dwbuf + h * 4 * 8192;
+                if (maps.sq) add_acc_f32_smem<TN, true>(acc[h], o, maps.sq, tl.e, M, N, r, c0, tl.n0, half, r - tl.m0 - 64 * h);
+                else add_acc_f32_smem<TN, false>(acc[h], o, NULL, tl.e, M, N, r, c0, tl.n0, half, r - tl.m0 - 64 * h);
             }
-            if (maps.sq) acc_sumsq<TN>(acc[h], maps.sq, tl.e, M, N, r, c0, tl.n0);
-            if (vec4 & 2) add_acc_f32<TN, true>(acc[h], o, M, N, r, c0, vec4 & 1);
-            else add_acc_f32<TN>(acc[h], o, M, N, r, c0, vec4 & 1);
+            fence_proxy_async();        // the copy's reads before the copy engine's next writes
+            named_barrier(6 + cw, 128); // ... by every thread of the warpgroup
+            int tn = wgrad_skip_empty(t + gridDim.x, total, gridDim.x, s_off, per_e);
+            if ((threadIdx.x & 127) == 0 && tn < total) // the next tile's copy, for the other warpgroup
+                dw_copy_load(dwbuf, dwbar0 + 8 * (1 - cw), &maps.o, wgrad_locate(tn, s_off, per_e, col_tiles, TN, TM),
+                             M, N, E);
+        } else {
+#pragma unroll
+            for (int h = 0; h < NA; h++) {
+                int r = tl.m0 + 64 * h + warp * 16 + (lane >> 2);
+                if (maps.sq && !(vec4 & 2)) {
+                    add_acc_f32_sumsq<TN>(acc[h], o, maps.sq, tl.e, M, N, r, c0, tl.n0);
+                    continue;
+                }
+                if (maps.sq) acc_sumsq<TN>(acc[h], maps.sq, tl.e, M, N, r, c0, tl.n0);
+                if (vec4 & 2) add_acc_f32<TN, true>(acc[h], o, M, N, r, c0, vec4 & 1);
+                else add_acc_f32<TN>(acc[h], o, M, N, r, c0, vec4 & 1);
+            }
         }
     }
 }
@@ -1225,12 +1328,23 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
 // The epilogue variant: WS_DEFAULT_VARIANT unless a benchmark or test has
-// set another (cuda_grouped_set_variant, a number 0-1023 of the WS_* bits;
+// set another (cuda_grouped_set_variant, a number 0-2047 of the WS_* bits;
 // tests/gpu/bench_grouped.c interleaves them). Not configuration: the
 // variants other than the default are measured, not supported.
 static int ws_variant_override = -1;
-extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 1023 ? v : -1; }
-static int ws_variant(void) { return ws_variant_override >= 0 ? ws_variant_override : WS_DEFAULT_VARIANT; }
+// MOECORE_WS_VARIANT=N in the environment sets it for a whole run (the
+// training A/B of a variant; measurement only, like the above).
+extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 2047 ? v : -1; }
+static int ws_variant(void) {
+    static int env = -2;
+    if (env == -2) {
+        const char *v = getenv("MOECORE_WS_VARIANT");
+        char *end;
+        long n = v && *v ? strtol(v, &end, 10) : -1;
+        env = v && *v && !*end && n >= 0 && n <= 2047 ? (int)n : -1;
+    }
+    return ws_variant_override >= 0 ? ws_variant_override : env >= 0 ? env : WS_DEFAULT_VARIANT;
+}
 
 // dw = A_e^T B_e leaves the experts without rows (no tiles) to this.
 static void zero_empty(void *dw, const int *offsets, int E, int C, int OC) {
@@ -1243,13 +1357,25 @@ static void zero_empty(void *dw, const int *offsets, int E, int C, int OC) {
 // The weight-grad on grouped_wgrad_pingpong_kernel: shape 0 = 64 x 256
 // tiles, 5 stages; 1 = 128 x 128, 6 stages. 0, or -1 (nothing launched)
 // when shared memory does not allow it.
-static int launch_wgrad_pingpong(int shape, float *dw, const WsMaps &maps, const int *offsets, int E, int C, int OC,
-                                 int set, int variant) {
+// Shape 2: 128 x 128 with the shared copy of dw (WS_DW_SMEM: +=, dw
+// 16-byte aligned), 5 stages beside the copy's 64 KB; else shape 1.
+static int launch_wgrad_pingpong(int shape, float *dw, WsMaps &maps, const int *offsets, int E, int C, int OC, int set,
+                                 int variant) {
     typedef void (*Kernel)(float *, const WsMaps, const int *, int, int, int, int, int);
-    static const Kernel kernels[2] = {grouped_wgrad_pingpong_kernel<64, 5>, grouped_wgrad_pingpong_kernel<128, 6>};
-    static const int stages[2] = {5, 6}, stage_bytes[2] = {5 * MN_LBO, 4 * MN_LBO};
-    static int smem_set[2];
-    int smem = stages[shape] * (stage_bytes[shape] + 16) + 16 + 1024 + (E + 1) * (int)sizeof(int);
+    static const Kernel kernels[3] = {grouped_wgrad_pingpong_kernel<64, 5>, grouped_wgrad_pingpong_kernel<128, 6>,
+                                      grouped_wgrad_pingpong_kernel<128, 5, true>};
+    static const int stages[3] = {5, 6, 5}, stage_bytes[3] = {5 * MN_LBO, 4 * MN_LBO, 4 * MN_LBO};
+    static const int extra[3] = {0, 0, 128 * 128 * 4 + 16}; // the copy and its two barriers
+    static int smem_set[3];
+    if (shape == 1 && (variant & WS_DW_SMEM) && !set && !(variant & WS_NO_EPILOGUE) &&
+        !((uintptr_t)dw & 15) &&
+        !cuda_tensor_map_2d(&maps.o, dw, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, C, (uint64_t)E * OC, 32, 64))
+        shape = 2;
+    int smem = stages[shape] * (stage_bytes[shape] + 16) + 16 + extra[shape] + 1024 + (E + 1) * (int)sizeof(int);
+    if (smem > WG_SMEM_LIMIT && shape == 2) {
+        shape = 1;
+        smem = stages[1] * (stage_bytes[1] + 16) + 16 + 1024 + (E + 1) * (int)sizeof(int);
+    }
     if (smem > WG_SMEM_LIMIT) return -1;
     cuda_allow_smem((const void *)kernels[shape], &smem_set[shape], smem);
     if (set) zero_empty(dw, offsets, E, C, OC);

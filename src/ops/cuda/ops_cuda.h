@@ -30,6 +30,8 @@ void cuda_grouped_glu_forward(void *g, void *u, void *a, const void *inp, const 
                               const int *offsets, int E, int C, int OC, int R);
 void cuda_grouped_wgrad_sumsq(float *dw, double *sq, const void *dout, const void *inp, const int *offsets, int E,
                               int C, int OC, int accumulate);
+// the slots of dw's sum of squares from dw in memory (all experts', or only_empty: those without rows)
+void cuda_wgrad_sumsq_slots(const float *dw, double *sq, const int *offsets, int E, int C, int OC, int only_empty);
 
 // attention.cu
 void cuda_attention_forward(void *out, float *saved, const void *q, const void *k, const void *v,
@@ -140,7 +142,7 @@ int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void *dsT, const
                                   size_t ds_head);
 int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen);                 // gemm.cu
 // For benchmarks and tests only, not configuration: the grouped kernels'
-// epilogue variant (0-1023 of grouped_wgmma.cu's WS_* bits; -1: the default)
+// epilogue variant (0-2047 of grouped_wgmma.cu's WS_* bits; -1: the default)
 // and the streaming cross-entropy kernels instead of the shared-memory ones.
 void cuda_grouped_set_variant(int v);         // grouped_wgmma.cu
 void cuda_crossentropy_set_streaming(int on); // loss.cu
