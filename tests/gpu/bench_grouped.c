@@ -230,18 +230,18 @@ int main(int argc, char **argv) {
     Case base = {.E = E, .R = R, .doff = doff, .res = res, .dw = dw, .dw0 = dw0, .sq = sq};
     Case c;
     if (sumsq) {
-        c = base, c.op = OP_WGRAD_SQ, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.dout = g_h;
-        bench_case(&c, "weight-grad gate/up, dw += and the slots");
-        c = base, c.op = OP_WGRAD_SQ, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.dout = g_d;
-        bench_case(&c, "weight-grad down, dw += and the slots");
-        c = base, c.op = OP_WGRAD_ADD, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.dout = g_h;
-        bench_case(&c, "weight-grad gate/up, dw += alone");
-        c = base, c.op = OP_WGRAD_ADD, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.dout = g_d;
-        bench_case(&c, "weight-grad down, dw += alone");
-        c = base, c.op = OP_WGRAD_ADD_SLOTS, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.dout = g_h;
-        bench_case(&c, "reference: weight-grad gate/up, dw += then the slots from memory");
-        c = base, c.op = OP_WGRAD_ADD_SLOTS, c.C = HIDDEN, c.OC = D_MODEL, c.inp = x_h, c.dout = g_d;
-        bench_case(&c, "reference: weight-grad down, dw += then the slots from memory");
+        // each op on gate/up (C = d, OC = hidden) then down (C = hidden, OC = d)
+        static const int ops[3] = {OP_WGRAD_SQ, OP_WGRAD_ADD, OP_WGRAD_ADD_SLOTS};
+        static const char *what[3] = {"dw += and the slots", "dw += alone",
+                                      "dw += then the slots from memory (reference)"};
+        for (int k = 0; k < 6; k++) {
+            int down = k & 1;
+            c = base, c.op = ops[k / 2], c.C = down ? HIDDEN : D_MODEL, c.OC = down ? D_MODEL : HIDDEN;
+            c.inp = down ? x_h : x_d, c.dout = down ? g_d : g_h;
+            char name[96];
+            snprintf(name, sizeof name, "weight-grad %s, %s", down ? "down" : "gate/up", what[k / 2]);
+            bench_case(&c, name);
+        }
         goto done;
     }
     c = base, c.op = OP_FWD, c.C = D_MODEL, c.OC = HIDDEN, c.inp = x_d, c.w = w_a;

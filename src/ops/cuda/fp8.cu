@@ -51,7 +51,13 @@
 // bench/results/2026-12-07-s9.md): not the shared pipe's A reads either.
 // An m64n256 wgmma per stage does not fit: with the promotion every 128
 // of K it needs 128 partial and 128 accumulator registers a thread (256,
-// the limit is 255). Next: ncu's stall reasons of the consumer loop. Tiles come from the device offsets like the BF16 kernels
+// the limit is 255). ncu's stall samples (H100, 2026-12-07,
+// bench/results/2026-12-07-s10.md): the tensor pipe is busy 58% of the
+// cycles (the BF16 forward's: 85%), a quarter of the consumer samples sit
+// at the wgmma wait before each half's promotion and ~9% in the stage
+// barriers' waits; so the gap to 1.6x is the pipe's idle time, which more
+// independent wgmma in flight per multiprocessor would fill (not tried).
+// Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
 //
