@@ -15,9 +15,13 @@
 # SMI=1: nvidia-smi samples each run's SM clock, power and clock-event
 # reasons every 250 ms, and the summary adds each side's median clock and
 # power over the busy samples and how many of them the power cap held
-# (the 700 W cap slows a training step's kernels: bench/results/2026-12-07-s9.md))
+# (the 700 W cap slows a training step's kernels: bench/results/2026-12-07-s9.md));
+# C_BIN=path: a third side C (with C_ENV / C_ARGS like B's), the order then
+# A B C C B A, each of B and C reported against A, e.g. a base binary as A,
+# the new one as B and the new one with --train.recompute=none as C)
 set -u
 a=$1 b=$2; shift 2
+c=${C_BIN:-}
 steps=${STEPS:-12} warmup=${WARMUP:-3}
 out=${OUT:-build/same-numbers}
 mkdir -p "$out"
@@ -25,7 +29,11 @@ run() { # BIN NAME CONFIG
   local dir="$out/$2-$(basename "$3" .yaml)-$4" vars
   rm -rf "$dir"
   local args
-  if [ "$2" = A ]; then vars=${A_ENV:-} args=${A_ARGS:-}; else vars=${B_ENV:-} args=${B_ARGS:-}; fi
+  case $2 in
+    A) vars=${A_ENV:-} args=${A_ARGS:-} ;;
+    B) vars=${B_ENV:-} args=${B_ARGS:-} ;;
+    *) vars=${C_ENV:-} args=${C_ARGS:-} ;;
+  esac
   local smi=""
   if [ "${SMI:-0}" = 1 ] && command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active,utilization.gpu --format=csv,noheader,nounits \
@@ -39,26 +47,33 @@ run() { # BIN NAME CONFIG
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
 }
 for cfg in "$@"; do
-  run "$a" A "$cfg" 1; run "$b" B "$cfg" 1; run "$b" B "$cfg" 2; run "$a" A "$cfg" 2
-  python3 - "$out" "$(basename "$cfg" .yaml)" "$warmup" "$cfg" <<'EOF'
+  if [ -n "$c" ]; then
+    sides=ABC
+    run "$a" A "$cfg" 1; run "$b" B "$cfg" 1; run "$c" C "$cfg" 1; run "$c" C "$cfg" 2; run "$b" B "$cfg" 2; run "$a" A "$cfg" 2
+  else
+    sides=AB
+    run "$a" A "$cfg" 1; run "$b" B "$cfg" 1; run "$b" B "$cfg" 2; run "$a" A "$cfg" 2
+  fi
+  python3 - "$out" "$(basename "$cfg" .yaml)" "$warmup" "$cfg" "$sides" <<'EOF'
 import json, statistics, sys
-out, name, warmup, cfg = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+out, name, warmup, cfg, sides = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 def load(who, i):
     try:
         return [json.loads(l) for l in open(f"{out}/{who}-{name}-{i}/metrics.jsonl")]
     except OSError:
         return []
-runs = {w: [load(w, 1), load(w, 2)] for w in "AB"}
-losses = {w: [[r["loss"] for r in run] for run in runs[w]] for w in "AB"}
-same = all(l == losses["A"][0] and l for w in "AB" for l in losses[w])
-tps = {w: statistics.median([statistics.median([r["tokens_per_s"] for r in run if r["step"] > warmup] or [0])
-                             for run in runs[w]]) for w in "AB"}
-l10 = {w: (losses[w][0][9] if len(losses[w][0]) >= 10 else None) for w in "AB"}
-ratio = tps["B"] / tps["A"] if tps["A"] else 0
-print(f"{cfg}: losses bit-identical in all 4 runs: {same}; loss at step 10 A {l10['A']!r} B {l10['B']!r}; "
-      f"tokens/s A {tps['A']:.0f} B {tps['B']:.0f} (B/A {ratio:.4f}); per run A "
-      + " ".join(f"{statistics.median([r['tokens_per_s'] for r in run if r['step'] > warmup] or [0]):.0f}" for run in runs["A"])
-      + " B " + " ".join(f"{statistics.median([r['tokens_per_s'] for r in run if r['step'] > warmup] or [0]):.0f}" for run in runs["B"]))
+def med(run):
+    return statistics.median([r["tokens_per_s"] for r in run if r["step"] > warmup] or [0])
+runs = {w: [load(w, 1), load(w, 2)] for w in sides}
+losses = {w: [[r["loss"] for r in run] for run in runs[w]] for w in sides}
+same = all(l == losses["A"][0] and l for w in sides for l in losses[w])
+tps = {w: statistics.median([med(run) for run in runs[w]]) for w in sides}
+l10 = {w: (losses[w][0][9] if len(losses[w][0]) >= 10 else None) for w in sides}
+print(f"{cfg}: losses bit-identical in all {2 * len(sides)} runs: {same}; loss at step 10 "
+      + " ".join(f"{w} {l10[w]!r}" for w in sides) + "; tokens/s "
+      + " ".join(f"{w} {tps[w]:.0f}" for w in sides) + " ("
+      + ", ".join(f"{w}/A {tps[w] / tps['A'] if tps['A'] else 0:.4f}" for w in sides[1:]) + "); per run "
+      + " ".join(f"{w} " + " ".join(f"{med(run):.0f}" for run in runs[w]) for w in sides))
 def smi(who):  # busy samples (utilisation > 50%) of both runs: (SM MHz, W, power-capped)
     got = []
     for i in (1, 2):
@@ -72,7 +87,7 @@ def smi(who):  # busy samples (utilisation > 50%) of both runs: (SM MHz, W, powe
         except OSError:
             pass
     return got
-busy = {w: smi(w) for w in "AB"}
+busy = {w: smi(w) for w in sides}
 if any(busy.values()):
     print("   nvidia-smi, busy samples: " + "; ".join(
         f"{w} {len(g)}: SM clock median {statistics.median(x[0] for x in g):.0f} MHz, power {statistics.median(x[1] for x in g):.0f} W, "
@@ -83,5 +98,5 @@ done
 # one per invocation (a second call into the same OUT adds its own)
 n=1
 while [ -e "$out/runs-$n.tgz" ]; do n=$((n + 1)); done
-(cd "$out" && tar czf "runs-$n.tgz" --remove-files A-* B-* 2>/dev/null)
+(cd "$out" && tar czf "runs-$n.tgz" --remove-files A-* B-* C-* 2>/dev/null)
 echo "runs: $out/runs-$n.tgz"
