@@ -269,7 +269,7 @@ done:;
     for (int k = 0; k < N_VAR; k++) {
         if (variants[k] & 4) continue;
         double sum = 0;
-        for (int i = 0; i < (sumsq ? 4 : n_cases); i++) sum += (sumsq ? 1 : per_layer[i]) * case_ms[i][k]; // sumsq: not the reference
+        for (int i = 0; i < (sumsq ? 4 : n_cases); i++) sum += (sumsq ? 1 : per_layer[i]) * case_ms[i][k]; // sumsq: not the 2 reference rows
         row("| %s | %.3f |\n", variant_name[k], sum);
         if (sum < best_ms) best_ms = sum, best = variants[k];
     }

@@ -2750,12 +2750,12 @@ static void list_cases(void) {
         if (selected(specials[i].name)) printf("  special check %s\n", specials[i].name);
 }
 
-// --grouped-variant's list (up to MAX_GROUPED_VARIANTS numbers 0-2047): 0, or -1 when malformed
+// --grouped-variant's list (up to MAX_GROUPED_VARIANTS numbers 0-CUDA_GROUPED_VARIANT_MAX): 0, or -1 when malformed
 static int parse_variants(const char *arg) {
     for (const char *p = arg; *p;) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 2047 || n_grouped_variants == MAX_GROUPED_VARIANTS || (*end && *end != ','))
+        if (end == p || v < 0 || v > CUDA_GROUPED_VARIANT_MAX || n_grouped_variants == MAX_GROUPED_VARIANTS || (*end && *end != ','))
             return -1;
         snprintf(grouped_variant_label[n_grouped_variants], sizeof grouped_variant_label[0], "variant %ld", v);
         grouped_variants[n_grouped_variants++] = (int)v;

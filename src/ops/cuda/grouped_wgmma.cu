@@ -560,6 +560,20 @@ __device__ __forceinline__ void acc_sumsq(const float (&acc)[BN / 2], double *sq
     }
 }
 
+// Quad j of a warp's accumulators (acc4 = &acc[4 j]: rows r and r + 8,
+// columns c, c + 1) added to the old dw values lo (row r) and hi (row r +
+// 8), stored where they exist, and with SQ their squares added to s in
+// sq_quad's order.
+template <bool SQ>
+__device__ __forceinline__ void add_store_quad(const float *acc4, float2 lo, float2 hi, float *o, int N, int r, int c,
+                                               bool l_ok, bool h_ok, double &s) {
+    float x0 = lo.x + acc4[0], x1 = lo.y + acc4[1];
+    float y0 = hi.x + acc4[2], y1 = hi.y + acc4[3];
+    if (l_ok) *(float2 *)(o + (size_t)r * N + c) = make_float2(x0, x1);
+    if (h_ok) *(float2 *)(o + (size_t)(r + 8) * N + c) = make_float2(y0, y1);
+    if (SQ) sq_quad(s, x0, x1, y0, y1, l_ok, h_ok);
+}
+
 // dw += acc (one writer per element: a load, the FP32 addition the L2's
 // reduction would do, a store) and the slots of the sums, for a warp's 16
 // rows x BN columns as acc_sumsq.
@@ -582,12 +596,8 @@ __device__ __forceinline__ void add_acc_f32_sumsq(const float (&acc)[BN / 2], fl
 #pragma unroll
             for (int t = 0; t < 8; t++) {
                 int j = 16 * q + 8 * h + t, c = c0 + 8 * j;
-                bool c_ok = c < N, l_ok = c_ok && r < M, h_ok = c_ok && r + 8 < M;
-                float x0 = lo[t].x + acc[4 * j], x1 = lo[t].y + acc[4 * j + 1];
-                float y0 = hi[t].x + acc[4 * j + 2], y1 = hi[t].y + acc[4 * j + 3];
-                if (l_ok) *(float2 *)(o + (size_t)r * N + c) = make_float2(x0, x1);
-                if (h_ok) *(float2 *)(o + (size_t)(r + 8) * N + c) = make_float2(y0, y1);
-                sq_quad(s, x0, x1, y0, y1, l_ok, h_ok);
+                bool c_ok = c < N;
+                add_store_quad<true>(acc + 4 * j, lo[t], hi[t], o, N, r, c, c_ok && r < M, c_ok && r + 8 < M, s);
             }
         }
         sq_slot_store(s, sq, e, (r - (threadIdx.x & 31) / 4) / 16, n0 / 128 + q, M, N);
@@ -600,31 +610,28 @@ __device__ __forceinline__ void add_acc_f32_sumsq(const float (&acc)[BN / 2], fl
 // r + 8 are in, as the copy engine left it: four boxes of 64 rows x 32 FP32
 // columns (8 KB each, 128-byte swizzle: row q at q * 128, its 16-byte chunk
 // c at (c ^ (q % 8)) * 16), box b holding the tile's columns 32 b .. 32 b +
-// 31; rq = r's row in the half. The loads are shared-memory reads (a
-// warp's 8 rows x 32 bytes in the two wavefronts 256 bytes take), so the
-// epilogue no longer waits on device memory. The additions (one writer per
-// element, the FP32 sum red_add_quad's reduction makes), the stores and the
-// sums in add_acc_f32_sumsq's order: the same dw and slots, bit for bit.
+// 31. The loads are shared-memory reads (a warp's 8 rows x 32 bytes in the
+// two wavefronts 256 bytes take), so the epilogue no longer waits on device
+// memory. The additions (one writer per element, the FP32 sum
+// red_add_quad's reduction makes), the stores and the sums are
+// add_store_quad's in add_acc_f32_sumsq's order: the same dw and slots,
+// bit for bit.
 template <int BN, bool SQ>
 __device__ __forceinline__ void add_acc_f32_smem(const float (&acc)[BN / 2], float *o, double *sq, int e, int M,
-                                                 int N, int r, int c0, int n0, uint32_t half, int rq) {
+                                                 int N, int r, int c0, int n0, uint32_t half) {
     static_assert(BN == 128, "a 128-column tile: four 32-column boxes");
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, rq = ((threadIdx.x >> 5) & 3) * 16 + lane / 4; // r's row in the half
     double s = 0;
 #pragma unroll
     for (int t = 0; t < 16; t++) {
         int c = c0 + 8 * t;
-        bool c_ok = c < N, l_ok = c_ok && r < M, h_ok = c_ok && r + 8 < M;
+        bool c_ok = c < N;
         // column 8 t + 2 (lane % 4) of the tile: box t / 4, chunk 2 (t % 4) + (lane % 4) / 2, byte 8 (lane % 2)
         uint32_t at = half + (t >> 2) * 8192 + swz(rq, 2 * (t & 3) + ((lane & 3) >> 1)) + 8 * (lane & 1);
         float2 lo, hi;
         asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lo.x), "=f"(lo.y) : "r"(at));
         asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(hi.x), "=f"(hi.y) : "r"(at + 8 * 128));
-        float x0 = lo.x + acc[4 * t], x1 = lo.y + acc[4 * t + 1];
-        float y0 = hi.x + acc[4 * t + 2], y1 = hi.y + acc[4 * t + 3];
-        if (l_ok) *(float2 *)(o + (size_t)r * N + c) = make_float2(x0, x1);
-        if (h_ok) *(float2 *)(o + (size_t)(r + 8) * N + c) = make_float2(y0, y1);
-        if (SQ) sq_quad(s, x0, x1, y0, y1, l_ok, h_ok);
+        add_store_quad<SQ>(acc + 4 * t, lo, hi, o, N, r, c, c_ok && r < M, c_ok && r + 8 < M, s);
     }
     if (SQ) sq_slot_store(s, sq, e, (r - lane / 4) / 16, n0 / 128, M, N);
 }
@@ -736,6 +743,7 @@ enum { WS_FWD = 0, WS_DGRAD = 1, WS_WGRAD = 2, WS_WGRAD_SET = 3, WS_GLU = 4 };
 enum { WS_STORE16 = 1, WS_PREFETCH_DW = 2, WS_NO_EPILOGUE = 4, WS_STAGGER = 8, WS_TMA_EPI4 = 16, WS_TMA_EPI3 = 32,
        WS_TMA_BY_MODE = 64, WS_PINGPONG = 128, WS_PINGPONG_128 = 256, WS_PINGPONG_ADD = 512, WS_DW_SMEM = 1024 };
 enum { WS_DEFAULT_VARIANT = WS_STORE16 | WS_TMA_BY_MODE | WS_PINGPONG_ADD | WS_DW_SMEM };
+static_assert(2 * WS_DW_SMEM - 1 == CUDA_GROUPED_VARIANT_MAX, "the variants' range covers every WS_* bit");
 
 // The TMA epilogue (kernels with STG > 0, variants WS_TMA_EPI4 / _EPI3):
 // a consumer warpgroup's 64 x 256 half of the tile goes through its own
@@ -1233,8 +1241,8 @@ grouped_wgrad_pingpong_kernel(float *dw, const __grid_constant__ WsMaps maps, co
             for (int h = 0; h < NA; h++) {
                 int r = tl.m0 + 64 * h + warp * 16 + (lane >> 2);
                 uint32_t half = dwbuf + h * 4 * 8192;
-                if (maps.sq) add_acc_f32_smem<TN, true>(acc[h], o, maps.sq, tl.e, M, N, r, c0, tl.n0, half, r - tl.m0 - 64 * h);
-                else add_acc_f32_smem<TN, false>(acc[h], o, NULL, tl.e, M, N, r, c0, tl.n0, half, r - tl.m0 - 64 * h);
+                if (maps.sq) add_acc_f32_smem<TN, true>(acc[h], o, maps.sq, tl.e, M, N, r, c0, tl.n0, half);
+                else add_acc_f32_smem<TN, false>(acc[h], o, NULL, tl.e, M, N, r, c0, tl.n0, half);
             }
             fence_proxy_async();        // the copy's reads before the copy engine's next writes
             named_barrier(6 + cw, 128); // ... by every thread of the warpgroup
@@ -1328,20 +1336,20 @@ static int tensor_map(CUtensorMap *m, const void *p, uint64_t inner, uint64_t ou
 static int tma_wanted(void) { return cuda_settings()->gemm_tma != 0; }
 
 // The epilogue variant: WS_DEFAULT_VARIANT unless a benchmark or test has
-// set another (cuda_grouped_set_variant, a number 0-2047 of the WS_* bits;
+// set another (cuda_grouped_set_variant, a number 0-CUDA_GROUPED_VARIANT_MAX of the WS_* bits;
 // tests/gpu/bench_grouped.c interleaves them). Not configuration: the
 // variants other than the default are measured, not supported.
 static int ws_variant_override = -1;
 // MOECORE_WS_VARIANT=N in the environment sets it for a whole run (the
 // training A/B of a variant; measurement only, like the above).
-extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= 2047 ? v : -1; }
+extern "C" void cuda_grouped_set_variant(int v) { ws_variant_override = v >= 0 && v <= CUDA_GROUPED_VARIANT_MAX ? v : -1; }
 static int ws_variant(void) {
     static int env = -2;
     if (env == -2) {
         const char *v = getenv("MOECORE_WS_VARIANT");
         char *end;
         long n = v && *v ? strtol(v, &end, 10) : -1;
-        env = v && *v && !*end && n >= 0 && n <= 2047 ? (int)n : -1;
+        env = v && *v && !*end && n >= 0 && n <= CUDA_GROUPED_VARIANT_MAX ? (int)n : -1;
     }
     return ws_variant_override >= 0 ? ws_variant_override : env >= 0 ? env : WS_DEFAULT_VARIANT;
 }
@@ -1371,11 +1379,9 @@ static int launch_wgrad_pingpong(int shape, float *dw, WsMaps &maps, const int *
         !((uintptr_t)dw & 15) &&
         !cuda_tensor_map_2d(&maps.o, dw, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, C, (uint64_t)E * OC, 32, 64))
         shape = 2;
-    int smem = stages[shape] * (stage_bytes[shape] + 16) + 16 + extra[shape] + 1024 + (E + 1) * (int)sizeof(int);
-    if (smem > WG_SMEM_LIMIT && shape == 2) {
-        shape = 1;
-        smem = stages[1] * (stage_bytes[1] + 16) + 16 + 1024 + (E + 1) * (int)sizeof(int);
-    }
+    auto smem_of = [&](int k) { return stages[k] * (stage_bytes[k] + 16) + 16 + extra[k] + 1024 + (E + 1) * (int)sizeof(int); };
+    if (shape == 2 && smem_of(2) > WG_SMEM_LIMIT) shape = 1;
+    int smem = smem_of(shape);
     if (smem > WG_SMEM_LIMIT) return -1;
     cuda_allow_smem((const void *)kernels[shape], &smem_set[shape], smem);
     if (set) zero_empty(dw, offsets, E, C, OC);

@@ -142,8 +142,10 @@ int cuda_attention_backward_wgmma(void *dq, void *dk, void *dv, void *dsT, const
                                   size_t ds_head);
 int cuda_grouped_supports(int E, int C, int OC, char *why, size_t whylen);                 // gemm.cu
 // For benchmarks and tests only, not configuration: the grouped kernels'
-// epilogue variant (0-2047 of grouped_wgmma.cu's WS_* bits; -1: the default)
-// and the streaming cross-entropy kernels instead of the shared-memory ones.
+// epilogue variant (0-CUDA_GROUPED_VARIANT_MAX of grouped_wgmma.cu's WS_*
+// bits; -1: the default) and the streaming cross-entropy kernels instead of
+// the shared-memory ones.
+#define CUDA_GROUPED_VARIANT_MAX 2047
 void cuda_grouped_set_variant(int v);         // grouped_wgmma.cu
 void cuda_crossentropy_set_streaming(int on); // loss.cu
 int cuda_router_supports(int E, int k, int routing, char *why, size_t whylen);             // router.cu
