@@ -156,7 +156,7 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
     unsetenv("MOECORE_FP8_GEMM_VARIANT");
     free(bits3);
 
-    // ROUNDS rounds of {BF16, FP8 variants 0..4}, each entry the median of
+    // ROUNDS rounds of {BF16, FP8 variants 0..3}, each entry the median of
     // RUNS runs: the median over rounds, its spread, and the median of the
     // per-round ratios BF16 / FP8 (paired, so that a drift of the card's
     // clock between rounds cancels)
@@ -175,8 +175,7 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
         "FP8 variant 0: scales loaded at each stage's start, 4-byte stores",
         "FP8 variant 1: scale prefetch, 4-byte stores",
         "FP8 variant 2: scale prefetch, 16-byte stores",
-        "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups",
-        "FP8 variant 4: three consumer warpgroups, 192 x 128 tiles"};
+        "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups"};
     double med[1 + FP8_GEMM_VARIANTS];
     for (int k = 0; k < 1 + FP8_GEMM_VARIANTS; k++) {
         float x[ROUNDS], ratio[ROUNDS];

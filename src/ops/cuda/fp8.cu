@@ -55,8 +55,13 @@
 // bench/results/2026-12-07-s10.md): the tensor pipe is busy 58% of the
 // cycles (the BF16 forward's: 85%), a quarter of the consumer samples sit
 // at the wgmma wait before each half's promotion and ~9% in the stage
-// barriers' waits; so the gap to 1.6x is the pipe's idle time, which more
-// independent wgmma in flight per multiprocessor would fill (not tried).
+// barriers' waits; so the gap to 1.6x is the pipe's idle time. More
+// independent wgmma in flight per multiprocessor did not fill it: three
+// consumer warpgroups on 192 x 128 tiles (64 accumulators + 64 partials at
+// 160 registers, one wait and promotion a stage, 5 stages of 40 KB; commit
+// 8e1a5eb's variant 4) gave the default's bits at 1.23x BF16 against the
+// default's 1.35x (gate/up) and 1.16x against 1.21x (down) on an H100
+// (2026-12-07, bench/results/2026-12-07-s11.md).
 // Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
@@ -717,95 +722,6 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
     }
 }
 
-// Variant 4: three consumer warpgroups on 192 x 128 tiles (512 threads:
-// warpgroup 0 produces, 1..3 each own 64 rows x 128 columns). A stage is a
-// 192 x 128-byte A box and a 128 x 128-byte B box (40 KB; 5 stages), and a
-// consumer issues 4 wgmma m64n128k32 into its partial, waits, and promotes
-// once a stage (one column block, so one B scale), so that three
-// warpgroups' wgmma groups, not two, take turns on the tensor pipe while
-// one of them waits and promotes (ncu: the default's pipe is idle 42% of
-// the time, its consumers' waits a quarter of their samples). Registers:
-// 64 accumulators + 64 partials at 160 a consumer thread (setmaxnreg;
-// the producer 32: 65,536 in all). A warpgroup whose 64 rows all lie past the segment
-// (an expert's last tile) skips its wgmma and promotion but still takes
-// part in the ring. The promotion and its order per element are the
-// default's, so the bits are too.
-constexpr int F83_BM = 192, F83_BN = 128, F83_STAGES = 5, F83_THREADS = 512;
-constexpr int F83_A_BYTES = F83_BM * F8_BK, F83_STAGE_BYTES = F83_A_BYTES + F83_BN * F8_BK; // 24 + 16 KB
-constexpr int F83_TILE_BYTES = F83_STAGES * F83_STAGE_BYTES;
-static_assert(F83_A_BYTES % 1024 == 0 && F83_STAGE_BYTES % 1024 == 0, "swizzle atoms need 1024-byte alignment");
-__global__ void __launch_bounds__(F83_THREADS, 1)
-fp8_grouped_fwd3_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const float *sa, const float *sb,
-                        const int *offsets, int E, int N, int K) {
-    constexpr int S = F83_STAGES;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
-    uint32_t tiles = (raw + 1023) & ~1023u;
-    uint32_t full0 = tiles + F83_TILE_BYTES, empty0 = full0 + 8 * S;
-    int *s_off = (int *)(smem_raw + (tiles - raw) + F83_TILE_BYTES + 16 * S);
-    int *s_tile = s_off + E + 1;
-    int col_tiles = N / F83_BN, kb = K / F8_BK;
-    f8_ring_init(full0, empty0, S, 384);
-    grouped_load_offsets<F83_THREADS>(offsets, E, s_off);
-    int total = grouped_tile_prefix<F83_BM>(s_off, E, col_tiles, s_tile);
-    int wg = threadIdx.x >> 7;
-
-    if (wg == 0) { // producer
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
-        if (threadIdx.x != 0) return;
-        int slot = 0;
-        uint32_t phase = 0;
-        for (int t = blockIdx.x; t < total; t += gridDim.x) {
-            int e = grouped_tile_expert(t, s_tile, E), local = t - s_tile[e];
-            int m0 = local / col_tiles * F83_BM, n0 = local % col_tiles * F83_BN;
-            for (int kt = 0; kt < kb; kt++) {
-                mbar_wait(empty0 + 8 * slot, phase ^ 1);
-                uint32_t st = tiles + slot * F83_STAGE_BYTES, fb = full0 + 8 * slot;
-                mbar_expect_tx(fb, F83_STAGE_BYTES);
-                tma_load_2d(st, &maps.a, kt * F8_BK, s_off[e] + m0, fb);
-                tma_load_2d(st + F83_A_BYTES, &maps.b, kt * F8_BK, e * N + n0, fb);
-                ring_next(slot, phase, S);
-            }
-        }
-        return;
-    }
-
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");
-    int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    int slot = 0;
-    uint32_t phase = 0;
-    float acc[64], part[64];
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        int e = grouped_tile_expert(t, s_tile, E), local = t - s_tile[e];
-        int m0 = local / col_tiles * F83_BM, n0 = local % col_tiles * F83_BN;
-        int r0 = s_off[e], rows = s_off[e + 1] - r0;
-        bool idle = m0 + cw * 64 >= rows; // all of this warpgroup's rows past the segment
-        int r = m0 + cw * 64 + warp * 16 + (lane >> 2); // this thread's rows r and r + 8 of the segment
-        bool lo_ok = r < rows, hi_ok = r + 8 < rows;
-        const float *sa_lo = sa + (size_t)(r0 + r) * kb, *sa_hi = sa_lo + (size_t)8 * kb;
-        const float *sb_t = sb + ((size_t)e * (N / 128) + n0 / 128) * kb;
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-        float n_lo = lo_ok ? sa_lo[0] : 0.0f, n_hi = hi_ok ? sa_hi[0] : 0.0f, n_b = idle ? 0.0f : sb_t[0];
-        for (int kt = 0; kt < kb; kt++) {
-            float a_lo = n_lo, a_hi = n_hi, b = n_b;
-            if (kt + 1 < kb && !idle) {
-                n_lo = lo_ok ? sa_lo[kt + 1] : 0.0f, n_hi = hi_ok ? sa_hi[kt + 1] : 0.0f;
-                n_b = sb_t[kt + 1];
-            }
-            mbar_wait(full0 + 8 * slot, phase);
-            if (!idle) {
-                uint32_t st = tiles + slot * F83_STAGE_BYTES;
-                f8_mma_k128(part, smem_desc(st + cw * 64 * 128), smem_desc(st + F83_A_BYTES));
-            }
-            mbar_arrive(empty0 + 8 * slot);
-            if (!idle) promote(acc, part, a_lo * b, a_hi * b);
-            ring_next(slot, phase, S);
-        }
-        if (!idle) store_half_vec(acc, out + (size_t)r0 * N, N, r, n0, rows);
-    }
-}
-
 // 128 x 128 tiles of the weight-grad's variant 2 (below): a 16 KB A box and a
 // 16 KB B box a stage.
 constexpr int F8P_BN = 128;
@@ -1375,24 +1291,10 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     int variant = v && *v >= '0' && *v < '0' + FP8_GEMM_VARIANTS ? *v - '0' : 3;
     int smem = F8_TILE_BYTES + 1024 + 16 * F8_STAGES + 2 * (E + 1) * (int)sizeof(int);
     if (smem > 227 * 1024) return -1;
-    if (variant == 4) {
-        if (cuda_tensor_map_2d(&maps.a, qa, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, cuda_rows_to_end(qa, C), F8_BK, F83_BM) ||
-            cuda_tensor_map_2d(&maps.b, qw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, (uint64_t)E * OC, F8_BK, F83_BN))
-            return -1;
-        smem = F83_TILE_BYTES + 1024 + 16 * F83_STAGES + 2 * (E + 1) * (int)sizeof(int);
-        if (smem > 227 * 1024) return -1;
-        static int smem4;
-        cuda_allow_smem((const void *)fp8_grouped_fwd3_kernel, &smem4, smem);
-        fp8_grouped_fwd3_kernel<<<cuda_num_sms(), F83_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets,
-                                                                                     E, OC, C);
-        cudaLaunchCheck();
-        return 0;
-    }
     // MOECORE_FP8_GEMM_VARIANT (benchmarks and tests only): 0 loads the
     // scales at each stage's start and stores 4 bytes per thread, 1 adds the
     // scale prefetch, 2 also the 16-byte epilogue, 3 (the default) also
-    // staggers the column halves, 4 three consumer warpgroups on 192 x 128
-    // tiles (fp8_grouped_fwd3_kernel). H200, OLMoE shapes, 7 interleaved rounds
+    // staggers the column halves. H200, OLMoE shapes, 7 interleaved rounds
     // (bench/results/2026-12-01-h200-issue18-fp8.md): 1.38 / 1.35 / 1.49 /
     // 1.52x the BF16 grouped forward (gate/up), 1.28 / 1.23 / 1.48 / 1.52x (down).
     typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
