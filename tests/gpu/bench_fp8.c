@@ -194,6 +194,25 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
             row("| %s | %s | %.3f (%.3f..%.3f) | %.0f TFLOP/s | %.2fx |\n", name, label[k], med[k], lo, hi,
                 flops / med[k] / 1e9, rmed);
     }
+    if (getenv("BENCH_FP8_DIAG")) { // bench_fp8's diag mode: the default against fp8.cu's DIAG kernels
+        double d[3][ROUNDS];
+        for (int rd = 0; rd < ROUNDS; rd++) {
+            d[0][rd] = time_ms(run_fp8, &c);
+            for (int k = 1; k <= 2; k++) {
+                setenv("MOECORE_FP8_GEMM_DIAG", k == 1 ? "1" : "2", 1);
+                d[k][rd] = time_ms(run_fp8, &c);
+            }
+            unsetenv("MOECORE_FP8_GEMM_DIAG");
+        }
+        static const char *dl[3] = {"FP8 default (again)", "DIAG 1: no promotion arithmetic (wrong results)",
+                                    "DIAG 2: all of K in the tensor cores, one wait a stage (wrong results)"};
+        for (int k = 0; k < 3; k++) {
+            float x[ROUNDS];
+            for (int rd = 0; rd < ROUNDS; rd++) x[rd] = (float)d[k][rd];
+            double m = gt_median(x, ROUNDS);
+            row("| %s | %s | %.3f | %.0f TFLOP/s | %.2fx |\n", name, dl[k], m, flops / m / 1e9, med[0] / m);
+        }
+    }
     double bfm = med[0];
     double fq = time_ms(run_fp8_with_quant, &c), aq = time_ms(run_act_quant, &c), wq = time_ms(run_w_quant, &c);
     double mx = time_ms(run_mx, &c);

@@ -628,7 +628,12 @@ __device__ __forceinline__ void f8_mma_k128(float (&part)[64], uint64_t da, uint
 // stores 16 bytes per thread (store_half_vec), else 4 (store_acc_bf16).
 // STAGGER: consumer warpgroup 2 takes the column halves in the order 1, 0,
 // so that the two warpgroups' first wgmma of a stage read different B.
-template <bool PREFETCH, bool VEC_STORE, bool STAGGER = false>
+// DIAG (MOECORE_FP8_GEMM_DIAG, diagnostics for bench_fp8 diag only: WRONG
+// results): 1 leaves out the promotion's arithmetic (the waits stay), 2
+// accumulates all of K in the tensor cores (no partials, no promotion, one
+// wait a stage after both halves' wgmma), to bound what the promotion and
+// its waits cost.
+template <bool PREFETCH, bool VEC_STORE, bool STAGGER = false, int DIAG = 0>
 __global__ void __launch_bounds__(F8_THREADS, 1)
 fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const float *sa, const float *sb,
                        const int *offsets, int E, int N, int K) {
@@ -698,6 +703,20 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
             mbar_wait(full0 + 8 * slot, phase);
             uint32_t st = tiles + slot * F8_STAGE_BYTES;
             uint64_t da = smem_desc(st + cw * 64 * 128);
+            if (DIAG == 2) {
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < F8_BK / 32; kk++)
+                    wgmma_fp8_n128(acc0, da + 2 * kk, smem_desc(st + F8_A_BYTES) + 2 * kk, kt > 0 || kk > 0);
+#pragma unroll
+                for (int kk = 0; kk < F8_BK / 32; kk++)
+                    wgmma_fp8_n128(acc1, da + 2 * kk, smem_desc(st + F8_A_BYTES + 128 * 128) + 2 * kk, kt > 0 || kk > 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+                mbar_arrive(empty0 + 8 * slot);
+                ring_next(slot, phase, S);
+                continue;
+            }
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 int h = STAGGER ? hh ^ cw : hh;
@@ -705,6 +724,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
                 f8_mma_k128(part, da, db);
                 if (hh == 1) mbar_arrive(empty0 + 8 * slot); // both halves read: release the stage
                 float bs = h ? b1 : b0;
+                if (DIAG == 1) continue;
                 if (h == 0) promote(acc0, part, a_lo * bs, a_hi * bs);
                 else promote(acc1, part, a_lo * bs, a_hi * bs);
             }
@@ -1300,6 +1320,15 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
     static const Kernel kernels[4] = {fp8_grouped_fwd_kernel<false, false>, fp8_grouped_fwd_kernel<true, false>,
                                       fp8_grouped_fwd_kernel<true, true>, fp8_grouped_fwd_kernel<true, true, true>};
+    const char *dg = getenv("MOECORE_FP8_GEMM_DIAG");
+    if (dg && (*dg == '1' || *dg == '2')) {
+        Kernel k = *dg == '1' ? fp8_grouped_fwd_kernel<true, true, true, 1> : fp8_grouped_fwd_kernel<true, true, true, 2>;
+        static int smem_diag[2];
+        cuda_allow_smem((const void *)k, &smem_diag[*dg - '1'], smem);
+        k<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
+        cudaLaunchCheck();
+        return 0;
+    }
     static int smem_set[4];
     cuda_allow_smem((const void *)kernels[variant], &smem_set[variant], smem);
     kernels[variant]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
