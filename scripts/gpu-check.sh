@@ -12,8 +12,8 @@
 # layout: one training run of CONFIG with those keys on synthetic tokens, its
 # measured and planned peak memory and its median step time after step 2,
 # the numbers a row of the planner's validation table needs;
-# fp8: test_fp8's grouped GEMM and weight-grad checks, bench_fp8's forward and
-# weight-grad tables, then, where the GPU has the OLMoE bench's ~135 GiB,
+# fp8: test_fp8's grouped GEMM and weight-grad checks, bench_fp8's forward
+# (with its diag rows) and weight-grad tables, then, where the GPU has the OLMoE bench's ~135 GiB,
 # moecore bench of BF16, FP8 and FP8 with fp8.wgrad: fp8, BF16 again;
 # glu: the fused GLU forward's and the grad-norm slots' checks, then the bench
 # configs with MOECORE_GLU=0 against =1, A B B A)
@@ -113,7 +113,7 @@ PY
         echo "== test_fp8 $m: exit $?; $(grep -cE '^FAIL' "$out/test_fp8_$m.log") FAIL lines; $(tail -n 1 "$out/test_fp8_$m.log")"
       done
       for m in fwd wgrad; do # bench_fp8 [wgrad] TABLE.md: ${m#fwd} is empty for the forward
-        OMP_NUM_THREADS=16 timeout 300 build/tests/gpu/bench_fp8 ${m#fwd} "$out/bench_fp8_$m.md" > "$out/bench_fp8_$m.log" 2>&1
+        BENCH_FP8_DIAG=1 OMP_NUM_THREADS=16 timeout 300 build/tests/gpu/bench_fp8 ${m#fwd} "$out/bench_fp8_$m.md" > "$out/bench_fp8_$m.log" 2>&1
         echo "== bench_fp8 $m: exit $?"; grep -E '^FAIL|^\|' "$out/bench_fp8_$m.log"
       done
       mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
