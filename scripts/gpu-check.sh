@@ -13,8 +13,9 @@
 # measured and planned peak memory and its median step time after step 2,
 # the numbers a row of the planner's validation table needs;
 # fp8: test_fp8's grouped GEMM and weight-grad checks, bench_fp8's forward
-# (with its diag rows) and weight-grad tables, then, where the GPU has the OLMoE bench's ~135 GiB,
-# moecore bench of BF16, FP8 and FP8 with fp8.wgrad: fp8, BF16 again;
+# (with its diag rows) and weight-grad tables, then, where the GPU has the
+# OLMoE bench's ~135 GiB, moecore bench of BF16, FP8 and FP8 with
+# fp8.wgrad: fp8, BF16 again;
 # glu: the fused GLU forward's and the grad-norm slots' checks, then the bench
 # configs with MOECORE_GLU=0 against =1, A B B A)
 set -u

@@ -703,30 +703,30 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
             mbar_wait(full0 + 8 * slot, phase);
             uint32_t st = tiles + slot * F8_STAGE_BYTES;
             uint64_t da = smem_desc(st + cw * 64 * 128);
-            if (DIAG == 2) {
+            if constexpr (DIAG == 2) { // both halves' wgmma straight into the accumulators, one wait
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < F8_BK / 32; kk++)
-                    wgmma_fp8_n128(acc0, da + 2 * kk, smem_desc(st + F8_A_BYTES) + 2 * kk, kt > 0 || kk > 0);
+                for (int h = 0; h < 2; h++) {
+                    uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
 #pragma unroll
-                for (int kk = 0; kk < F8_BK / 32; kk++)
-                    wgmma_fp8_n128(acc1, da + 2 * kk, smem_desc(st + F8_A_BYTES + 128 * 128) + 2 * kk, kt > 0 || kk > 0);
+                    for (int kk = 0; kk < F8_BK / 32; kk++)
+                        wgmma_fp8_n128(h ? acc1 : acc0, da + 2 * kk, db + 2 * kk, kt > 0 || kk > 0);
+                }
                 wgmma_commit();
                 wgmma_wait<0>();
                 mbar_arrive(empty0 + 8 * slot);
-                ring_next(slot, phase, S);
-                continue;
-            }
+            } else {
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                int h = STAGGER ? hh ^ cw : hh;
-                uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
-                f8_mma_k128(part, da, db);
-                if (hh == 1) mbar_arrive(empty0 + 8 * slot); // both halves read: release the stage
-                float bs = h ? b1 : b0;
-                if (DIAG == 1) continue;
-                if (h == 0) promote(acc0, part, a_lo * bs, a_hi * bs);
-                else promote(acc1, part, a_lo * bs, a_hi * bs);
+                for (int hh = 0; hh < 2; hh++) {
+                    int h = STAGGER ? hh ^ cw : hh;
+                    uint64_t db = smem_desc(st + F8_A_BYTES + h * 128 * 128);
+                    f8_mma_k128(part, da, db);
+                    if (hh == 1) mbar_arrive(empty0 + 8 * slot); // both halves read: release the stage
+                    float bs = h ? b1 : b0;
+                    if (DIAG == 1) continue;
+                    if (h == 0) promote(acc0, part, a_lo * bs, a_hi * bs);
+                    else promote(acc1, part, a_lo * bs, a_hi * bs);
+                }
             }
             ring_next(slot, phase, S);
         }
@@ -1317,21 +1317,17 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     // staggers the column halves. H200, OLMoE shapes, 7 interleaved rounds
     // (bench/results/2026-12-01-h200-issue18-fp8.md): 1.38 / 1.35 / 1.49 /
     // 1.52x the BF16 grouped forward (gate/up), 1.28 / 1.23 / 1.48 / 1.52x (down).
-    typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
-    static const Kernel kernels[4] = {fp8_grouped_fwd_kernel<false, false>, fp8_grouped_fwd_kernel<true, false>,
-                                      fp8_grouped_fwd_kernel<true, true>, fp8_grouped_fwd_kernel<true, true, true>};
+    // MOECORE_FP8_GEMM_DIAG=1|2 (bench_fp8's diag rows only): the default's
+    // DIAG kernels, kernels 4 and 5, whose results are wrong by design.
     const char *dg = getenv("MOECORE_FP8_GEMM_DIAG");
-    if (dg && (*dg == '1' || *dg == '2')) {
-        Kernel k = *dg == '1' ? fp8_grouped_fwd_kernel<true, true, true, 1> : fp8_grouped_fwd_kernel<true, true, true, 2>;
-        static int smem_diag[2];
-        cuda_allow_smem((const void *)k, &smem_diag[*dg - '1'], smem);
-        k<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
-        cudaLaunchCheck();
-        return 0;
-    }
-    static int smem_set[4];
-    cuda_allow_smem((const void *)kernels[variant], &smem_set[variant], smem);
-    kernels[variant]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
+    int k = dg && (*dg == '1' || *dg == '2') ? 3 + (*dg - '0') : variant;
+    typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
+    static const Kernel kernels[6] = {fp8_grouped_fwd_kernel<false, false>,         fp8_grouped_fwd_kernel<true, false>,
+                                      fp8_grouped_fwd_kernel<true, true>,           fp8_grouped_fwd_kernel<true, true, true>,
+                                      fp8_grouped_fwd_kernel<true, true, true, 1>, fp8_grouped_fwd_kernel<true, true, true, 2>};
+    static int smem_set[6];
+    cuda_allow_smem((const void *)kernels[k], &smem_set[k], smem);
+    kernels[k]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
     cudaLaunchCheck();
     return 0;
 }
