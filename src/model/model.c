@@ -1540,8 +1540,10 @@ static void a2a_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
 // experts (ep > 1: fp8_moe_experts_backward_ep and
 // sym_fp8_moe_experts_backward below move them): dy their output grads
 // (quantised in place under fp8.wgrad: fp8), dx their input grads.
+// dy_codes: m->fp8_dq / fp8_ds hold dy's 1 x 128 codes already (moe_backward
+// made them with dy: fp8_unpermute_backward_quantize).
 static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *a, const void *in, void *dy, void *dx,
-                                     int R) {
+                                     int R, int dy_codes) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     int D = c->d_model, Fe = c->expert_hidden, El = m->E_local;
@@ -1551,7 +1553,7 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
     // recompute: a->eaq and (both) a->xq are shared buffers that later layers overwrote
     if (recomputes_swiglu(m)) ops->fp8_swiglu_quantize(a->eaq, a->eas, a->eg, a->eu, R, Fe);
     int accw = !m->expert_grads_unset, li = L->moe_index;
-    ops->fp8_quantize_rows(m->fp8_dq, m->fp8_ds, dy, NULL, R, D);
+    if (!dy_codes) ops->fp8_quantize_rows(m->fp8_dq, m->fp8_ds, dy, NULL, R, D);
     ops->fp8_grouped_matmul_forward(m->dea, m->fp8_dq, m->fp8_ds, fp8_weight_t(m, li, 2), fp8_scales_t(m, li, 2), lo,
                                     El, D, Fe);
     int ldk = m->fp8_ldk;
@@ -1604,11 +1606,11 @@ static void fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerActs *
 // as well would be more bytes than dY alone. The data-grad's 1 x 128 codes
 // are then made at the experts, from the values ep = 1 quantises.
 static void fp8_moe_experts_backward_ep(Model *m, const LayerParams *L, LayerActs *a, const void *in, void *dy,
-                                        void *dx) {
-    if (!a->use_plan) { fp8_moe_experts_backward(m, L, a, in, dy, dx, a->rows_local); return; } // dey, dxp
+                                        void *dx, int dy_codes) {
+    if (!a->use_plan) { fp8_moe_experts_backward(m, L, a, in, dy, dx, a->rows_local, dy_codes); return; } // dey, dxp
     Comm *epc = m->par.ep_comm;
     ep_dispatch(epc, m->ops, &a->plan, dy, m->dey, m->ep_scratch, m->cfg.d_model);
-    fp8_moe_experts_backward(m, L, a, in, m->dey, m->dxp, a->rows_local);
+    fp8_moe_experts_backward(m, L, a, in, m->dey, m->dxp, a->rows_local, 0);
     ep_combine(epc, m->ops, &a->plan, m->dxp, dx, m->ep_scratch, m->cfg.d_model);
 }
 
@@ -1622,7 +1624,7 @@ static void sym_fp8_moe_experts_backward(Model *m, const LayerParams *L, LayerAc
     int D = c->d_model, E = c->n_experts, R = m->B * m->T * c->top_k, P = m->par.ep_size;
     ops->ep_sym_dispatch(m->sym_dout_tab, a->sym_plan, a->offsets, m->dey, P, E, R, D);
     symmem_barrier(m->sym);
-    fp8_moe_experts_backward(m, L, a, in, m->sym_dout, m->sym_dxl, m->max_rows_local);
+    fp8_moe_experts_backward(m, L, a, in, m->sym_dout, m->sym_dxl, m->max_rows_local, 0);
     symmem_barrier(m->sym);
     ops->ep_sym_combine(m->dxp, m->sym_dxl_tab, a->sym_plan, a->offsets, P, E, R, D);
 }
@@ -1642,9 +1644,16 @@ static void moe_backward(Model *m, const LayerParams *L, LayerActs *a, void *din
     // the routed rows' output grads dy to the experts and the input grads dx
     // back (dey, dxp; fp8 with ep > 1: dyl, dxl, carve_shared)
     void *dy = m->fp8 && a->use_plan ? m->dyl : m->dey, *dx = m->fp8 && a->use_plan ? m->dxl : m->dxp;
-    ops->unpermute_backward(dy, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
+    // FP8 on this rank's own rows with nothing dropped: dy's data-grad codes
+    // are made as dy is stored (the rows all stay here, in dy's order)
+    int dy_codes = m->fp8 && !a->use_plan && !m->ep_sym && expert_capacity(m) == 0 &&
+                   ops->fp8_unpermute_backward_quantize;
+    if (dy_codes)
+        ops->fp8_unpermute_backward_quantize(dy, m->dweights, m->fp8_dq, m->fp8_ds, dout, a->ey, a->weights, a->row_of,
+                                             N, k, D);
+    else ops->unpermute_backward(dy, m->dweights, dout, a->ey, a->weights, a->row_of, N, k, D);
     if (m->fp8 && m->ep_sym) sym_fp8_moe_experts_backward(m, L, a, in);
-    else if (m->fp8) fp8_moe_experts_backward_ep(m, L, a, in, dy, dx);
+    else if (m->fp8) fp8_moe_experts_backward_ep(m, L, a, in, dy, dx, dy_codes);
     else if (m->ep_sym) sym_moe_experts_backward(m, L, a);
     else a2a_moe_experts_backward(m, L, a, in);
     ops->permute_backward(dinp, dx, a->token_of_row, N, R, D, accumulate);

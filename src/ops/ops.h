@@ -307,6 +307,13 @@ typedef struct Ops {
     // quantised side by side for the data-grad: q [R, 2F], s of [dgate | dup].
     void (*fp8_swiglu_backward_quantize)(void *dgate, void *dup, uint8_t *q, float *s, const void *dout,
                                          const void *gate, const void *up, int R, int F);
+    // unpermute_backward, then fp8_quantize_rows of the dy it wrote (R = N
+    // k rows, token_of_row NULL) into q, s: the same bits, with dy's 1 x 128
+    // tiles quantised as they are stored instead of read back (the FP8
+    // data-grad of the experts' down projection). Optional (NULL: the two ops).
+    void (*fp8_unpermute_backward_quantize)(void *dy, float *dweights, uint8_t *q, float *s, const void *dout,
+                                            const void *y, const float *weights, const int *row_of, int N, int k,
+                                            int C);
     // x[R,C] (act) = the dequantised q, s.
     void (*fp8_dequantize_rows)(void *x, const uint8_t *q, const float *s, int R, int C);
     // out[R,C] (act) = fp8_quantize_rows of x, token_of_row dequantised (the

@@ -13,7 +13,9 @@
 //   test_dgrad): the weight quantiser's transposed copy (bit for bit against
 //   fp8_transpose_128x128 of the CPU's forward copy), the SwiGLU backward
 //   fused with the pair's quantiser (bit for bit against
-//   cuda_swiglu_backward + the CPU quantiser), and the FP8 data-grad GEMMs
+//   cuda_swiglu_backward + the CPU quantiser), unpermute_backward fused with
+//   the 1x128 quantiser (test_unpermute_backward_quantize: against
+//   cuda_unpermute_backward + the CPU quantiser), and the FP8 data-grad GEMMs
 //   (the forward kernel with the transposed weights) against the CPU FP8
 //   reference, outputs poisoned first.
 // - fp8.wgrad: fp8 (wgrad_tests): the 128 x 1 fake quantiser against the
@@ -429,6 +431,66 @@ static void test_swiglu_backward_quantize(void) {
     free(g); free(u); free(d); free(hrg); free(hru); free(hog); free(hou); free(fg); free(fu); free(q); free(sc);
     cuda_free(dg); cuda_free(du); cuda_free(dd); cuda_free(rg); cuda_free(ru); cuda_free(og); cuda_free(ou);
     cuda_free(dq); cuda_free(ds);
+}
+
+// unpermute_backward fused with the 1 x 128 quantiser of the dy it stores
+// (cuda_fp8_unpermute_backward_quantize): dy and dweights bit for bit those
+// of cuda_unpermute_backward, the codes and scales those of the CPU
+// quantiser on that dy. dout from fill_tiles (zeros, NaN, +-inf,
+// subnormals, spikes per tile), weights with zeros and negatives; C = 2048
+// and 1024 (one 8-channel group a thread), 4096 (two), 384 (not a multiple
+// of 8 x the block: the two ops); k = 8 and 2 (slot groups not full).
+static void test_unpermute_backward_quantize(int N, int k, int C) {
+    int R = N * k, nt = C / 128;
+    size_t n = (size_t)R * C;
+    float *dout = gt_malloc((size_t)N * C * 4), *y = gt_malloc(n * 4), *w = gt_malloc((size_t)R * 4);
+    fill_tiles(dout, N, C, 128, 1);
+    gt_fill(y, n, GT_NORMAL, 0, 1, 1, 41);
+    gt_fill(w, R, GT_NORMAL, 0, 1, 0, 42);
+    for (int i = 0; i < R; i += 13) w[i] = i % 26 ? -w[i] : 0.0f;
+    int *row_of = gt_malloc(R * sizeof(int)); // a permutation of the rows
+    for (int i = 0; i < R; i++) row_of[i] = i;
+    for (int i = R - 1; i > 0; i--) {
+        int j = gt_irand(i + 1), t = row_of[i];
+        row_of[i] = row_of[j], row_of[j] = t;
+    }
+    void *ddout = gt_dev_bf16(dout, (size_t)N * C), *dy_ = gt_dev_bf16(y, n);
+    float *dw = gt_dev_bytes(w, (size_t)R * 4);
+    int *drow = gt_dev_bytes(row_of, R * sizeof(int));
+    void *ref_dy = cuda_alloc(n * 2), *dy = cuda_alloc(n * 2);
+    float *ref_dwt = cuda_alloc((size_t)R * 4), *dwt = cuda_alloc((size_t)R * 4);
+    uint8_t *dq = cuda_alloc(n);
+    float *ds = cuda_alloc((size_t)R * nt * 4);
+    cuda_unpermute_backward(ref_dy, ref_dwt, ddout, dy_, dw, drow, N, k, C);
+    gt_poison(dy, n * 2);
+    gt_poison(dwt, (size_t)R * 4);
+    gt_poison(dq, n);
+    gt_poison(ds, (size_t)R * nt * 4);
+    cuda_fp8_unpermute_backward_quantize(dy, dwt, dq, ds, ddout, dy_, dw, drow, N, k, C);
+    char what[128];
+    uint16_t *hr = gt_host_bytes(ref_dy, n * 2), *hd = gt_host_bytes(dy, n * 2);
+    snprintf(what, sizeof what, "unpermute backward + 1x128 N=%d k=%d C=%d: dy = unpermute_backward's", N, k, C);
+    gt_check_bits(what, hd, hr, n, 2);
+    float *hrw = gt_host_bytes(ref_dwt, (size_t)R * 4), *hdw = gt_host_bytes(dwt, (size_t)R * 4);
+    snprintf(what, sizeof what, "unpermute backward + 1x128 N=%d k=%d C=%d: dweights = unpermute_backward's", N, k, C);
+    gt_check_bits(what, hdw, hrw, R, 4);
+    float *f = gt_malloc(n * 4);
+    for (size_t i = 0; i < n; i++) f[i] = bf2f(hr[i]);
+    uint8_t *q = gt_malloc(n);
+    float *sc = gt_malloc((size_t)R * nt * 4);
+    fp8_quantize_1x128(q, sc, f, R, C);
+    snprintf(what, sizeof what, "unpermute backward + 1x128 N=%d k=%d C=%d", N, k, C);
+    check_quantised(what, dq, ds, q, sc, n, (size_t)R * nt);
+    free(dout); free(y); free(w); free(row_of); free(hr); free(hd); free(hrw); free(hdw); free(f); free(q); free(sc);
+    cuda_free(ddout); cuda_free(dy_); cuda_free(dw); cuda_free(drow); cuda_free(ref_dy); cuda_free(dy);
+    cuda_free(ref_dwt); cuda_free(dwt); cuda_free(dq); cuda_free(ds);
+}
+
+static void unpermute_quantize_tests(void) {
+    test_unpermute_backward_quantize(300, 8, 2048);
+    test_unpermute_backward_quantize(301, 2, 1024);
+    test_unpermute_backward_quantize(97, 8, 4096);
+    test_unpermute_backward_quantize(100, 3, 384);
 }
 
 // fp8.wgrad: fp8's operands (cuda_fp8_fake_quantize_128x1, the op
@@ -1008,6 +1070,7 @@ int main(int argc, char **argv) {
         test_quantize_128x128();
         test_transposed();
         test_swiglu_backward_quantize();
+        unpermute_quantize_tests();
         return gt_finish();
     }
     if (argc > 1 && !strcmp(argv[1], "wgrad")) {
@@ -1031,6 +1094,7 @@ int main(int argc, char **argv) {
     if (!gemm_only) {
         test_transposed();
         test_swiglu_backward_quantize();
+        unpermute_quantize_tests();
     }
     int small[7] = {0, 1, 1, 131, 431, 508, 700}; // uneven, one empty expert, one of a single row
     test_gemm("uneven", small, 6, 384, 512);

@@ -245,6 +245,12 @@ static void c_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const 
     fp8_quantize_1x128(q, s, a, R, F);
     free(a);
 }
+static void c_fp8_unpermute_backward_quantize(void *dy, float *dweights, uint8_t *q, float *s, const void *dout,
+                                              const void *y, const float *weights, const int *row_of, int N, int k,
+                                              int C) {
+    c_unpermute_backward(dy, dweights, dout, y, weights, row_of, N, k, C);
+    c_fp8_quantize_rows(q, s, dy, NULL, N * k, C);
+}
 static void c_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_t *q, float *s, const void *dout,
                                            const void *gate, const void *up, int R, int F) {
     cpu_swiglu_backward(F(dgate), F(dup), CF(dout), CF(gate), CF(up), (size_t)R * F);
@@ -391,6 +397,7 @@ const Ops ops_cpu = {
     .fp8_quantize_rows = c_fp8_quantize_rows,
     .fp8_swiglu_quantize = c_fp8_swiglu_quantize,
     .fp8_swiglu_backward_quantize = c_fp8_swiglu_backward_quantize,
+    .fp8_unpermute_backward_quantize = c_fp8_unpermute_backward_quantize,
     .fp8_dequantize_rows = c_fp8_dequantize_rows,
     .fp8_fake_quantize_rows = c_fp8_fake_quantize_rows,
     .fp8_pack_rows = c_fp8_pack_rows,

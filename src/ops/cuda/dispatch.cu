@@ -26,6 +26,7 @@
 #include <cub/cub.cuh>
 
 #include "ops/cuda/memkernels.cuh"
+#include "ops/cuda/unpermute_bwd.cuh"
 
 // ---------------------------------------------------------------------------
 // Stable sort of indices by key (CUB radix sort; LSD radix sorting is stable)
@@ -387,60 +388,13 @@ extern "C" void cuda_unpermute_residual(void *out, const void *res, const void *
     cudaLaunchCheck();
 }
 
-// One block per token, 8 channels a thread (looping when C > 2048):
-// dy[row] = w dout[n] and dweights[n,s] = <dout[n], y[row]> for
-// UNPERMUTE_SLOTS slots at a time, whose y loads all issue before the first
-// product and whose dots share one block_sums.
-#define UNPERMUTE_SLOTS 4
-template <bool VEC>
-static __global__ void __launch_bounds__(ROW_BLOCK_MAX, VEC ? 4 : 1)
-    unpermute_backward_kernel(bf16 *dy, float *dweights, const bf16 *dout, const bf16 *y, const float *weights,
-                              const int *row_of, int N, int k, int C) {
-    __shared__ float red[2][UNPERMUTE_SLOTS * MAX_WARPS];
-    size_t n = blockIdx.x;
-    const bf16 *d = dout + n * C;
-    for (int s0 = 0, slot = 0; s0 < k; s0 += UNPERMUTE_SLOTS, slot ^= 1) {
-        int row[UNPERMUTE_SLOTS];
-        float w[UNPERMUTE_SLOTS], dot[UNPERMUTE_SLOTS];
-#pragma unroll
-        for (int u = 0; u < UNPERMUTE_SLOTS; u++) {
-            bool on = s0 + u < k;
-            row[u] = on ? row_of[n * k + s0 + u] : 0;
-            w[u] = on ? weights[n * k + s0 + u] : 0.f;
-            dot[u] = 0.f;
-        }
-        for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
-            float df[8], yf[UNPERMUTE_SLOTS][8];
-            load8_row<VEC>(d, c, C, df);
-#pragma unroll
-            for (int u = 0; u < UNPERMUTE_SLOTS; u++)  // slots past k read zeros
-                load8_row<VEC>(y + (size_t)row[u] * C, s0 + u < k ? c : C, C, yf[u]);
-#pragma unroll
-            for (int u = 0; u < UNPERMUTE_SLOTS; u++)
-                if (s0 + u < k) {
-                    float o[8];
-#pragma unroll
-                    for (int j = 0; j < 8; j++) {
-                        o[j] = w[u] * df[j];
-                        dot[u] += df[j] * yf[u][j];
-                    }
-                    store8_row<VEC>(dy + (size_t)row[u] * C, c, C, o);
-                }
-        }
-        block_sums<UNPERMUTE_SLOTS>(dot, red[slot], 0, blockDim.x / WARP);
-#pragma unroll
-        for (int u = 0; u < UNPERMUTE_SLOTS; u++)
-            if (threadIdx.x == u && s0 + u < k) dweights[n * k + s0 + u] = dot[u];
-    }
-}
-
 extern "C" void cuda_unpermute_backward(void *dy, float *dweights, const void *dout, const void *y,
                                         const float *weights, const int *row_of, int N, int k, int C) {
     if (N <= 0) return;
     bool vec = C % 8 == 0 && aligned16(dy) && aligned16(dout) && aligned16(y);
     (vec ? unpermute_backward_kernel<true> : unpermute_backward_kernel<false>)<<<N, row_block_threads(C), 0,
                                                                                  cuda_stream()>>>(
-        (bf16 *)dy, dweights, (const bf16 *)dout, (const bf16 *)y, weights, row_of, N, k, C);
+        (bf16 *)dy, dweights, (const bf16 *)dout, (const bf16 *)y, weights, row_of, N, k, C, NoRowHook{});
     cudaLaunchCheck();
 }
 

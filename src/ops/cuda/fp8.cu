@@ -77,6 +77,7 @@
 #include "ops/cuda/fp8_cuda.h"
 #include "ops/cuda/grouped_sched.cuh"
 #include "ops/cuda/ops_cuda.h"
+#include "ops/cuda/unpermute_bwd.cuh"
 #include "ops/cuda/wgmma_util.cuh"
 #include "ops/fp8.h"
 #include <cuda_fp8.h>
@@ -218,6 +219,15 @@ __device__ __forceinline__ void quantize_tile8(uint8_t *q, float *scale, const f
     *(uint2 *)(q + e0) = out;
     if ((threadIdx.x & 15) == 0) scale[e0 / 128] = s;
 }
+
+// unpermute_bwd.cuh's hook: the 1 x 128 tiles of the dy rows it stores
+struct Quant1x128Hook {
+    uint8_t *q;
+    float *s;
+    __device__ __forceinline__ void operator()(const float (&v)[8], size_t e0) const {
+        quantize_tile8<true>(q, s, v, true, e0);
+    }
+};
 
 // 1 x 128 tiles: 16 threads per tile, 8 values each; the grid covers R * C / 8
 // threads. Row r of the output reads row rows[r] of x (rows NULL: row r):
@@ -1564,6 +1574,27 @@ extern "C" void cuda_adamw_update_fp8(float *p, const float *g, float *m, float 
 }
 extern "C" void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C) {
     fp8_ok(cuda_fp8_gather_quantize(q, s, x, token_of_row, R, C), "fp8_quantize_rows", R, C);
+}
+// unpermute_backward with dy's tiles quantised as they are stored: the
+// bits of cuda_unpermute_backward then cuda_fp8_quantize_rows (the hook
+// rounds each value to BF16 as the store does). The hook's shuffles need
+// every thread of a block to store as many 8-channel groups as the others:
+// C a multiple of 8 x the block's threads (and so of 128); other shapes,
+// and unaligned pointers, run the two ops.
+extern "C" void cuda_fp8_unpermute_backward_quantize(void *dy, float *dweights, uint8_t *q, float *s, const void *dout,
+                                                     const void *y, const float *weights, const int *row_of, int N,
+                                                     int k, int C) {
+    int threads = row_block_threads(C);
+    if (N <= 0) return;
+    if (C % 128 || C % (8 * threads) || !aligned16(dy) || !aligned16(dout) || !aligned16(y) || ((uintptr_t)q & 7) ||
+        ((uintptr_t)s & 3)) {
+        cuda_unpermute_backward(dy, dweights, dout, y, weights, row_of, N, k, C);
+        cuda_fp8_quantize_rows(q, s, dy, NULL, N * k, C);
+        return;
+    }
+    unpermute_backward_kernel<true, Quant1x128Hook><<<N, threads, 0, cuda_stream()>>>(
+        (bf16 *)dy, dweights, (const bf16 *)dout, (const bf16 *)y, weights, row_of, N, k, C, Quant1x128Hook{q, s});
+    cudaLaunchCheck();
 }
 extern "C" void cuda_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const void *up, int R, int F) {
     fp8_ok(cuda_fp8_swiglu_quantize_1x128(q, s, gate, up, R, F), "fp8_swiglu_quantize", R, F);

@@ -165,6 +165,8 @@ int cuda_fp8_supports(int E, int C, int OC, char *why, size_t whylen);
 void cuda_fp8_quantize_weights(uint8_t *qw, float *sw, uint8_t *qwt, float *swt, int ldt, int col0, const float *w,
                                int E, int M, int K);
 void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, const int *token_of_row, int R, int C);
+void cuda_fp8_unpermute_backward_quantize(void *dy, float *dweights, uint8_t *q, float *s, const void *dout,
+                                          const void *y, const float *weights, const int *row_of, int N, int k, int C);
 void cuda_fp8_swiglu_quantize(uint8_t *q, float *s, const void *gate, const void *up, int R, int F);
 void cuda_fp8_swiglu_backward_quantize(void *dgate, void *dup, uint8_t *q, float *s, const void *dout, const void *gate,
                                        const void *up, int R, int F);

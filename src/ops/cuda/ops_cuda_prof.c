@@ -191,6 +191,10 @@ static const char *class_names[N_CLASSES] = {"expert GEMMs", "dense GEMMs", "att
       (void *dgate, void *dup, uint8_t *q, float *s, const void *dout, const void *gate, const void *up,     \
        int R, int F),                                                                                        \
       (dgate, dup, q, s, dout, gate, up, R, F))                                                              \
+    X(fp8_unpermute_backward_quantize, C_DISPATCH,                                                           \
+      (void *dy, float *dweights, uint8_t *q, float *s, const void *dout, const void *y, const float *weights, \
+       const int *row_of, int N, int k, int C),                                                              \
+      (dy, dweights, q, s, dout, y, weights, row_of, N, k, C))                                               \
     X(fp8_dequantize_rows, C_OTHER, (void *x, const uint8_t *q, const float *s, int R, int C),               \
       (x, q, s, R, C))                                                                                       \
     X(fp8_fake_quantize_rows, C_DISPATCH, (void *out, const void *x, const int *token_of_row, int R, int C),  \

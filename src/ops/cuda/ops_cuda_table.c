@@ -85,6 +85,7 @@ const Ops ops_cuda = {
     .fp8_quantize_rows = cuda_fp8_quantize_rows,
     .fp8_swiglu_quantize = cuda_fp8_swiglu_quantize,
     .fp8_swiglu_backward_quantize = cuda_fp8_swiglu_backward_quantize,
+    .fp8_unpermute_backward_quantize = cuda_fp8_unpermute_backward_quantize,
     .fp8_dequantize_rows = cuda_fp8_dequantize_rows,
     .fp8_fake_quantize_rows = cuda_fp8_fake_quantize_rows,
     .fp8_pack_rows = cuda_fp8_pack_rows,
