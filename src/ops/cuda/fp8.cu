@@ -633,6 +633,27 @@ __device__ __forceinline__ void f8_mma_k128(float (&part)[64], uint64_t da, uint
     wgmma_wait<0>();
 }
 
+// The producer thread of the forward kernels: for each of this block's
+// tiles (BN columns wide), kb stages of a 128 x 128-byte A box and a BN x
+// 128-byte B box into the ring of S stages of STAGE bytes.
+template <int BN, int S, int STAGE>
+__device__ __forceinline__ void f8_fwd_produce(const F8Maps &maps, uint32_t tiles, uint32_t full0, uint32_t empty0,
+                                               const int *s_off, const int *s_tile, int E, int N, int kb, int total) {
+    int slot = 0, col_tiles = (N + BN - 1) / BN;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        F8Tile tl = f8_locate<BN>(t, s_off, s_tile, E, col_tiles);
+        for (int kt = 0; kt < kb; kt++) {
+            mbar_wait(empty0 + 8 * slot, phase ^ 1);
+            uint32_t st = tiles + slot * STAGE, fb = full0 + 8 * slot;
+            mbar_expect_tx(fb, STAGE);
+            tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
+            tma_load_2d(st + F8_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
+            ring_next(slot, phase, S);
+        }
+    }
+}
+
 // out[R, N] = A[R, K] B_e^T with block scales sa [R, K/128], sb [E, N/128, K/128].
 // PREFETCH: each stage's four scales are loaded one stage ahead (else at
 // the stage's start, under its barrier wait only). VEC_STORE: the epilogue
@@ -663,20 +684,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
 
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x != 0) return;
-        int slot = 0;
-        uint32_t phase = 0;
-        for (int t = blockIdx.x; t < total; t += gridDim.x) {
-            F8Tile tl = f8_locate(t, s_off, s_tile, E, col_tiles);
-            for (int kt = 0; kt < kb; kt++) {
-                mbar_wait(empty0 + 8 * slot, phase ^ 1);
-                uint32_t st = tiles + slot * F8_STAGE_BYTES, fb = full0 + 8 * slot;
-                mbar_expect_tx(fb, F8_STAGE_BYTES);
-                tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
-                tma_load_2d(st + F8_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
-                ring_next(slot, phase, S);
-            }
-        }
+        if (threadIdx.x == 0) f8_fwd_produce<F8_BN, S, F8_STAGE_BYTES>(maps, tiles, full0, empty0, s_off, s_tile, E, N, kb, total);
         return;
     }
 
@@ -815,20 +823,7 @@ fp8_grouped_fwd_n192_kernel(bf16 *out, const __grid_constant__ F8Maps maps, cons
 
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x != 0) return;
-        int slot = 0;
-        uint32_t phase = 0;
-        for (int t = blockIdx.x; t < total; t += gridDim.x) {
-            F8Tile tl = f8_locate<F9_BN>(t, s_off, s_tile, E, col_tiles);
-            for (int kt = 0; kt < kb; kt++) {
-                mbar_wait(empty0 + 8 * slot, phase ^ 1);
-                uint32_t st = tiles + slot * F9_STAGE_BYTES, fb = full0 + 8 * slot;
-                mbar_expect_tx(fb, F9_STAGE_BYTES);
-                tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
-                tma_load_2d(st + F8_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
-                ring_next(slot, phase, S);
-            }
-        }
+        if (threadIdx.x == 0) f8_fwd_produce<F9_BN, S, F9_STAGE_BYTES>(maps, tiles, full0, empty0, s_off, s_tile, E, N, kb, total);
         return;
     }
 
