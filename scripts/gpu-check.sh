@@ -12,10 +12,10 @@
 # layout: one training run of CONFIG with those keys on synthetic tokens, its
 # measured and planned peak memory and its median step time after step 2,
 # the numbers a row of the planner's validation table needs;
-# fp8: test_fp8's grouped GEMM and weight-grad checks, bench_fp8's forward
-# (with its diag rows) and weight-grad tables, then, where the GPU has the
-# OLMoE bench's ~135 GiB, moecore bench of BF16, FP8 and FP8 with
-# fp8.wgrad: fp8, BF16 again;
+# fp8: test_fp8's grouped GEMM (every variant), data-grad and weight-grad
+# checks, bench_fp8's forward (with its diag rows) and weight-grad tables,
+# then, where the GPU has the OLMoE bench's ~135 GiB, moecore bench of BF16,
+# FP8, FP8 on the forward's variant 4, FP8 with fp8.wgrad: fp8, BF16 again;
 # glu: the fused GLU forward's and the grad-norm slots' checks, then the bench
 # configs with MOECORE_GLU=0 against =1, A B B A)
 set -u
@@ -109,7 +109,7 @@ PY
         tee -a "$out/glu.txt"
       shift ;;
     fp8)
-      for m in gemm wgrad; do
+      for m in dgrad wgrad; do # dgrad: the grouped GEMM's variants, the data-grads and their fused quantisers
         OMP_NUM_THREADS=16 timeout 200 build/tests/gpu/test_fp8 $m > "$out/test_fp8_$m.log" 2>&1
         echo "== test_fp8 $m: exit $?; $(grep -cE '^FAIL' "$out/test_fp8_$m.log") FAIL lines; $(tail -n 1 "$out/test_fp8_$m.log")"
       done
@@ -122,10 +122,13 @@ PY
       else
         n=0
         for run in "configs/bench/olmoe-1b-7b.yaml" "configs/bench/olmoe-1b-7b-fp8.yaml" \
+                   "MOECORE_FP8_GEMM_VARIANT=4 configs/bench/olmoe-1b-7b-fp8.yaml" \
                    "configs/bench/olmoe-1b-7b-fp8.yaml --fp8.wgrad=fp8" "configs/bench/olmoe-1b-7b.yaml"; do
           n=$((n + 1))
-          # shellcheck disable=SC2086 # a config and its keys
-          timeout 150 build/moecore bench $run --steps=10 --warmup=3 > "$out/fp8_step_$n.log" 2>&1
+          run_env="" args=$run # an optional NAME=value first: the environment of that run
+          case ${run%% *} in *=*) run_env=${run%% *} args=${run#* } ;; esac
+          # shellcheck disable=SC2086 # NAME=value, a config and its keys
+          env $run_env timeout 150 build/moecore bench $args --steps=10 --warmup=3 > "$out/fp8_step_$n.log" 2>&1
           echo "== fp8 step $n ($run): exit $?; $(tail -n 1 "$out/fp8_step_$n.log")"
         done
       fi
