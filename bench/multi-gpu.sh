@@ -115,8 +115,10 @@ else
   threads=$((cores / N)); [ "$threads" -ge 1 ] || threads=1
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
 fi
+# the GPU pipeline has never run: the pp step tries it (config.c refuses it without this)
+[ "$device" = cuda ] && export MOECORE_PP_GPU=${MOECORE_PP_GPU:-1}
 xs=()
-for v in LD_LIBRARY_PATH NCCL_HOME NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS OMP_NUM_THREADS OPENBLAS_NUM_THREADS; do
+for v in LD_LIBRARY_PATH NCCL_HOME NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS OMP_NUM_THREADS OPENBLAS_NUM_THREADS MOECORE_PP_GPU; do
   [ -n "${!v:-}" ] && xs+=(-x "$v")
 done
 

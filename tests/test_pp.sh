@@ -100,6 +100,7 @@ refuse "parallel.pp_layers sums to 7 layers; model.n_layers is 8" 2 --parallel.p
 refuse "every stage needs at least one layer" 4 --parallel.pp=4 --model.n_layers=3
 refuse "to be a multiple of parallel.pp (4)" 4 --parallel.pp=4 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2 --train.micro_batch=4
 refuse "parallel.pp_virtual (2) needs parallel.pp > 1" 1 --parallel.pp_virtual=2
+refuse "pipeline parallelism runs on CPU ranks for now" 2 --parallel.pp=2 --device.type=cuda
 
 echo
 [ $fails -eq 0 ] && echo "test_pp: all passed" || echo "test_pp: $fails failed"
