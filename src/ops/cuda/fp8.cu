@@ -805,6 +805,10 @@ template <int W> __device__ __forceinline__ void f9_mma_k128(float (&part)[96], 
     wgmma_wait<0>();
 }
 
+// WARP_ARRIVE (variant 5): a stage is handed back by one arrival per
+// consumer warp (lane 0, after the warp's wgmma wait: the warpgroup's reads
+// of it are done), as DeepGEMM does, instead of one per consumer thread.
+template <bool WARP_ARRIVE>
 __global__ void __launch_bounds__(F8_THREADS, 1)
 fp8_grouped_fwd_n192_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const float *sa, const float *sb,
                             const int *offsets, int E, int N, int K) {
@@ -816,7 +820,7 @@ fp8_grouped_fwd_n192_kernel(bf16 *out, const __grid_constant__ F8Maps maps, cons
     int *s_off = (int *)(smem_raw + (tiles - raw) + F9_TILE_BYTES + 16 * S);
     int *s_tile = s_off + E + 1;
     int col_tiles = (N + F9_BN - 1) / F9_BN, kb = K / F8_BK;
-    f8_ring_init(full0, empty0, S);
+    f8_ring_init(full0, empty0, S, WARP_ARRIVE ? 8 : 256);
     grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
     int total = grouped_tile_prefix<F8_BM>(s_off, E, col_tiles, s_tile);
     int wg = threadIdx.x >> 7;
@@ -856,17 +860,17 @@ fp8_grouped_fwd_n192_kernel(bf16 *out, const __grid_constant__ F8Maps maps, cons
             float lo0 = a_lo * b0, hi0 = a_hi * b0;
             if (two) {
                 f9_mma_k128<192>(part, da, db);
-                mbar_arrive(empty0 + 8 * slot);
+                if (!WARP_ARRIVE || lane == 0) mbar_arrive(empty0 + 8 * slot);
                 float lo1 = a_lo * b1, hi1 = a_hi * b1;
                 if (split == 128) promote_split<192, 128>(acc, part, lo0, hi0, lo1, hi1);
                 else promote_split<192, 64>(acc, part, lo0, hi0, lo1, hi1);
             } else if (w == 128) {
                 f9_mma_k128<128>(part, da, db);
-                mbar_arrive(empty0 + 8 * slot);
+                if (!WARP_ARRIVE || lane == 0) mbar_arrive(empty0 + 8 * slot);
                 promote_split<128, 128>(acc, part, lo0, hi0, lo0, hi0);
             } else {
                 f9_mma_k128<64>(part, da, db);
-                mbar_arrive(empty0 + 8 * slot);
+                if (!WARP_ARRIVE || lane == 0) mbar_arrive(empty0 + 8 * slot);
                 promote_split<64, 64>(acc, part, lo0, hi0, lo0, hi0);
             }
             ring_next(slot, phase, S);
@@ -1447,21 +1451,23 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     // staggers the column halves. H200, OLMoE shapes, 7 interleaved rounds
     // (bench/results/2026-12-01-h200-issue18-fp8.md): 1.38 / 1.35 / 1.49 /
     // 1.52x the BF16 grouped forward (gate/up), 1.28 / 1.23 / 1.48 / 1.52x (down).
-    // 4: 128 x 192 tiles, one wait a stage (fp8_grouped_fwd_n192_kernel).
+    // 4: 128 x 192 tiles, one wait a stage (fp8_grouped_fwd_n192_kernel);
+    // 5: 4 with one empty-barrier arrival per consumer warp.
     // MOECORE_FP8_GEMM_DIAG=1|2 (bench_fp8's diag rows only): the default's
-    // DIAG kernels, kernels 5 and 6, whose results are wrong by design.
+    // DIAG kernels, kernels 6 and 7, whose results are wrong by design.
     const char *dg = getenv("MOECORE_FP8_GEMM_DIAG");
-    int k = dg && (*dg == '1' || *dg == '2') ? 4 + (*dg - '0') : variant;
-    int bn = k == 4 ? F9_BN : F8_BN, tile_bytes = k == 4 ? F9_TILE_BYTES + 16 * F9_STAGES : F8_TILE_BYTES + 16 * F8_STAGES;
+    int k = dg && (*dg == '1' || *dg == '2') ? 5 + (*dg - '0') : variant;
+    bool n192 = k == 4 || k == 5;
+    int bn = n192 ? F9_BN : F8_BN, tile_bytes = n192 ? F9_TILE_BYTES + 16 * F9_STAGES : F8_TILE_BYTES + 16 * F8_STAGES;
     if (cuda_tensor_map_2d(&maps.b, qw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, (uint64_t)E * OC, F8_BK, bn)) return -1;
     int smem = tile_bytes + 1024 + 2 * (E + 1) * (int)sizeof(int);
     if (smem > 227 * 1024) return -1;
     typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
-    static const Kernel kernels[7] = {fp8_grouped_fwd_kernel<false, false>,         fp8_grouped_fwd_kernel<true, false>,
+    static const Kernel kernels[8] = {fp8_grouped_fwd_kernel<false, false>,         fp8_grouped_fwd_kernel<true, false>,
                                       fp8_grouped_fwd_kernel<true, true>,           fp8_grouped_fwd_kernel<true, true, true>,
-                                      fp8_grouped_fwd_n192_kernel,
+                                      fp8_grouped_fwd_n192_kernel<false>,           fp8_grouped_fwd_n192_kernel<true>,
                                       fp8_grouped_fwd_kernel<true, true, true, 1>, fp8_grouped_fwd_kernel<true, true, true, 2>};
-    static int smem_set[7];
+    static int smem_set[8];
     cuda_allow_smem((const void *)kernels[k], &smem_set[k], smem);
     kernels[k]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
     cudaLaunchCheck();
