@@ -15,7 +15,7 @@
 # fp8: test_fp8's grouped GEMM (every variant), data-grad and weight-grad
 # checks, bench_fp8's forward (with its diag rows) and weight-grad tables,
 # then, where the GPU has the OLMoE bench's ~135 GiB, moecore bench of BF16,
-# FP8, FP8 on the forward's variant 4, FP8 with fp8.wgrad: fp8, BF16 again;
+# FP8, FP8 on the forward's variants 4 and 5, FP8 with fp8.wgrad: fp8, BF16 again;
 # glu: the fused GLU forward's and the grad-norm slots' checks, then the bench
 # configs with MOECORE_GLU=0 against =1, A B B A)
 set -u
@@ -123,6 +123,7 @@ PY
         n=0
         for run in "configs/bench/olmoe-1b-7b.yaml" "configs/bench/olmoe-1b-7b-fp8.yaml" \
                    "MOECORE_FP8_GEMM_VARIANT=4 configs/bench/olmoe-1b-7b-fp8.yaml" \
+                   "MOECORE_FP8_GEMM_VARIANT=5 configs/bench/olmoe-1b-7b-fp8.yaml" \
                    "configs/bench/olmoe-1b-7b-fp8.yaml --fp8.wgrad=fp8" "configs/bench/olmoe-1b-7b.yaml"; do
           n=$((n + 1))
           run_env="" args=$run # an optional NAME=value first: the environment of that run
