@@ -48,12 +48,10 @@ static __global__ void __launch_bounds__(ROW_BLOCK_MAX, VEC ? 4 : 1)
                         dot[u] += df[j] * yf[u][j];
                     }
                     store8_row<VEC>(dy + (size_t)row[u] * C, c, C, o);
-                    if constexpr (!std::is_same<Q, NoRowHook>::value) {
-                        float b[8];
+                    float b[8]; // the stored BF16 values (dead code under NoRowHook)
 #pragma unroll
-                        for (int j = 0; j < 8; j++) b[j] = __bfloat162float(__float2bfloat16_rn(o[j]));
-                        hook(b, (size_t)row[u] * C + c);
-                    }
+                    for (int j = 0; j < 8; j++) b[j] = __bfloat162float(__float2bfloat16_rn(o[j]));
+                    hook(b, (size_t)row[u] * C + c);
                 }
         }
         block_sums<UNPERMUTE_SLOTS>(dot, red[slot], 0, blockDim.x / WARP);
