@@ -175,9 +175,7 @@ static void bench_shape(const char *name, const int *off, int C, int OC) {
         "FP8 variant 0: scales loaded at each stage's start, 4-byte stores",
         "FP8 variant 1: scale prefetch, 4-byte stores",
         "FP8 variant 2: scale prefetch, 16-byte stores",
-        "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups",
-        "FP8 variant 4: 128 x 192 tiles, one wgmma wait and promotion a stage",
-        "FP8 variant 5: variant 4, one empty-barrier arrival per consumer warp"};
+        "FP8 variant 3 (default): variant 2, column halves staggered between warpgroups"};
     double med[1 + FP8_GEMM_VARIANTS];
     for (int k = 0; k < 1 + FP8_GEMM_VARIANTS; k++) {
         float x[ROUNDS], ratio[ROUNDS];

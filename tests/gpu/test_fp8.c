@@ -487,13 +487,13 @@ static void test_unpermute_backward_quantize(int N, int k, int C) {
 }
 
 static void unpermute_quantize_tests(void) {
-    test_unpermute_backward_quantize(300, 8, 2048); // the two ops (the fused kernel is opt-in)
-    setenv("MOECORE_FP8_UNPERMUTE_FUSED", "1", 1);
+    setenv("MOECORE_FP8_UNPERMUTE_FUSED", "0", 1); // the two ops
+    test_unpermute_backward_quantize(300, 8, 2048);
+    unsetenv("MOECORE_FP8_UNPERMUTE_FUSED"); // the fused kernel (the default), and the two ops at C = 384
     test_unpermute_backward_quantize(300, 8, 2048);
     test_unpermute_backward_quantize(301, 2, 1024);
     test_unpermute_backward_quantize(97, 8, 4096);
     test_unpermute_backward_quantize(100, 3, 384);
-    unsetenv("MOECORE_FP8_UNPERMUTE_FUSED");
 }
 
 // fp8.wgrad: fp8's operands (cuda_fp8_fake_quantize_128x1, the op

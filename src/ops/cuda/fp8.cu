@@ -61,7 +61,21 @@
 // 160 registers, one wait and promotion a stage, 5 stages of 40 KB; commit
 // 8e1a5eb's variant 4) gave the default's bits at 1.23x BF16 against the
 // default's 1.35x (gate/up) and 1.16x against 1.21x (down) on an H100
-// (2026-12-07, bench/results/2026-12-07-s11.md).
+// (2026-12-07, bench/results/2026-12-07-s11.md). Nor did DeepGEMM's loop
+// shape: 128 x 192 tiles, each consumer issuing one wgmma group a stage (4 x
+// m64n192k32 into 96 partials), one wait and one promotion a stage, the two
+// weight scale blocks a tile spans split per 8-column group, 64- and
+// 128-wide tails on m64n64 / m64n128 (commit df2b0f4; 598de18 added one
+// empty-barrier arrival per consumer warp): the default's bits at 1.18x /
+// 1.17x BF16 (gate/up / down; 1.17x / 1.15x with the warp arrivals)
+// against the default's 1.32x / 1.20x, and 0.987x / 0.988x on the FP8
+// OLMoE-1B-7B step (8 layers) on an H100 (2026-12-07,
+// bench/results/2026-12-07-s13.md); removed. The same call's DIAG rows
+// bound what any promotion scheme can gain on this feed (128 x 256 tiles,
+// both operands from shared memory): without the promotion's arithmetic
+// 1.80x / 1.59x BF16, with all of K in the tensor cores and one wait a
+// stage 1.69x / 1.51x, so the down shape stays under 1.6x even with a free
+// promotion.
 // Tiles come from the device offsets like the BF16 kernels
 // (grouped_sched.cuh); rows past a segment read the next expert's rows,
 // which only reach output rows the epilogue does not store.
@@ -594,14 +608,13 @@ __device__ __forceinline__ void store_half_vec(const float (&acc)[64], bf16 *o, 
 struct F8Tile {
     int e, m0, n0, r0, rows;
 };
-template <int BN = F8_BN>
 __device__ __forceinline__ F8Tile f8_locate(int t, const int *s_off, const int *s_tile, int E, int col_tiles) {
     int lo = grouped_tile_expert(t, s_tile, E);
     F8Tile tl;
     int local = t - s_tile[lo];
     tl.e = lo;
     tl.m0 = local / col_tiles * F8_BM;
-    tl.n0 = local % col_tiles * BN;
+    tl.n0 = local % col_tiles * F8_BN;
     tl.r0 = s_off[lo];
     tl.rows = s_off[lo + 1] - tl.r0;
     return tl;
@@ -633,16 +646,16 @@ __device__ __forceinline__ void f8_mma_k128(float (&part)[64], uint64_t da, uint
     wgmma_wait<0>();
 }
 
-// The producer thread of the forward kernels: for each of this block's
-// tiles (BN columns wide), kb stages of a 128 x 128-byte A box and a BN x
-// 128-byte B box into the ring of S stages of STAGE bytes.
-template <int BN, int S, int STAGE>
+// The forward kernel's producer thread: for each of this block's tiles, kb
+// stages of a 128 x 128-byte A box and a 256 x 128-byte B box into the ring
+// of S stages of STAGE bytes.
+template <int S, int STAGE>
 __device__ __forceinline__ void f8_fwd_produce(const F8Maps &maps, uint32_t tiles, uint32_t full0, uint32_t empty0,
                                                const int *s_off, const int *s_tile, int E, int N, int kb, int total) {
-    int slot = 0, col_tiles = (N + BN - 1) / BN;
+    int slot = 0, col_tiles = N / F8_BN;
     uint32_t phase = 0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        F8Tile tl = f8_locate<BN>(t, s_off, s_tile, E, col_tiles);
+        F8Tile tl = f8_locate(t, s_off, s_tile, E, col_tiles);
         for (int kt = 0; kt < kb; kt++) {
             mbar_wait(empty0 + 8 * slot, phase ^ 1);
             uint32_t st = tiles + slot * STAGE, fb = full0 + 8 * slot;
@@ -684,7 +697,7 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
 
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x == 0) f8_fwd_produce<F8_BN, S, F8_STAGE_BYTES>(maps, tiles, full0, empty0, s_off, s_tile, E, N, kb, total);
+        if (threadIdx.x == 0) f8_fwd_produce<S, F8_STAGE_BYTES>(maps, tiles, full0, empty0, s_off, s_tile, E, N, kb, total);
         return;
     }
 
@@ -758,125 +771,6 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
             store_acc_bf16<128>(acc0, o, N, r, c0, tl.rows);
             store_acc_bf16<128>(acc1, o, N, r, c0 + 128, tl.rows);
         }
-    }
-}
-
-// Variant 4: DeepGEMM's shape of the loop. 128 x 192 tiles, so that a
-// consumer warpgroup issues one wgmma group a stage (4 x m64n192k32 into 96
-// partials), waits once and promotes into 96 accumulators (192 registers of
-// the 232), where the default waits and promotes twice, once per 128-column
-// half. A stage is a 128 x 128-byte A box and a 192 x 128-byte B box (40
-// KB), 5 stages. A tile's columns n0 .. n0 + 191 (n0 = 192 c) span two
-// weight scale blocks, split at column 128 - n0 % 128 (128 or 64): the
-// promotion takes each 8-column group's scale from its side of the split.
-// The last column tile of an N that 192 does not divide is N % 192 = 64 or
-// 128 wide (N a multiple of 128), one scale block, and runs m64n64 /
-// m64n128 wgmma on the first rows of the same B box (the box's other rows
-// are the next expert's, or TMA's zeros past the last, never stored).
-constexpr int F9_BN = 192, F9_STAGES = 5;
-constexpr int F9_STAGE_BYTES = F8_A_BYTES + F9_BN * F8_BK; // 40 KB
-constexpr int F9_TILE_BYTES = F9_STAGES * F9_STAGE_BYTES;
-static_assert(F9_STAGE_BYTES % 1024 == 0, "swizzle atoms need 1024-byte alignment");
-
-// acc += part * scale for the first W / 8 column groups of a thread's
-// accumulators; groups below BND / 8 take (lo0, hi0), the others (lo1, hi1)
-template <int W, int BND>
-__device__ __forceinline__ void promote_split(float (&acc)[96], const float (&part)[96], float lo0, float hi0,
-                                              float lo1, float hi1) {
-#pragma unroll
-    for (int j = 0; j < W / 8; j++) {
-        float lo = 8 * j < BND ? lo0 : lo1, hi = 8 * j < BND ? hi0 : hi1;
-        acc[4 * j] = fmaf(part[4 * j], lo, acc[4 * j]);
-        acc[4 * j + 1] = fmaf(part[4 * j + 1], lo, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(part[4 * j + 2], hi, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(part[4 * j + 3], hi, acc[4 * j + 3]);
-    }
-}
-// part[0 .. W / 2) = A B^T over one K = 128 stage, W columns: waited for
-template <int W> __device__ __forceinline__ void f9_mma_k128(float (&part)[96], uint64_t da, uint64_t db) {
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < F8_BK / 32; kk++) {
-        if constexpr (W == 192) wgmma_fp8_n192(part, da + 2 * kk, db + 2 * kk, kk > 0);
-        else if constexpr (W == 128) wgmma_fp8_n128(*(float(*)[64])part, da + 2 * kk, db + 2 * kk, kk > 0);
-        else wgmma_fp8_n64(*(float(*)[32])part, da + 2 * kk, db + 2 * kk, kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-}
-
-// WARP_ARRIVE (variant 5): a stage is handed back by one arrival per
-// consumer warp (lane 0, after the warp's wgmma wait: the warpgroup's reads
-// of it are done), as DeepGEMM does, instead of one per consumer thread.
-template <bool WARP_ARRIVE>
-__global__ void __launch_bounds__(F8_THREADS, 1)
-fp8_grouped_fwd_n192_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const float *sa, const float *sb,
-                            const int *offsets, int E, int N, int K) {
-    constexpr int S = F9_STAGES;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
-    uint32_t tiles = (raw + 1023) & ~1023u;
-    uint32_t full0 = tiles + F9_TILE_BYTES, empty0 = full0 + 8 * S;
-    int *s_off = (int *)(smem_raw + (tiles - raw) + F9_TILE_BYTES + 16 * S);
-    int *s_tile = s_off + E + 1;
-    int col_tiles = (N + F9_BN - 1) / F9_BN, kb = K / F8_BK;
-    f8_ring_init(full0, empty0, S, WARP_ARRIVE ? 8 : 256);
-    grouped_load_offsets<F8_THREADS>(offsets, E, s_off);
-    int total = grouped_tile_prefix<F8_BM>(s_off, E, col_tiles, s_tile);
-    int wg = threadIdx.x >> 7;
-
-    if (wg == 0) { // producer
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x == 0) f8_fwd_produce<F9_BN, S, F9_STAGE_BYTES>(maps, tiles, full0, empty0, s_off, s_tile, E, N, kb, total);
-        return;
-    }
-
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    int slot = 0;
-    uint32_t phase = 0;
-    float acc[96], part[96];
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        F8Tile tl = f8_locate<F9_BN>(t, s_off, s_tile, E, col_tiles);
-        int w = min(F9_BN, N - tl.n0), split = 128 - tl.n0 % 128; // width 192, 128 or 64; 128 or 64
-        int r = tl.m0 + cw * 64 + warp * 16 + (lane >> 2); // this thread's rows r and r + 8 of the segment
-        bool lo_ok = r < tl.rows, hi_ok = r + 8 < tl.rows;
-        const float *sa_lo = sa + (size_t)(tl.r0 + r) * kb, *sa_hi = sa_lo + (size_t)8 * kb;
-        const float *sb_t = sb + ((size_t)tl.e * (N / 128) + tl.n0 / 128) * kb;
-        bool two = w == F9_BN; // a second scale block (the tails lie in one)
-#pragma unroll
-        for (int i = 0; i < 96; i++) acc[i] = 0.0f;
-        float n_lo = lo_ok ? sa_lo[0] : 0.0f, n_hi = hi_ok ? sa_hi[0] : 0.0f;
-        float n_b0 = sb_t[0], n_b1 = two ? sb_t[kb] : 0.0f;
-        for (int kt = 0; kt < kb; kt++) {
-            float a_lo = n_lo, a_hi = n_hi, b0 = n_b0, b1 = n_b1;
-            if (kt + 1 < kb) {
-                n_lo = lo_ok ? sa_lo[kt + 1] : 0.0f, n_hi = hi_ok ? sa_hi[kt + 1] : 0.0f;
-                n_b0 = sb_t[kt + 1], n_b1 = two ? sb_t[kb + kt + 1] : 0.0f;
-            }
-            mbar_wait(full0 + 8 * slot, phase);
-            uint32_t st = tiles + slot * F9_STAGE_BYTES;
-            uint64_t da = smem_desc(st + cw * 64 * 128), db = smem_desc(st + F8_A_BYTES);
-            float lo0 = a_lo * b0, hi0 = a_hi * b0;
-            if (two) {
-                f9_mma_k128<192>(part, da, db);
-                if (!WARP_ARRIVE || lane == 0) mbar_arrive(empty0 + 8 * slot);
-                float lo1 = a_lo * b1, hi1 = a_hi * b1;
-                if (split == 128) promote_split<192, 128>(acc, part, lo0, hi0, lo1, hi1);
-                else promote_split<192, 64>(acc, part, lo0, hi0, lo1, hi1);
-            } else if (w == 128) {
-                f9_mma_k128<128>(part, da, db);
-                if (!WARP_ARRIVE || lane == 0) mbar_arrive(empty0 + 8 * slot);
-                promote_split<128, 128>(acc, part, lo0, hi0, lo0, hi0);
-            } else {
-                f9_mma_k128<64>(part, da, db);
-                if (!WARP_ARRIVE || lane == 0) mbar_arrive(empty0 + 8 * slot);
-                promote_split<64, 64>(acc, part, lo0, hi0, lo0, hi0);
-            }
-            ring_next(slot, phase, S);
-        }
-        // columns past N (a tail tile's) are not stored
-        store_acc_bf16_v16<F9_BN>(acc, out + (size_t)tl.r0 * N, N, r, tl.n0 + 2 * (lane & 3), tl.rows);
     }
 }
 
@@ -1451,23 +1345,19 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     // staggers the column halves. H200, OLMoE shapes, 7 interleaved rounds
     // (bench/results/2026-12-01-h200-issue18-fp8.md): 1.38 / 1.35 / 1.49 /
     // 1.52x the BF16 grouped forward (gate/up), 1.28 / 1.23 / 1.48 / 1.52x (down).
-    // 4: 128 x 192 tiles, one wait a stage (fp8_grouped_fwd_n192_kernel);
-    // 5: 4 with one empty-barrier arrival per consumer warp.
     // MOECORE_FP8_GEMM_DIAG=1|2 (bench_fp8's diag rows only): the default's
-    // DIAG kernels, kernels 6 and 7, whose results are wrong by design.
+    // DIAG kernels, kernels 4 and 5, whose results are wrong by design.
     const char *dg = getenv("MOECORE_FP8_GEMM_DIAG");
-    int k = dg && (*dg == '1' || *dg == '2') ? 5 + (*dg - '0') : variant;
-    bool n192 = k == 4 || k == 5;
-    int bn = n192 ? F9_BN : F8_BN, tile_bytes = n192 ? F9_TILE_BYTES + 16 * F9_STAGES : F8_TILE_BYTES + 16 * F8_STAGES;
-    if (cuda_tensor_map_2d(&maps.b, qw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, (uint64_t)E * OC, F8_BK, bn)) return -1;
+    int k = dg && (*dg == '1' || *dg == '2') ? 3 + (*dg - '0') : variant;
+    int tile_bytes = F8_TILE_BYTES + 16 * F8_STAGES;
+    if (cuda_tensor_map_2d(&maps.b, qw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, (uint64_t)E * OC, F8_BK, F8_BN)) return -1;
     int smem = tile_bytes + 1024 + 2 * (E + 1) * (int)sizeof(int);
     if (smem > 227 * 1024) return -1;
     typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
-    static const Kernel kernels[8] = {fp8_grouped_fwd_kernel<false, false>,         fp8_grouped_fwd_kernel<true, false>,
+    static const Kernel kernels[6] = {fp8_grouped_fwd_kernel<false, false>,         fp8_grouped_fwd_kernel<true, false>,
                                       fp8_grouped_fwd_kernel<true, true>,           fp8_grouped_fwd_kernel<true, true, true>,
-                                      fp8_grouped_fwd_n192_kernel<false>,           fp8_grouped_fwd_n192_kernel<true>,
                                       fp8_grouped_fwd_kernel<true, true, true, 1>, fp8_grouped_fwd_kernel<true, true, true, 2>};
-    static int smem_set[8];
+    static int smem_set[6];
     cuda_allow_smem((const void *)kernels[k], &smem_set[k], smem);
     kernels[k]<<<cuda_num_sms(), F8_THREADS, smem, cuda_stream()>>>((bf16 *)out, maps, sa, sw, offsets, E, OC, C);
     cudaLaunchCheck();
@@ -1581,16 +1471,17 @@ extern "C" void cuda_fp8_quantize_rows(uint8_t *q, float *s, const void *x, cons
 // rounds each value to BF16 as the store does). The hook's shuffles need
 // every thread of a block to store as many 8-channel groups as the others:
 // C a multiple of 8 x the block's threads (and so of 128); other shapes,
-// and unaligned pointers, run the two ops. Until the fused kernel has run
-// on a GPU (written in session s12, when none came) it is opt-in:
-// MOECORE_FP8_UNPERMUTE_FUSED=1 (test_fp8 sets it), else the two ops.
+// and unaligned pointers, run the two ops, as does
+// MOECORE_FP8_UNPERMUTE_FUSED=0 (benchmarks and test_fp8). H100,
+// OLMoE-1B-7B FP8 at 8 layers, A B B A: 1.009x the two ops, every loss
+// bit-identical (2026-12-07, bench/results/2026-12-07-s13.md).
 extern "C" void cuda_fp8_unpermute_backward_quantize(void *dy, float *dweights, uint8_t *q, float *s, const void *dout,
                                                      const void *y, const float *weights, const int *row_of, int N,
                                                      int k, int C) {
     int threads = row_block_threads(C);
     if (N <= 0) return;
     const char *on = getenv("MOECORE_FP8_UNPERMUTE_FUSED");
-    if (!on || strcmp(on, "1") || C % 128 || C % (8 * threads) || !aligned16(dy) || !aligned16(dout) ||
+    if ((on && !strcmp(on, "0")) || C % 128 || C % (8 * threads) || !aligned16(dy) || !aligned16(dout) ||
         !aligned16(y) || ((uintptr_t)q & 7) || ((uintptr_t)s & 3)) {
         cuda_unpermute_backward(dy, dweights, dout, y, weights, row_of, N, k, C);
         cuda_fp8_quantize_rows(q, s, dy, NULL, N * k, C);

@@ -106,7 +106,7 @@ int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const float *sa, cons
                              const int *offsets, int E, int C, int OC);
 // Its kernel variants (MOECORE_FP8_GEMM_VARIANT=0..FP8_GEMM_VARIANTS-1,
 // benchmarks and tests only; fp8.cu says what each does): the same bits.
-#define FP8_GEMM_VARIANTS 6
+#define FP8_GEMM_VARIANTS 4
 
 // The MXFP8 grouped GEMM forward on Blackwell (fp8_sm100.cu; COMPILE-ONLY:
 // built for sm_100a where nvcc has it, never run: no Blackwell GPU was
