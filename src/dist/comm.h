@@ -81,6 +81,29 @@ typedef struct LaunchInfo LaunchInfo;
 Comm *comm_nccl_world(const LaunchInfo *li, double timeout_s, char *err, size_t errlen);
 // Whether c is a NCCL communicator (its buffers are device memory).
 int comm_is_nccl(const Comm *c);
+
+// GPU ranks over MPI instead of NCCL (MOECORE_COMM=mpi under mpirun): the
+// one-GPU check of the multi-rank runtimes, since NCCL refuses two ranks on
+// one GPU. Every MPI Comm then takes device buffers too and stages them
+// through host memory: a call copies them out after the device's work so
+// far, runs the MPI call on the host copies and copies the results back
+// before the device's later work. Non-blocking collectives complete before
+// they return (a NULL request); isend / irecv stay non-blocking on host
+// copies (an irecv's result reaches the device at comm_wait / comm_test).
+// Slow by design: for correctness, never for speed.
+typedef struct {
+    int (*on_device)(const void *p);
+    void (*to_host)(void *host, const void *dev, size_t bytes);   // after the device's enqueued work
+    void (*to_device)(void *dev, const void *host, size_t bytes); // done before the device's later work
+    void (*copy)(void *dst, const void *src, size_t bytes);       // either side on the device
+} CommDeviceCopy;
+void comm_stage_device(const CommDeviceCopy *dc);
+int comm_stages_device(void);  // whether comm_stage_device was called
+// The world of a GPU job over MPI (CUDA builds, started by mpirun): one GPU
+// per process, chosen from the launcher's local rank modulo the visible
+// devices (several ranks may share one), and comm_stage_device with the
+// CUDA backend's copies. NULL with a message in err.
+Comm *comm_mpi_device_world(const LaunchInfo *li, char *err, size_t errlen);
 // The group's name in error messages ("dp", "ep", ...; default "world" or "group").
 void comm_set_name(Comm *c, const char *name);
 // NCCL's version and library path of a NCCL Comm, for the run header.

@@ -21,6 +21,9 @@ struct CommReq {
     MPI_Datatype tmp_type;  // freed on wait when not MPI_DATATYPE_NULL
     int *ints;              // count arrays kept alive until completion
     NcclReq *nccl;          // a NCCL request: comm_wait is a stream dependency
+    void *host;             // staged (comm_stage_device): the host copy, freed on completion
+    void *dev;              // an irecv's device buffer, given host's bytes on completion
+    size_t bytes;
 };
 
 size_t comm_type_size(CommType t);

@@ -1,4 +1,5 @@
-// Comm over MPI (Open MPI), with a no-MPI path for one-rank groups.
+// Comm over MPI (Open MPI), with a no-MPI path for one-rank groups, and
+// device buffers staged through the host where comm_stage_device asked.
 #include "dist/comm_impl.h"
 
 #include <limits.h>
@@ -15,7 +16,56 @@ static Comm world = {0, 0, 1, NULL};
 int comm_mpi_active(void) { return use_mpi; }
 int comm_is_nccl(const Comm *c) { return c && c->nccl; }
 
+// ---- device buffers staged through the host (comm.h) ----------------------------------
+
+static const CommDeviceCopy *dc;
+void comm_stage_device(const CommDeviceCopy *d) { dc = d; }
+int comm_stages_device(void) { return dc != NULL; }
+static int staged(const void *p) { return dc && p && dc->on_device(p); }
+// The host view of bytes at p: p itself, or a new host copy of the device
+// memory (its contents copied when in).
+static void *host_in(const void *p, size_t bytes, int in) {
+    if (!staged(p)) return (void *)p;
+    void *h = mallocCheck(bytes ? bytes : 1);
+    if (in && bytes) dc->to_host(h, p, bytes);
+    return h;
+}
+// Ends a host view: its bytes back to the device when out, the copy freed.
+static void host_out(void *h, void *p, size_t bytes, int out) {
+    if (h == p) return;
+    if (out && bytes) dc->to_device(p, h, bytes);
+    free(h);
+}
+// memmove for a one-rank group, whose buffers may be device memory
+static void move(void *dst, const void *src, size_t bytes) {
+    if (staged(dst) || staged(src)) dc->copy(dst, src, bytes);
+    else memmove(dst, src, bytes);
+}
+static CommReq *new_req(void) {
+    CommReq *r = calloc(1, sizeof(CommReq));
+    if (!r) {
+        fprintf(stderr, "moecore: out of host memory for a communication request\n");
+        comm_abort(3);
+    }
+    r->tmp_type = MPI_DATATYPE_NULL;
+    return r;
+}
+// What completes a request besides MPI's part: a staged irecv's bytes reach
+// the device, host copies are freed.
+static void req_finish(CommReq *r) {
+    if (r->tmp_type != MPI_DATATYPE_NULL) MPI_Type_free(&r->tmp_type);
+    if (r->dev && r->bytes) dc->to_device(r->dev, r->host, r->bytes);
+    free(r->host);
+    free(r->ints);
+    free(r);
+}
+
 #ifndef MOECORE_CUDA
+Comm *comm_mpi_device_world(const LaunchInfo *li, char *err, size_t errlen) {
+    (void)li;
+    errorf(err, errlen, "GPU ranks over MPI need the CUDA backend, which is not compiled into this build");
+    return NULL;
+}
 Comm *comm_nccl_world(const LaunchInfo *li, double timeout_s, char *err, size_t errlen) {
     (void)li, (void)timeout_s;
     errorf(err, errlen, "NCCL needs the CUDA backend, which is not compiled into this build (nvcc was not found when it was built)");
@@ -121,11 +171,14 @@ void comm_allreduce(Comm *c, void *buf, size_t n, CommType t) {
     if (c->nccl) { nccl_allreduce(c, buf, n, t); return; }
 #endif
     if (c->size == 1) return;
+    size_t bytes = n * comm_type_size(t);
+    char *h = host_in(buf, bytes, 1);
     // chunks keep each count within int
     for (size_t off = 0; off < n; off += (size_t)1 << 30) {
         size_t m = n - off < ((size_t)1 << 30) ? n - off : (size_t)1 << 30;
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * comm_type_size(t), (int)m, mpi_type(t), MPI_SUM, c->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, h + off * comm_type_size(t), (int)m, mpi_type(t), MPI_SUM, c->mpi));
     }
+    host_out(h, buf, bytes, 1);
 }
 
 CommReq *comm_iallreduce(Comm *c, void *buf, size_t n, CommType t) {
@@ -133,8 +186,11 @@ CommReq *comm_iallreduce(Comm *c, void *buf, size_t n, CommType t) {
     if (c->nccl) return nccl_iallreduce(c, buf, n, t);
 #endif
     if (c->size == 1) return NULL;
-    CommReq *r = mallocCheck(sizeof(CommReq));
-    r->tmp_type = MPI_DATATYPE_NULL;
+    if (staged(buf)) { // completes here
+        comm_allreduce(c, buf, n, t);
+        return NULL;
+    }
+    CommReq *r = new_req();
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(n, "iallreduce"), mpi_type(t), MPI_SUM, c->mpi, &r->req));
     return r;
 }
@@ -153,13 +209,23 @@ CommReq *comm_ireduce_scatter(Comm *c, const void *send, void *recv, const size_
 #ifdef MOECORE_CUDA
     if (c->nccl) return nccl_ireduce_scatter(c, send, recv, counts, t);
 #endif
+    size_t es = comm_type_size(t);
     if (c->size == 1) {
-        if (send != recv) memmove(recv, send, counts[0] * comm_type_size(t));
+        if (send != recv) move(recv, send, counts[0] * es);
         return NULL;
     }
-    CommReq *r = mallocCheck(sizeof(CommReq));
-    r->tmp_type = MPI_DATATYPE_NULL;
+    CommReq *r = new_req();
     r->ints = int_counts(c, counts, "reduce_scatter");
+    if (staged(send) || staged(recv)) { // completes here
+        size_t total = 0;
+        for (int i = 0; i < c->size; i++) total += counts[i];
+        void *hs = host_in(send, total * es, 1), *hr = host_in(recv, counts[c->rank] * es, 0);
+        MPI_CHECK(MPI_Reduce_scatter(hs, hr, r->ints, mpi_type(t), MPI_SUM, c->mpi));
+        host_out(hr, recv, counts[c->rank] * es, 1);
+        host_out(hs, (void *)send, total * es, 0);
+        req_finish(r);
+        return NULL;
+    }
     MPI_CHECK(MPI_Ireduce_scatter(send, recv, r->ints, mpi_type(t), MPI_SUM, c->mpi, &r->req));
     return r;
 }
@@ -173,7 +239,9 @@ void comm_all_gather(Comm *c, void *buf, const size_t *counts, CommType t) {
     int *displ = mallocCheck(c->size * sizeof(int));
     size_t d = 0;
     for (int i = 0; i < c->size; i++) { displ[i] = as_int(d, "all_gather"); d += counts[i]; }
-    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, displ, mpi_type(t), c->mpi));
+    void *h = host_in(buf, d * comm_type_size(t), 1);
+    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, ic, displ, mpi_type(t), c->mpi));
+    host_out(h, buf, d * comm_type_size(t), 1);
     free(ic);
     free(displ);
 }
@@ -184,7 +252,7 @@ void comm_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, voi
     if (c->nccl) { nccl_all_to_all_v(c, send, send_counts, recv, recv_counts, elem_bytes); return; }
 #endif
     if (c->size == 1) {
-        if (send_counts[0] && send != recv) memmove(recv, send, send_counts[0] * elem_bytes);
+        if (send_counts[0] && send != recv) move(recv, send, send_counts[0] * elem_bytes);
         return;
     }
     MPI_Datatype row;
@@ -199,7 +267,10 @@ void comm_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, voi
         s += send_counts[i];
         q += recv_counts[i];
     }
-    MPI_CHECK(MPI_Alltoallv(send, sc, sd, row, recv, rc, rd, row, c->mpi));
+    void *hs = host_in(send, s * elem_bytes, 1), *hr = host_in(recv, q * elem_bytes, 0);
+    MPI_CHECK(MPI_Alltoallv(hs, sc, sd, row, hr, rc, rd, row, c->mpi));
+    host_out(hr, recv, q * elem_bytes, 1);
+    host_out(hs, (void *)send, s * elem_bytes, 0);
     MPI_Type_free(&row);
     free(sc); free(rc); free(sd); free(rd);
 }
@@ -208,24 +279,28 @@ void comm_send(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag)
 #ifdef MOECORE_CUDA
     if (c->nccl) { nccl_send(c, buf, n, t, dst); return; }
 #endif
-    MPI_CHECK(MPI_Send(buf, as_int(n, "send"), mpi_type(t), dst, tag, c->mpi));
+    void *h = host_in(buf, n * comm_type_size(t), 1);
+    MPI_CHECK(MPI_Send(h, as_int(n, "send"), mpi_type(t), dst, tag, c->mpi));
+    host_out(h, (void *)buf, n * comm_type_size(t), 0);
 }
 
 void comm_recv(Comm *c, void *buf, size_t n, CommType t, int src, int tag) {
 #ifdef MOECORE_CUDA
     if (c->nccl) { nccl_recv(c, buf, n, t, src); return; }
 #endif
-    MPI_CHECK(MPI_Recv(buf, as_int(n, "recv"), mpi_type(t), src, tag, c->mpi, MPI_STATUS_IGNORE));
+    void *h = host_in(buf, n * comm_type_size(t), 0);
+    MPI_CHECK(MPI_Recv(h, as_int(n, "recv"), mpi_type(t), src, tag, c->mpi, MPI_STATUS_IGNORE));
+    host_out(h, buf, n * comm_type_size(t), 1);
 }
 
 CommReq *comm_isend(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag) {
 #ifdef MOECORE_CUDA
     if (c->nccl) return nccl_isend(c, buf, n, t, dst);
 #endif
-    CommReq *r = mallocCheck(sizeof(CommReq));
-    memset(r, 0, sizeof *r);
-    r->tmp_type = MPI_DATATYPE_NULL;
-    MPI_CHECK(MPI_Isend(buf, as_int(n, "isend"), mpi_type(t), dst, tag, c->mpi, &r->req));
+    CommReq *r = new_req();
+    void *h = host_in(buf, n * comm_type_size(t), 1); // the send reads the host copy
+    if (h != buf) r->host = h;
+    MPI_CHECK(MPI_Isend(h, as_int(n, "isend"), mpi_type(t), dst, tag, c->mpi, &r->req));
     return r;
 }
 
@@ -233,10 +308,10 @@ CommReq *comm_irecv(Comm *c, void *buf, size_t n, CommType t, int src, int tag) 
 #ifdef MOECORE_CUDA
     if (c->nccl) return nccl_irecv(c, buf, n, t, src);
 #endif
-    CommReq *r = mallocCheck(sizeof(CommReq));
-    memset(r, 0, sizeof *r);
-    r->tmp_type = MPI_DATATYPE_NULL;
-    MPI_CHECK(MPI_Irecv(buf, as_int(n, "irecv"), mpi_type(t), src, tag, c->mpi, &r->req));
+    CommReq *r = new_req();
+    void *h = host_in(buf, n * comm_type_size(t), 0); // copied to the device on completion
+    if (h != buf) r->host = h, r->dev = buf, r->bytes = n * comm_type_size(t);
+    MPI_CHECK(MPI_Irecv(h, as_int(n, "irecv"), mpi_type(t), src, tag, c->mpi, &r->req));
     return r;
 }
 
@@ -245,7 +320,9 @@ void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {
     if (c->nccl) { nccl_broadcast(c, buf, n, t, root); return; }
 #endif
     if (c->size == 1) return;
-    MPI_CHECK(MPI_Bcast(buf, as_int(n, "broadcast"), mpi_type(t), root, c->mpi));
+    void *h = host_in(buf, n * comm_type_size(t), c->rank == root);
+    MPI_CHECK(MPI_Bcast(h, as_int(n, "broadcast"), mpi_type(t), root, c->mpi));
+    host_out(h, buf, n * comm_type_size(t), 1);
 }
 
 void comm_barrier(Comm *c) {
@@ -260,11 +337,8 @@ void comm_wait(CommReq *r) {
 #ifdef MOECORE_CUDA
     if (r->nccl) { nccl_wait(r); return; }
 #endif
-    if (!r) return;
     MPI_CHECK(MPI_Wait(&r->req, MPI_STATUS_IGNORE));
-    if (r->tmp_type != MPI_DATATYPE_NULL) MPI_Type_free(&r->tmp_type);
-    free(r->ints);
-    free(r);
+    req_finish(r);
 }
 
 int comm_test(CommReq **r) {
@@ -275,9 +349,7 @@ int comm_test(CommReq **r) {
     int done = 0;
     MPI_CHECK(MPI_Test(&(*r)->req, &done, MPI_STATUS_IGNORE));
     if (!done) return 0;
-    if ((*r)->tmp_type != MPI_DATATYPE_NULL) MPI_Type_free(&(*r)->tmp_type);
-    free((*r)->ints);
-    free(*r);
+    req_finish(*r);
     *r = NULL;
     return 1;
 }

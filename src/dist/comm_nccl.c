@@ -247,6 +247,44 @@ Comm *comm_nccl_world(const LaunchInfo *li, double timeout, char *err, size_t er
 
 const char *comm_nccl_describe(void) { return describe; }
 
+// ---- GPU ranks over MPI (MOECORE_COMM=mpi: comm.h's comm_stage_device) -----------
+
+static int on_device(const void *p);
+static void stage_check(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "moecore: rank %d: CUDA error while staging a buffer for MPI (%s): %s\n", world_rank, what,
+            cudaGetErrorString(e));
+    comm_abort(3);
+}
+// on the compute stream, so ordered after its enqueued work and before its
+// later work; the host waits (the host side is ordinary pageable memory)
+static void stage_copy(void *dst, const void *src, size_t bytes, const char *what) {
+    stage_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream()), what);
+    stage_check(cudaStreamSynchronize(cuda_stream()), what);
+}
+static void stage_to_host(void *h, const void *d, size_t bytes) { stage_copy(h, d, bytes, "device to host"); }
+static void stage_to_device(void *d, const void *h, size_t bytes) { stage_copy(d, h, bytes, "host to device"); }
+static void stage_move(void *dst, const void *src, size_t bytes) { stage_copy(dst, src, bytes, "device copy"); }
+static const CommDeviceCopy device_copy = {on_device, stage_to_host, stage_to_device, stage_move};
+
+Comm *comm_mpi_device_world(const LaunchInfo *li, char *err, size_t errlen) {
+    if (!comm_mpi_active())
+        FAIL_NULL(err, errlen, "MOECORE_COMM=mpi: GPU ranks over MPI need a job started by mpirun (this one was "
+                  "started by %s)", launch_kind_name(li->kind));
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0)
+        FAIL_NULL(err, errlen, "rank %d: no CUDA device (%s)", li->rank, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    device = li->local_rank % n_dev;
+    world_rank = li->rank;
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
+        FAIL_NULL(err, errlen, "rank %d: cudaSetDevice(%d): %s", li->rank, device, cudaGetErrorString(e));
+    comm_stage_device(&device_copy);
+    snprintf(describe, sizeof describe, "MPI, device buffers staged through the host (MOECORE_COMM=mpi: a "
+             "correctness check, slow by design), rank %d on GPU %d of %d", li->rank, device, n_dev);
+    return comm_world();
+}
+
 void comm_set_name(Comm *c, const char *name) {
     if (c && c->nccl) snprintf(c->nccl->name, sizeof c->nccl->name, "%s", name);
 }

@@ -53,8 +53,8 @@ int symmem_available(Comm *c, const Ops *ops, char *why, size_t whylen) {
     if (comm_is_nccl(c)) return nccl_sym_available(c, why, whylen);
 #endif
     if (!ops->host_memory) {
-        errorf(why, whylen, "the %s backend's ranks communicate through NCCL, and this group has no NCCL communicator",
-               ops->name);
+        errorf(why, whylen, "the %s backend's ranks communicate through NCCL, and this group has no NCCL communicator%s",
+               ops->name, comm_stages_device() ? " (MOECORE_COMM=mpi stages buffers through the host instead)" : "");
         return 0;
     }
     if (!comm_mpi_active()) {

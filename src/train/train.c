@@ -253,10 +253,17 @@ static int pick_backend(Trainer *tr) {
 #ifdef MOECORE_CUDA
     int launched = tr->launch.kind != LAUNCH_SINGLE;
     // a launched GPU job: one GPU per process, NCCL for every collective
-    // (the device is chosen before anything else touches CUDA)
+    // (the device is chosen before anything else touches CUDA); or MPI with
+    // device buffers staged through the host (MOECORE_COMM=mpi, comm.h),
+    // which lets several ranks share one GPU to check the runtimes
     if (launched) {
         char err[1200];
-        Comm *w = comm_nccl_world(&tr->launch, cfg->parallel.timeout_s, err, sizeof err);
+        const char *via = getenv("MOECORE_COMM");
+        int mpi = via && !strcmp(via, "mpi");
+        if (via && *via && !mpi && strcmp(via, "nccl"))
+            return fatal("MOECORE_COMM=%s: expected nccl (the default) or mpi", via);
+        Comm *w = mpi ? comm_mpi_device_world(&tr->launch, err, sizeof err)
+                      : comm_nccl_world(&tr->launch, cfg->parallel.timeout_s, err, sizeof err);
         if (!w) return fatal("%s", err);
         tr->world = w;
         SAY("communicator: %s, launched by %s\n", comm_nccl_describe(), launch_kind_name(tr->launch.kind));
@@ -576,7 +583,8 @@ static int train_setup(Trainer *tr) {
     // With several ranks the step captures when nothing in forward and
     // backward talks to the host: no expert dispatch, or the symmetric one
     // (the all-to-all's split sizes pass through the host).
-    tr->use_graph = cfg->device.cuda_graph && tr->ops->capture_begin &&
+    // Staged MPI (MOECORE_COMM=mpi) waits on the host inside a call: no graphs.
+    tr->use_graph = cfg->device.cuda_graph && tr->ops->capture_begin && !comm_stages_device() &&
                     (train_world_size == 1 || tr->m.par.ep_size == 1 || tr->m.ep_sym) &&
                     (train_world_size == 1 || !tr->m.cfg.lb_global);
     if (tr->ops->capture_begin) SAY("cuda graph: %s\n", tr->use_graph ? "on" : "off");

@@ -126,7 +126,7 @@ static void print_memory(Trainer *tr) {
     if (l.gpu && tr->launch.kind != LAUNCH_SINGLE) {
         Comm *g[] = {tr->world, mesh->dp_comm, mesh->ep_comm, mesh->ep_dp_comm, mesh->pp_comm};
         l.n_comms = 0;
-        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) l.n_comms += g[i] && comm_size(g[i]) > 1;
+        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) l.n_comms += g[i] && comm_is_nccl(g[i]) && comm_size(g[i]) > 1;
     }
     MemoryPlan p;
     if (memory_plan(&p, &tr->m.cfg, &l, err, sizeof err)) {

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The multi-rank runtimes on ONE GPU: several ranks share it, talking over
+# MPI with their device buffers staged through the host (MOECORE_COMM=mpi,
+# comm.h; NCCL refuses two ranks on one GPU), so the GPU code of data,
+# expert and pipeline parallelism -- DDP's buckets and the sharded
+# optimizer on device grads, the all-to-all dispatch of device rows, the
+# pipeline's device hand-offs (MOECORE_PP_GPU=1) -- runs with real CUDA
+# kernels before a machine with several GPUs is lent. Not checked here:
+# NCCL itself (tests/gpu/test_comm_nccl, test_nccl at world 1), the
+# symmetric dispatch across processes, overlap and speed.
+#
+# Each layout against one GPU rank on the same global batch and seed
+# (configs/tiny.yaml, micro-batches of 4 sequences in every layout, 12
+# steps, a2a dispatch, learned routing): losses within 5e-3 relative (BF16's
+# 2^-8: the layouts sum the same micro-batches' grads in another order and
+# the BF16 compute copies may round differently from there) and final FP32
+# weights within 1e-2 norm-wise per tensor; the measured differences are
+# printed, so a run shows how far inside the bounds they are.
+#
+#   bash tests/gpu/ranks.sh     on a GPU machine, from the repository root after make gpu-bundle
+# Ends with "N passed, N failed"; exits 1 on any failure.
+set -u
+cd "$(dirname "$0")/../.."
+bin=$PWD/build/moecore
+py=python3
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 MOECORE_COMM=mpi MOECORE_PP_GPU=1
+cublas=$($py -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+tmp=$(mktemp -d)
+if [ "${KEEP:-0}" = 1 ]; then echo "work directory: $tmp"; else trap 'rm -rf "$tmp"' EXIT; fi
+"$bin" tokenize --out "$tmp/t.bin" /usr/share/common-licenses/* >/dev/null || { echo "FAIL: tokenize"; exit 1; }
+base=(--device.type=cuda --data.train="$tmp/t.bin" --data.eval= --train.global_batch=16 --train.micro_batch=4
+      --train.steps="${STEPS:-12}" --train.warmup_steps=3 --train.eval_interval=0 --logging.log_interval=1
+      --checkpoint.interval=0 --parallel.bucket_mb=0.25 --parallel.ep_backend=a2a)
+. tests/lib_ranks.sh
+export OMP_NUM_THREADS=2
+passes=0
+ok() { echo "ok: $*"; passes=$((passes+1)); }
+tol_loss=5e-3 tol_weights=1e-2
+against_one_rank gpu "on one GPU" "--model.routing=learned" "" \
+  "dp2 2 --parallel.dp=2" \
+  "dp2_sharded 2 --parallel.dp=2 --optim.sharded=true" \
+  "ep2 2 --parallel.dp=2 --parallel.ep=2" \
+  "ep2xep_dp2_sharded 4 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true" \
+  "pp2_1f1b 2 --parallel.pp=2 --parallel.pp_schedule=1f1b" \
+  "pp2_gpipe 2 --parallel.pp=2 --parallel.pp_schedule=gpipe" \
+  "pp2_interleaved 2 --parallel.pp=2 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2" \
+  "pp2xdp2 4 --parallel.pp=2 --parallel.dp=2" \
+  "pp2xep2 4 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2"
+for l in dp2 ep2 pp2_1f1b; do
+  grep -q "communicator: MPI, device buffers staged" "$tmp/${l}_gpu.log" || bad "$l: the ranks did not run over staged MPI"
+done
+grep -E "bubble" "$tmp/pp2_1f1b_gpu.log" | tail -n 2
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
