@@ -11,7 +11,8 @@
 #
 # Each layout against one GPU rank on the same global batch and seed
 # (configs/tiny.yaml, micro-batches of 4 sequences in every layout, 12
-# steps, a2a dispatch, learned routing): losses within 5e-3 relative (BF16's
+# steps, a2a dispatch, learned routing; dp2 and ep2 also with
+# train.precision: fp8): losses within 5e-3 relative (BF16's
 # 2^-8: the layouts sum the same micro-batches' grads in another order and
 # the BF16 compute copies may round differently from there) and final FP32
 # weights within 1e-2 norm-wise per tensor; the measured differences are
@@ -47,6 +48,10 @@ against_one_rank gpu "on one GPU" "--model.routing=learned" "" \
   "pp2_interleaved 2 --parallel.pp=2 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2" \
   "pp2xdp2 4 --parallel.pp=2 --parallel.dp=2" \
   "pp2xep2 4 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2"
+# train.precision: fp8 (its FP8 dispatch: rows travel as E4M3 codes + scales),
+# d_model 256 for the FP8 GEMMs' widths
+against_one_rank fp8 "fp8 on one GPU" "--model.routing=learned --train.precision=fp8 --model.d_model=256" "" \
+  "dp2 2 --parallel.dp=2" "ep2 2 --parallel.dp=2 --parallel.ep=2"
 for l in dp2 ep2 pp2_1f1b; do
   grep -q "communicator: MPI, device buffers staged" "$tmp/${l}_gpu.log" || bad "$l: the ranks did not run over staged MPI"
 done
