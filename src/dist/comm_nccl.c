@@ -199,18 +199,31 @@ static Comm *register_comm(ncclComm_t comm, const char *name) {
     return c;
 }
 
+// This process's GPU: the launcher's local rank modulo the visible devices,
+// set before anything else touches CUDA. The number of devices, or 0 with
+// a message in err.
+static int pick_device(const LaunchInfo *li, char *err, size_t errlen) {
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        errorf(err, errlen, "rank %d: no CUDA device (%s)", li->rank, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return 0;
+    }
+    device = li->local_rank % n_dev;
+    world_rank = li->rank;
+    if ((e = cudaSetDevice(device)) != cudaSuccess) {
+        errorf(err, errlen, "rank %d: cudaSetDevice(%d): %s", li->rank, device, cudaGetErrorString(e));
+        return 0;
+    }
+    return n_dev;
+}
+
 Comm *comm_nccl_world(const LaunchInfo *li, double timeout, char *err, size_t errlen) {
     char why[600];
     if (!(api = nccl_api(why, sizeof why))) FAIL_NULL(err, errlen, "%s", why);
-    int n_dev = 0;
-    cudaError_t e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess || n_dev == 0)
-        FAIL_NULL(err, errlen, "rank %d: no CUDA device (%s)", li->rank, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    device = li->local_rank % n_dev;
-    world_rank = li->rank;
+    int n_dev = pick_device(li, err, errlen);
+    if (!n_dev) return NULL;
     timeout_s = timeout > 0 ? timeout : 600;
-    if ((e = cudaSetDevice(device)) != cudaSuccess)
-        FAIL_NULL(err, errlen, "rank %d: cudaSetDevice(%d): %s", li->rank, device, cudaGetErrorString(e));
     // the unique id: from rank 0, over MPI or the TCP rendezvous
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
@@ -271,14 +284,8 @@ Comm *comm_mpi_device_world(const LaunchInfo *li, char *err, size_t errlen) {
     if (!comm_mpi_active())
         FAIL_NULL(err, errlen, "MOECORE_COMM=mpi: GPU ranks over MPI need a job started by mpirun (this one was "
                   "started by %s)", launch_kind_name(li->kind));
-    int n_dev = 0;
-    cudaError_t e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess || n_dev == 0)
-        FAIL_NULL(err, errlen, "rank %d: no CUDA device (%s)", li->rank, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    device = li->local_rank % n_dev;
-    world_rank = li->rank;
-    if ((e = cudaSetDevice(device)) != cudaSuccess)
-        FAIL_NULL(err, errlen, "rank %d: cudaSetDevice(%d): %s", li->rank, device, cudaGetErrorString(e));
+    int n_dev = pick_device(li, err, errlen);
+    if (!n_dev) return NULL;
     comm_stage_device(&device_copy);
     snprintf(describe, sizeof describe, "MPI, device buffers staged through the host (MOECORE_COMM=mpi: a "
              "correctness check, slow by design), rank %d on GPU %d of %d", li->rank, device, n_dev);
