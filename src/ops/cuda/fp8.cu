@@ -646,27 +646,6 @@ __device__ __forceinline__ void f8_mma_k128(float (&part)[64], uint64_t da, uint
     wgmma_wait<0>();
 }
 
-// The forward kernel's producer thread: for each of this block's tiles, kb
-// stages of a 128 x 128-byte A box and a 256 x 128-byte B box into the ring
-// of S stages of STAGE bytes.
-template <int S, int STAGE>
-__device__ __forceinline__ void f8_fwd_produce(const F8Maps &maps, uint32_t tiles, uint32_t full0, uint32_t empty0,
-                                               const int *s_off, const int *s_tile, int E, int N, int kb, int total) {
-    int slot = 0, col_tiles = N / F8_BN;
-    uint32_t phase = 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        F8Tile tl = f8_locate(t, s_off, s_tile, E, col_tiles);
-        for (int kt = 0; kt < kb; kt++) {
-            mbar_wait(empty0 + 8 * slot, phase ^ 1);
-            uint32_t st = tiles + slot * STAGE, fb = full0 + 8 * slot;
-            mbar_expect_tx(fb, STAGE);
-            tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
-            tma_load_2d(st + F8_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
-            ring_next(slot, phase, S);
-        }
-    }
-}
-
 // out[R, N] = A[R, K] B_e^T with block scales sa [R, K/128], sb [E, N/128, K/128].
 // PREFETCH: each stage's four scales are loaded one stage ahead (else at
 // the stage's start, under its barrier wait only). VEC_STORE: the epilogue
@@ -697,7 +676,20 @@ fp8_grouped_fwd_kernel(bf16 *out, const __grid_constant__ F8Maps maps, const flo
 
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x == 0) f8_fwd_produce<S, F8_STAGE_BYTES>(maps, tiles, full0, empty0, s_off, s_tile, E, N, kb, total);
+        if (threadIdx.x != 0) return;
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            F8Tile tl = f8_locate(t, s_off, s_tile, E, col_tiles);
+            for (int kt = 0; kt < kb; kt++) {
+                mbar_wait(empty0 + 8 * slot, phase ^ 1);
+                uint32_t st = tiles + slot * F8_STAGE_BYTES, fb = full0 + 8 * slot;
+                mbar_expect_tx(fb, F8_STAGE_BYTES);
+                tma_load_2d(st, &maps.a, kt * F8_BK, tl.r0 + tl.m0, fb);
+                tma_load_2d(st + F8_A_BYTES, &maps.b, kt * F8_BK, tl.e * N + tl.n0, fb);
+                ring_next(slot, phase, S);
+            }
+        }
         return;
     }
 
@@ -1337,8 +1329,12 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     memset(&maps, 0, sizeof maps);
     if (cuda_tensor_map_2d(&maps.a, qa, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, cuda_rows_to_end(qa, C), F8_BK, F8_BM))
         return -1;
+    if (cuda_tensor_map_2d(&maps.b, qw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, (uint64_t)E * OC, F8_BK, F8_BN))
+        return -1;
     const char *v = getenv("MOECORE_FP8_GEMM_VARIANT");
     int variant = v && *v >= '0' && *v < '0' + FP8_GEMM_VARIANTS ? *v - '0' : 3;
+    int smem = F8_TILE_BYTES + 1024 + 16 * F8_STAGES + 2 * (E + 1) * (int)sizeof(int);
+    if (smem > 227 * 1024) return -1;
     // MOECORE_FP8_GEMM_VARIANT (benchmarks and tests only): 0 loads the
     // scales at each stage's start and stores 4 bytes per thread, 1 adds the
     // scale prefetch, 2 also the 16-byte epilogue, 3 (the default) also
@@ -1349,10 +1345,6 @@ extern "C" int cuda_fp8_grouped_forward(void *out, const uint8_t *qa, const floa
     // DIAG kernels, kernels 4 and 5, whose results are wrong by design.
     const char *dg = getenv("MOECORE_FP8_GEMM_DIAG");
     int k = dg && (*dg == '1' || *dg == '2') ? 3 + (*dg - '0') : variant;
-    int tile_bytes = F8_TILE_BYTES + 16 * F8_STAGES;
-    if (cuda_tensor_map_2d(&maps.b, qw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, C, (uint64_t)E * OC, F8_BK, F8_BN)) return -1;
-    int smem = tile_bytes + 1024 + 2 * (E + 1) * (int)sizeof(int);
-    if (smem > 227 * 1024) return -1;
     typedef void (*Kernel)(bf16 *, const F8Maps, const float *, const float *, const int *, int, int, int);
     static const Kernel kernels[6] = {fp8_grouped_fwd_kernel<false, false>,         fp8_grouped_fwd_kernel<true, false>,
                                       fp8_grouped_fwd_kernel<true, true>,           fp8_grouped_fwd_kernel<true, true, true>,
