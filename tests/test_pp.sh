@@ -11,7 +11,8 @@
 #     (interleaved) with the next losses within 1e-6 of the uninterrupted run;
 #  3. eval through the stages equals the single rank's eval CE;
 #  4. the measured bubble is logged beside the theory of the schedule;
-#  5. bad pipeline keys are refused with the key named.
+#  5. bad pipeline keys are refused with the key named;
+#  6. (in 1) the GPU ranks' hand-off order, MOECORE_PP_HANDOFF=receiver, on CPU ranks.
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -40,6 +41,17 @@ against_one_rank learned learned "--model.routing=learned" "" \
   "pp2xdp2_sharded 4 --parallel.pp=2 --parallel.dp=2 --optim.sharded=true --parallel.pp_schedule=interleaved --parallel.pp_virtual=2" \
   "pp2xdp2xep2 8 --parallel.pp=2 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true"
 against_one_rank random random "--model.routing=random" "" "pp4_1f1b 4 --parallel.pp=4"
+# GPU ranks' hand-off order (each send in the slot where its receiver takes
+# it, one group with that slot's receive: what keeps NCCL from deadlocking),
+# here on CPU ranks over MPI
+MOECORE_PP_HANDOFF=receiver against_one_rank recv learned "--model.routing=learned" "" \
+  "pp2_1f1b 2 --parallel.pp=2 --parallel.pp_schedule=1f1b" \
+  "pp4_interleaved 4 --parallel.pp=4 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2" \
+  "pp4_zb1 4 --parallel.pp=4 --parallel.pp_schedule=zb1" \
+  "pp2xdp2xep2 8 --parallel.pp=2 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true"
+if grep -q "pipeline hand-offs: each send in the slot where its receiver takes it" "$tmp/pp2_1f1b_recv.log" &&
+   grep -q "pipeline hand-offs: each send after its action" "$tmp/pp2_1f1b_learned.log"
+then ok "the receiver-slot runs said so, the default runs did not"; else bad "hand-off mode not logged as expected"; fi
 # the aux-free bias moves by the counts of every stage's layers (reduced over
 # the world), and lb_global sums each micro-batch's counts over the stage's dp group
 against_one_rank aux aux "--model.routing=learned --model.aux_free_rate=0.02" "" \

@@ -210,6 +210,59 @@ static PPAction *find(const PPSchedule *s, int rank, PPActionKind kind, int mb) 
     return NULL;
 }
 
+// Over NCCL two ranks' messages meet in call order and a rank's calls run one
+// after another. Issuing each send in the slot where its receiver takes it,
+// grouped with that slot's receive, meets and completes for every kind; the
+// eager order (send after the action, receive before it) deadlocks 1f1b at
+// pp 2 (stage 0 sends micro-batch 1 while stage 1 sends micro-batch 0's
+// grad), which is what the check is for.
+START_TEST(test_p2p_call_order) {
+    int checked = 0;
+    char err[1024];
+    for (size_t i = 0; i < sizeof PPS / sizeof *PPS; i++) {
+        int pp = PPS[i], ms[4], nm = micro_counts(pp, ms);
+        for (int j = 0; j < nm; j++)
+            for (int k = PP_GPIPE; k <= PP_ZB1; k++)
+                for (int v = 1; v <= 4; v *= 2) {
+                    int m = ms[j];
+                    if (k == PP_INTERLEAVED ? v < 2 || m % pp : v != 1) continue;
+                    PPSchedule s;
+                    build_and_run(k, pp, m, v, &s);
+                    ck_assert_msg(pp_schedule_check_p2p(&s, PP_P2P_AT_RECEIVER, err, sizeof err) == 0,
+                                  "%s pp %d m %d v %d: %s", pp_schedule_kind_name(k), pp, m, v, err);
+                    // the receive slot of every send is later than the send's slot
+                    for (int p = 0; p < pp; p++)
+                        for (int t = 0; t < s.n_slots; t++) {
+                            int u = pp_schedule_recv_slot(&s, p, t);
+                            const PPAction *a = pp_schedule_at(&s, p, t);
+                            ck_assert(a->kind != PP_IDLE && a->send_to >= 0 ? u > t : u == -1);
+                        }
+                    pp_schedule_free(&s);
+                    checked++;
+                }
+    }
+    ck_assert_int_ge(checked, 40);
+    PPSchedule s;
+    build_and_run(PP_1F1B, 2, 4, 1, &s);
+    ck_assert(pp_schedule_check_p2p(&s, PP_P2P_EAGER, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "deadlock in call order: rank 0 waits in its call 1 (send to rank 1 (activation of "
+                               "micro-batch 1 for stage 1)); rank 1 waits in its call 1 (send to rank 0 (grad of "
+                               "micro-batch 0 for stage 0))"), "%s", err);
+    pp_schedule_free(&s);
+    // gpipe at pp 2 meets and completes even eagerly; with rank 1's first two
+    // forwards swapped, call order pairs micro-batch 0's activation with the
+    // receive meant for micro-batch 1
+    build_and_run(PP_GPIPE, 2, 2, 1, &s);
+    ck_assert_msg(pp_schedule_check_p2p(&s, PP_P2P_EAGER, err, sizeof err) == 0, "%s", err);
+    PPAction *f0 = find(&s, 1, PP_F, 0), *f1 = find(&s, 1, PP_F, 1), tmp = *f0;
+    *f0 = *f1, *f1 = tmp;
+    ck_assert(pp_schedule_check_p2p(&s, PP_P2P_EAGER, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "in call order rank 0's send to rank 1 (activation of micro-batch 0 for stage 1) "
+                              "meets rank 1's receive from rank 0 (activation of micro-batch 1 for stage 1)"), "%s", err);
+    pp_schedule_free(&s);
+}
+END_TEST
+
 static void expect_invalid(const PPSchedule *s, const char *what) {
     char err[512] = "";
     ck_assert_msg(pp_schedule_validate(s, pp_costs_unit(), NULL, err, sizeof err) != 0, "validator passed a table "
@@ -345,6 +398,7 @@ int main(void) {
     tcase_add_test(tc, test_peak_inflight);
     tcase_add_test(tc, test_sends_and_receives);
     tcase_add_test(tc, test_validator_catches_broken_tables);
+    tcase_add_test(tc, test_p2p_call_order);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_print);
     suite_add_tcase(s, tc);

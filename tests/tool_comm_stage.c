@@ -176,6 +176,29 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 64; i++) good &= g[i] == val(prev, i);
     check(good, "isend / irecv of device buffers: the values at isend, delivered at completion");
 
+    // comm_p2p_group: a send to next and a receive from prev in one group
+    // (the pipeline's slot), then the reverse direction with tags swapped
+    float *dback = dev_alloc(64 * 4);
+    for (int i = 0; i < 64; i++) h[i] = val(rank, 1000 + i);
+    dev_put(dsend, h, 64 * 4);
+    dev_put(drecv, sentinel, 64 * 4);
+    CommP2P ops[2] = {{.buf = dsend, .n = 64, .type = COMM_F32, .peer = next, .tag = 11},
+                      {.buf = drecv, .n = 64, .type = COMM_F32, .peer = prev, .tag = 11, .recv = 1}};
+    comm_p2p_group(w, ops, 2);
+    comm_wait(ops[1].req);
+    comm_wait(ops[0].req);
+    dev_get(g, drecv, 64 * 4);
+    CommP2P back[2] = {{.buf = dback, .n = 64, .type = COMM_F32, .peer = next, .tag = 12, .recv = 1},
+                       {.buf = drecv, .n = 64, .type = COMM_F32, .peer = prev, .tag = 12}};
+    comm_p2p_group(w, back, 2);
+    comm_wait(back[0].req);
+    comm_wait(back[1].req);
+    good = 1;
+    for (int i = 0; i < 64; i++) good &= g[i] == val(prev, 1000 + i);
+    dev_get(g, dback, 64 * 4);
+    for (int i = 0; i < 64; i++) good &= g[i] == val(rank, 1000 + i);
+    check(good, "comm_p2p_group: a send and a receive of device buffers in one group, both directions");
+
     // broadcast from the last rank
     float *db = dev_alloc(10 * 4);
     for (int i = 0; i < 10; i++) h[i] = val(rank, i);

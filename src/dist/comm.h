@@ -59,6 +59,21 @@ void comm_recv(Comm *c, void *buf, size_t n, CommType t, int src, int tag);
 // comm_wait makes the compute stream wait (no host wait).
 CommReq *comm_isend(Comm *c, const void *buf, size_t n, CommType t, int dst, int tag);
 CommReq *comm_irecv(Comm *c, void *buf, size_t n, CommType t, int src, int tag);
+// Sends and receives that progress together (the pipeline's hand-offs of
+// one slot): over NCCL one ncclGroupStart / ncclGroupEnd on the
+// communication stream, after what the compute stream has enqueued; over MPI
+// each op is comm_isend / comm_irecv with its tag. Sets each op's req (one
+// request per op; comm_wait / comm_test each). Over NCCL a rank's groups run
+// one after another and two ranks' ops match in call order, so the caller
+// must issue groups whose partners meet (pp_schedule_check_p2p).
+typedef struct {
+    void *buf;
+    size_t n;
+    CommType type;
+    int peer, tag, recv;  // recv: 1 receives from peer into buf, 0 sends buf to peer
+    CommReq *req;         // set by comm_p2p_group
+} CommP2P;
+void comm_p2p_group(Comm *c, CommP2P *ops, int n_ops);
 void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root);
 void comm_barrier(Comm *c);
 void comm_wait(CommReq *r);      // completes and frees the request; NULL is a no-op

@@ -42,6 +42,7 @@ void nccl_send(Comm *c, const void *buf, size_t n, CommType t, int dst);
 void nccl_recv(Comm *c, void *buf, size_t n, CommType t, int src);
 CommReq *nccl_isend(Comm *c, const void *buf, size_t n, CommType t, int dst);
 CommReq *nccl_irecv(Comm *c, void *buf, size_t n, CommType t, int src);
+void nccl_p2p_group(Comm *c, CommP2P *ops, int n_ops);
 void nccl_broadcast(Comm *c, void *buf, size_t n, CommType t, int root);
 void nccl_barrier(Comm *c);
 void nccl_wait(CommReq *r);

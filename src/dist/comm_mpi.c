@@ -315,6 +315,15 @@ CommReq *comm_irecv(Comm *c, void *buf, size_t n, CommType t, int src, int tag) 
     return r;
 }
 
+void comm_p2p_group(Comm *c, CommP2P *ops, int n_ops) {
+#ifdef MOECORE_CUDA
+    if (c->nccl) { nccl_p2p_group(c, ops, n_ops); return; }
+#endif
+    for (int i = 0; i < n_ops; i++)
+        ops[i].req = ops[i].recv ? comm_irecv(c, ops[i].buf, ops[i].n, ops[i].type, ops[i].peer, ops[i].tag)
+                                 : comm_isend(c, ops[i].buf, ops[i].n, ops[i].type, ops[i].peer, ops[i].tag);
+}
+
 void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {
 #ifdef MOECORE_CUDA
     if (c->nccl) { nccl_broadcast(c, buf, n, t, root); return; }

@@ -529,4 +529,19 @@ CommReq *nccl_irecv(Comm *c, void *buf, size_t n, CommType t, int src) {
     NCCL_CHECK(api->ncclGroupEnd());
     return request(c, "recv (pipeline)");
 }
+
+void nccl_p2p_group(Comm *c, CommP2P *ops, int n_ops) {
+    if (n_ops == 0) return;
+    comm_stream_after_compute();
+    NCCL_CHECK(api->ncclGroupStart());
+    for (int i = 0; i < n_ops; i++) {
+        CommP2P *o = &ops[i];
+        require_device(o->buf, o->recv ? "irecv" : "isend");
+        if (o->recv) NCCL_CHECK(api->ncclRecv(o->buf, o->n, nccl_type(o->type), o->peer, nc(c), comm_stream));
+        else NCCL_CHECK(api->ncclSend(o->buf, o->n, nccl_type(o->type), o->peer, nc(c), comm_stream));
+    }
+    NCCL_CHECK(api->ncclGroupEnd());
+    // each request's event after the whole group (recorded once it is enqueued)
+    for (int i = 0; i < n_ops; i++) ops[i].req = request(c, ops[i].recv ? "recv (pipeline)" : "send (pipeline)");
+}
 #endif

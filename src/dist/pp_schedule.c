@@ -365,6 +365,130 @@ done:
     return rc;
 }
 
+// ---------------------------------------------------------------------------
+// hand-offs in call order (NCCL's matching)
+
+int pp_schedule_recv_slot(const PPSchedule *s, int rank, int t) {
+    const PPAction *a = pp_schedule_at(s, rank, t);
+    if (a->kind == PP_IDLE || a->send_to < 0) return -1;
+    int fwd = a->kind == PP_F, stage = fwd ? a->stage + 1 : a->stage - 1;
+    for (int u = 0; u < s->n_slots; u++) {
+        const PPAction *b = pp_schedule_at(s, a->send_to, u);
+        if (b->mb == a->mb && b->stage == stage && (fwd ? b->kind == PP_F : b->kind == PP_B || b->kind == PP_BI))
+            return u;
+    }
+    return -1;
+}
+
+typedef struct {
+    int rank, peer, recv, group;  // group: the rank's call (NCCL group) it is issued in
+    int mb, stage, grad;          // the message: its micro-batch, receiving stage, and whether a grad
+    int partner;                  // the op it meets in call order
+} P2POp;
+
+static void msg_label(const P2POp *o, char *buf, size_t n) {
+    snprintf(buf, n, "%s rank %d (%s of micro-batch %d for stage %d)", o->recv ? "receive from" : "send to", o->peer,
+             o->grad ? "grad" : "activation", o->mb, o->stage);
+}
+
+int pp_schedule_check_p2p(const PPSchedule *s, PPP2POrder order, char *err, size_t errlen) {
+    int pp = s->pp, rc = -1, n = 0;
+    P2POp *ops = malloc(sizeof(P2POp) * (2 * (size_t)pp * s->n_slots + 1));
+    int stride = 2 * s->n_slots + 1; // groups a rank issues: at most two per action
+    int *first = malloc(sizeof(int) * ((size_t)pp * stride + 1)), *n_groups = calloc(pp, sizeof(int));
+    int *recv_slot = malloc(sizeof(int) * ((size_t)s->n_slots + 1));
+    char l1[120], l2[120];
+    if (!ops || !first || !n_groups || !recv_slot) {
+        fail(err, errlen, "check_p2p: out of memory");
+        goto done;
+    }
+    // each rank's calls in issue order; first[p][g]: the index of group g's first op
+    for (int p = 0; p < pp; p++) {
+        int *fp = first + (size_t)p * stride, g = 0;
+#define P2P_OP(peer_, recv_, mb_, stage_, grad_) \
+    (ops[n++] = (P2POp){p, peer_, recv_, g, mb_, stage_, grad_, -1})
+        if (order == PP_P2P_EAGER) {
+            for (int t = 0; t < s->n_slots; t++) {
+                const PPAction *a = pp_schedule_at(s, p, t);
+                if (a->kind == PP_IDLE) continue;
+                int grad = a->kind != PP_F;
+                if (a->recv_from >= 0) fp[g] = n, P2P_OP(a->recv_from, 1, a->mb, a->stage, grad), g++;
+                if (a->send_to >= 0) fp[g] = n, P2P_OP(a->send_to, 0, a->mb, grad ? a->stage - 1 : a->stage + 1, grad), g++;
+            }
+        } else {
+            for (int t = 0; t < s->n_slots; t++) recv_slot[t] = pp_schedule_recv_slot(s, p, t);
+            for (int u = 0; u < s->n_slots; u++) {
+                int start = n;
+                for (int t = 0; t < u; t++) {
+                    if (recv_slot[t] != u) continue;
+                    const PPAction *a = pp_schedule_at(s, p, t);
+                    int grad = a->kind != PP_F;
+                    P2P_OP(a->send_to, 0, a->mb, grad ? a->stage - 1 : a->stage + 1, grad);
+                }
+                const PPAction *a = pp_schedule_at(s, p, u);
+                if (a->kind != PP_IDLE && a->recv_from >= 0) P2P_OP(a->recv_from, 1, a->mb, a->stage, a->kind != PP_F);
+                if (n > start) fp[g++] = start;
+            }
+        }
+#undef P2P_OP
+        fp[g] = n;
+        n_groups[p] = g;
+    }
+    // pair the k-th send from a to b with b's k-th receive from a
+    for (int i = 0; i < n; i++) {
+        if (ops[i].recv || ops[i].partner >= 0) continue;
+        int k = 0; // this send is the k-th from its rank to its peer
+        for (int j = 0; j < i; j++) k += !ops[j].recv && ops[j].rank == ops[i].rank && ops[j].peer == ops[i].peer;
+        int j = 0, seen = 0;
+        for (; j < n; j++)
+            if (ops[j].recv && ops[j].rank == ops[i].peer && ops[j].peer == ops[i].rank && seen++ == k) break;
+        msg_label(&ops[i], l1, sizeof l1);
+        if (j == n) {
+            fail(err, errlen, "rank %d's %s: rank %d posts no matching receive", ops[i].rank, l1, ops[i].peer);
+            goto done;
+        }
+        if (ops[j].mb != ops[i].mb || ops[j].stage != ops[i].stage || ops[j].grad != ops[i].grad) {
+            msg_label(&ops[j], l2, sizeof l2);
+            fail(err, errlen, "in call order rank %d's %s meets rank %d's %s", ops[i].rank, l1, ops[j].rank, l2);
+            goto done;
+        }
+        ops[i].partner = j, ops[j].partner = i;
+    }
+    for (int i = 0; i < n; i++)
+        if (ops[i].partner < 0) {
+            msg_label(&ops[i], l1, sizeof l1);
+            fail(err, errlen, "rank %d's %s: rank %d sends nothing to match it", ops[i].rank, l1, ops[i].peer);
+            goto done;
+        }
+    // run the calls: a rank's current group completes once every partner's
+    // group has been reached (it is current there, or done)
+    int pos[PP_MAX_RANKS] = {0};
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int p = 0; p < pp; p++) {
+            if (pos[p] == n_groups[p]) continue;
+            const int *fp = first + (size_t)p * stride;
+            int ready = 1;
+            for (int i = fp[pos[p]]; i < fp[pos[p] + 1]; i++) {
+                const P2POp *o = &ops[ops[i].partner];
+                ready &= pos[o->rank] >= o->group;
+            }
+            if (ready) pos[p]++, progress = 1;
+        }
+    }
+    size_t len = 0;
+    for (int p = 0; p < pp; p++) {
+        if (pos[p] == n_groups[p]) continue;
+        msg_label(&ops[first[(size_t)p * stride + pos[p]]], l1, sizeof l1);
+        if (!len) len = snprintf(err, errlen, "deadlock in call order:");
+        if (len < errlen) len += snprintf(err + len, errlen - len, " rank %d waits in its call %d (%s);", p, pos[p], l1);
+    }
+    rc = len ? -1 : 0;
+done:
+    free(ops), free(first), free(n_groups), free(recv_slot);
+    return rc;
+}
+
 double pp_schedule_theory_bubble(PPScheduleKind kind, int pp, int micro, int virt, PPCosts c) {
     double p1 = pp - 1, m = micro;
     if (kind == PP_INTERLEAVED) return p1 / (virt * m + p1);

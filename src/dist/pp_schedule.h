@@ -81,6 +81,27 @@ static inline PPAction *pp_schedule_at(const PPSchedule *s, int rank, int slot) 
 // or -1 with the first violation (rank, slot, action) in err.
 int pp_schedule_validate(const PPSchedule *s, PPCosts costs, PPSimResult *out, char *err, size_t errlen);
 
+// The slot in which the output of rank's action at slot t is received: the
+// slot of the action on rank a->send_to that takes it (F of the same
+// micro-batch on the next stage for a forward, its B or Bi on the previous
+// stage for a backward). -1 when the action sends nothing.
+int pp_schedule_recv_slot(const PPSchedule *s, int rank, int t);
+
+// When a rank issues its hand-offs (over NCCL, train/pipeline.c):
+// PP_P2P_EAGER sends each output right after its action and receives each
+// input right before it, one call each; PP_P2P_AT_RECEIVER issues, at every
+// slot u, one group holding the sends whose receiver takes them at u and this
+// rank's own receive of u (idle slots too).
+typedef enum { PP_P2P_EAGER, PP_P2P_AT_RECEIVER } PPP2POrder;
+
+// Over NCCL, point-to-point messages between two ranks match in call order,
+// not by tag, and a rank's calls (groups) complete one after another, each
+// only once its partners are posted. Replays the table's hand-offs under
+// that model in the given order: returns 0 when every message meets the one
+// it is meant for and every rank's calls complete, else -1 with the first
+// mismatched pair or the calls each stuck rank waits in (a deadlock).
+int pp_schedule_check_p2p(const PPSchedule *s, PPP2POrder order, char *err, size_t errlen);
+
 // The theory's bubble fraction (idle share of the step) for uniform stages:
 // gpipe and 1f1b (pp-1)/(m+pp-1); interleaved (pp-1)/(v*m+pp-1), the bubble
 // time (pp-1)(f+b) divided by v; zb1 (pp-1)(f+bi-w) / (m(f+bi+w) + (pp-1)(f+bi-w))

@@ -113,10 +113,26 @@ void pipeline_alloc(Trainer *tr) {
     pl->slot_reqs = calloc((size_t)pl->n_slots * pl->virt, sizeof(CommReq *));
     pl->msg_bytes = (size_t)tr->MB * tr->T * tr->m.cfg.d_model * tr->ops->act_bytes;
     pl->pre_slot = -1;
-    if (tr->cfg.device.type != 1) { // over NCCL the sends progress on their own stream
+    const char *h = getenv("MOECORE_PP_HANDOFF");
+    if (h && strcmp(h, "eager") && strcmp(h, "receiver"))
+        die("MOECORE_PP_HANDOFF: '%s' is not eager or receiver", h);
+    int gpu = tr->cfg.device.type == 1;
+    if (gpu && h && !strcmp(h, "eager"))
+        die("MOECORE_PP_HANDOFF=eager: GPU ranks hand off at the receiver's slot (eager sends deadlock over NCCL, "
+            "pp_schedule_check_p2p)");
+    pl->at_receiver = gpu || (h && !strcmp(h, "receiver"));
+    if (pl->at_receiver) {
+        pl->recv_slot = mallocCheck(pl->sched.n_slots * sizeof(int));
+        for (int t = 0; t < pl->sched.n_slots; t++) pl->recv_slot[t] = pp_schedule_recv_slot(&pl->sched, pl->rank, t);
+        pl->pend = mallocCheck(pl->sched.n_slots * sizeof *pl->pend);
+        char err[400];
+        if (pp_schedule_check_p2p(&pl->sched, PP_P2P_AT_RECEIVER, err, sizeof err))
+            die("pipeline: the schedule's hand-offs do not meet in call order: %s", err);
+    }
+    if (!gpu) { // over NCCL the sends progress on their own stream
         tr->m.between_blocks = progress_sends;
         tr->m.between_blocks_ctx = pl;
-        pl->pre_buf = tr->ops->alloc(pl->msg_bytes);
+        if (!pl->at_receiver) pl->pre_buf = tr->ops->alloc(pl->msg_bytes);
     }
 }
 
@@ -125,7 +141,8 @@ void pipeline_free(Pipeline *pl, const Ops *ops) {
     free(pl->slot_of); free(pl->chunks_open); free(pl->slot_used); free(pl->slot_reqs);
     for (int i = 0; i < pl->n_grad_buf; i++) ops->free(pl->grad_buf[i]);
     if (pl->pre_buf) ops->free(pl->pre_buf);
-    free(pl->grad_buf); free(pl->grad_req);
+    free(pl->grad_buf); free(pl->grad_req); free(pl->grad_pending);
+    free(pl->recv_slot); free(pl->pend);
     pp_schedule_free(&pl->sched);
     memset(pl, 0, sizeof *pl);
 }
@@ -142,11 +159,13 @@ static int msg_tag(const Pipeline *pl, int mb, int stage, int grad) {
 static void *grad_send_buffer(Trainer *tr, int *which) {
     Pipeline *pl = &tr->pipe;
     for (int i = 0; i < pl->n_grad_buf; i++)
-        if (comm_test(&pl->grad_req[i])) { *which = i; return pl->grad_buf[i]; }
+        if (!pl->grad_pending[i] && comm_test(&pl->grad_req[i])) { *which = i; return pl->grad_buf[i]; }
     pl->grad_buf = reallocCheck(pl->grad_buf, (pl->n_grad_buf + 1) * sizeof(void *));
     pl->grad_req = reallocCheck(pl->grad_req, (pl->n_grad_buf + 1) * sizeof(CommReq *));
+    pl->grad_pending = reallocCheck(pl->grad_pending, (pl->n_grad_buf + 1) * sizeof(int));
     pl->grad_buf[pl->n_grad_buf] = tr->ops->alloc(pl->msg_bytes);
     pl->grad_req[pl->n_grad_buf] = NULL;
+    pl->grad_pending[pl->n_grad_buf] = 0;
     *which = pl->n_grad_buf;
     return pl->grad_buf[pl->n_grad_buf++];
 }
@@ -208,6 +227,67 @@ static double recv_input(Trainer *tr, Comm *ppc, int t, const PPAction *a, void 
     return waited;
 }
 
+// The hand-offs of slot t at the receiver's slot (pl->at_receiver): the
+// sends whose receiver takes them in slot t, and this rank's own receive
+// into recv_buf (NULL: none), in one group. Over NCCL, where two ranks'
+// messages meet in call order and a rank's groups complete one after
+// another, that is what keeps the pipeline from deadlocking: every rank
+// issues slot t's group after slot t - 1's, and each op's partner is in its
+// peer's group of the same slot (pp_schedule_check_p2p, checked at start).
+// Sending when the output is made instead deadlocks 1f1b at pp 2: stage 0
+// sends micro-batch 1's activation while stage 1 sends micro-batch 0's grad,
+// each before its receive. Returns the seconds the receive waited.
+static double exchange(Trainer *tr, Comm *ppc, int t, const PPAction *a, void *recv_buf) {
+    Pipeline *pl = &tr->pipe;
+    CommP2P ops[PP_MAX_RANKS + 1];
+    struct PPPending *sent[PP_MAX_RANKS + 1];
+    int n = 0;
+    for (int i = 0; i < pl->n_pend; i++) {
+        struct PPPending *p = &pl->pend[i];
+        if (p->u != t) continue;
+        sent[n] = p;
+        ops[n++] = (CommP2P){.buf = p->buf, .n = pl->msg_bytes, .type = COMM_BYTE, .peer = p->dst, .tag = p->tag};
+    }
+    int r = -1;
+    if (recv_buf) {
+        r = n;
+        ops[n++] = (CommP2P){.buf = recv_buf, .n = pl->msg_bytes, .type = COMM_BYTE, .peer = a->recv_from,
+                             .tag = action_tag(pl, a), .recv = 1};
+    }
+    if (!n) return 0;
+    comm_p2p_group(ppc, ops, n);
+    for (int i = 0; i < n; i++) {
+        if (i == r) continue;
+        struct PPPending *p = sent[i];
+        if (p->grad) pl->grad_req[p->idx] = ops[i].req, pl->grad_pending[p->idx] = 0;
+        else pl->slot_reqs[p->idx] = ops[i].req;
+        p->u = -1;
+    }
+    int k = 0; // drop the issued sends
+    for (int i = 0; i < pl->n_pend; i++)
+        if (pl->pend[i].u >= 0) pl->pend[k++] = pl->pend[i];
+    pl->n_pend = k;
+    if (r < 0) return 0;
+    double t0 = clock_now_s();
+    comm_wait(ops[r].req);
+    return clock_now_s() - t0;
+}
+
+// A send of slot t's output: now (eager), or kept for the slot in which its
+// receiver takes it (at the receiver). grad: buffer idx is grad_buf's, else
+// slot_reqs' index.
+static void send_output(Pipeline *pl, Comm *ppc, int t, void *buf, int dst, int tag, int grad, int idx) {
+    if (!pl->at_receiver) {
+        CommReq *r = comm_isend(ppc, buf, pl->msg_bytes, COMM_BYTE, dst, tag);
+        if (grad) pl->grad_req[idx] = r;
+        else pl->slot_reqs[idx] = r;
+        return;
+    }
+    if (grad) pl->grad_pending[idx] = 1;
+    pl->pend[pl->n_pend++] = (struct PPPending){.u = pl->recv_slot[t], .grad = grad, .idx = idx, .dst = dst,
+                                                 .tag = tag, .buf = buf};
+}
+
 void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
     Pipeline *pl = &tr->pipe;
     Model *m = &tr->m;
@@ -221,7 +301,10 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
     int kind_n[5] = {0};
     for (int t = 0; t < s->n_slots; t++) {
         const PPAction *a = pp_schedule_at(s, pl->rank, t);
-        if (a->kind == PP_IDLE) continue;
+        if (a->kind == PP_IDLE) {
+            if (pl->at_receiver) exchange(tr, ppc, t, a, NULL);
+            continue;
+        }
         int mb = a->mb, ch = a->chunk;
         double ta = clock_now_s(), busy_before = busy;
         if (first < 0) first = ta - t0;
@@ -230,19 +313,21 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
             pl->chunks_open[mb]++;
             model_use_slot(m, k);
             if (ch == 0) model_set_batch(m, tr->tokens + mb * mb_elems, tr->targets + mb * mb_elems);
-            if (a->recv_from >= 0) waited += recv_input(tr, ppc, t, a, model_chunk_input(m, ch));
+            if (pl->at_receiver) waited += exchange(tr, ppc, t, a, a->recv_from >= 0 ? model_chunk_input(m, ch) : NULL);
+            else if (a->recv_from >= 0) waited += recv_input(tr, ppc, t, a, model_chunk_input(m, ch));
             post_next_recv(pl, ppc, t);
             double tc = clock_now_s();
             model_forward_chunk(m, ch, train_micro_seed(tr, step, mb));
             model_count_chunk(m, ch);
             busy += clock_now_s() - tc;
             if (a->send_to >= 0)
-                pl->slot_reqs[k * pl->virt + ch] = comm_isend(ppc, model_chunk_output(m, ch), pl->msg_bytes, COMM_BYTE,
-                                                              a->send_to, msg_tag(pl, mb, a->stage + 1, 0));
+                send_output(pl, ppc, t, model_chunk_output(m, ch), a->send_to, msg_tag(pl, mb, a->stage + 1, 0), 0,
+                            k * pl->virt + ch);
         } else if (a->kind == PP_B || a->kind == PP_BI) {
             int k = pl->slot_of[mb];
             model_use_slot(m, k);
-            if (a->recv_from >= 0) waited += recv_input(tr, ppc, t, a, model_stage_dres(m));
+            if (pl->at_receiver) waited += exchange(tr, ppc, t, a, a->recv_from >= 0 ? model_stage_dres(m) : NULL);
+            else if (a->recv_from >= 0) waited += recv_input(tr, ppc, t, a, model_stage_dres(m));
             post_next_recv(pl, ppc, t);
             double tc = clock_now_s();
             model_backward_chunk(m, ch, ce_scale, 1.0f / tr->M_total);
@@ -251,12 +336,13 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
                 void *buf = grad_send_buffer(tr, &b);
                 tr->ops->copy_act(buf, model_stage_dres(m), mb_elems * m->cfg.d_model);
                 busy += clock_now_s() - tc;
-                pl->grad_req[b] = comm_isend(ppc, buf, pl->msg_bytes, COMM_BYTE, a->send_to, msg_tag(pl, mb, a->stage - 1, 1));
+                send_output(pl, ppc, t, buf, a->send_to, msg_tag(pl, mb, a->stage - 1, 1), 1, b);
             } else {
                 busy += clock_now_s() - tc;
             }
             if (a->kind == PP_B && --pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
         } else if (a->kind == PP_W) { // the weight grads Bi left (model.defer_wgrad)
+            if (pl->at_receiver) exchange(tr, ppc, t, a, NULL);
             post_next_recv(pl, ppc, t);
             int k = pl->slot_of[mb];
             model_use_slot(m, k);
@@ -270,6 +356,7 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
         last = clock_now_s() - t0;
     }
     // every send of the step is received within it
+    if (pl->n_pend) die("pipeline: internal error: %d sends never issued at the end of the step", pl->n_pend);
     for (int i = 0; i < pl->n_grad_buf; i++) comm_wait(pl->grad_req[i]), pl->grad_req[i] = NULL;
     for (int i = 0; i < pl->n_slots * pl->virt; i++) comm_wait(pl->slot_reqs[i]), pl->slot_reqs[i] = NULL;
     m->expert_grads_unset = 0;

@@ -216,6 +216,8 @@ void print_header(Trainer *tr) {
         for (int s = 0; s < pl->n_stages; s++) SAY("%s%d", s ? "," : " ", pl->split[s]);
         SAY("; bubble in theory %.1f%%%s\n", 100 * pl->theory,
             pl->sched.kind == PP_ZB1 ? " (unit costs F 1, Bi 1, W 1; here Bi is the whole backward and W empty)" : "");
+        SAY("pipeline hand-offs: %s\n", pl->at_receiver ? "each send in the slot where its receiver takes it, one group "
+            "with that slot's receive" : "each send after its action, each receive posted one action ahead");
         // every rank: its layers and the micro-batches it keeps in flight
         printf("rank %d: pipeline stage %d: layers", comm_rank(tr->world), pl->rank);
         for (int c = 0; c < pl->virt; c++) printf(" %d-%d", pl->stage.begin[c], pl->stage.end[c] - 1);

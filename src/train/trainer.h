@@ -46,6 +46,14 @@ typedef struct {
     void *pre_buf;
     CommReq *pre_req;
     int pre_slot;              // the schedule slot it belongs to (-1: none posted)
+    // GPU ranks (and CPU ranks with MOECORE_PP_HANDOFF=receiver): every send
+    // waits for the slot in which its receiver takes it and goes out in that
+    // slot's group with this rank's own receive (pipeline.c, exchange)
+    int at_receiver;
+    int *recv_slot;            // [schedule slots]: pp_schedule_recv_slot of this rank's actions
+    struct PPPending { int u, grad, idx, dst, tag; void *buf; } *pend; // sends not yet issued
+    int n_pend;
+    int *grad_pending;         // [n_grad_buf]: the buffer holds a send not yet issued
     // the last step, from a common start (a barrier of the pipeline group)
     double busy_s, span_s;     // this rank: compute time; its first action's start to its last's end
     double bubble;             // 1 - sum of busy / (pp x the step's makespan), over the pipeline group
