@@ -4,7 +4,7 @@
 # comm.h; NCCL refuses two ranks on one GPU), so the GPU code of data,
 # expert and pipeline parallelism -- DDP's buckets and the sharded
 # optimizer on device grads, the all-to-all dispatch of device rows, the
-# pipeline's device hand-offs (MOECORE_PP_GPU=1) -- runs with real CUDA
+# pipeline's device hand-offs at the receiver's slot (MOECORE_PP_GPU=1) -- runs with real CUDA
 # kernels before a machine with several GPUs is lent. Not checked here:
 # NCCL itself (tests/gpu/test_comm_nccl, test_nccl at world 1), the
 # symmetric dispatch across processes, overlap and speed.
@@ -55,6 +55,8 @@ against_one_rank fp8 "fp8 on one GPU" "--model.routing=learned --train.precision
 for l in dp2 ep2 pp2_1f1b; do
   grep -q "communicator: MPI, device buffers staged" "$tmp/${l}_gpu.log" || bad "$l: the ranks did not run over staged MPI"
 done
+grep -q "pipeline hand-offs: each send in the slot where its receiver takes it" "$tmp/pp2_1f1b_gpu.log" ||
+  bad "pp2_1f1b: GPU ranks did not hand off at the receiver's slot"
 grep -E "bubble" "$tmp/pp2_1f1b_gpu.log" | tail -n 2
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
