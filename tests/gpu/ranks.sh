@@ -40,7 +40,26 @@ base=(--device.type=cuda --data.train="$tmp/t.bin" --data.eval= --train.global_b
 export OMP_NUM_THREADS=2
 passes=0
 ok() { echo "ok: $*"; passes=$((passes+1)); }
-tol_loss=5e-3 tol_weights=1e-2
+# One step with optim.eps = 1, lr 1 and no weight decay, w - g / (|g| + 1):
+# the weights follow the step's gradient itself, not its sign, so they
+# compare the layouts' gradients (a lost or doubled reduction moves them by
+# percents): within 1e-4 (measured on an H100, 2026-12-07: dp2 2.8e-8, ep2
+# 1.3e-7 with the default optimizer).
+tol_loss=1e-6 tol_weights=1e-4
+against_one_rank grad "one step, gradients" "--model.routing=learned --train.steps=1 --train.warmup_steps=0 --optim.lr=1 --optim.eps=1 --optim.weight_decay=0" "" \
+  "dp2 2 --parallel.dp=2" \
+  "dp2_sharded 2 --parallel.dp=2 --optim.sharded=true" \
+  "ep2 2 --parallel.dp=2 --parallel.ep=2" \
+  "ep2xep_dp2_sharded 4 --parallel.dp=4 --parallel.ep=2 --optim.sharded=true" \
+  "pp2_1f1b 2 --parallel.pp=2 --parallel.pp_schedule=1f1b" \
+  "pp2xep2 4 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2"
+# Then 12 steps: weights within 5e-2, not 1e-2. With learned routing in BF16
+# the layouts' last-bit differences flip top-k choices near ties, and the
+# experts that then see other tokens drift: on an H100 (2026-12-07) dp2's
+# worst tensor after 12 steps, layer 2's w_down, was 2.9e-2 off (ep2 1.5e-2),
+# losses within 6.4e-4, while one step agreed to 2.8e-8 (above). CPU ranks in
+# FP32 keep 7e-7 over the same 12 steps (no flips).
+tol_loss=5e-3 tol_weights=5e-2
 against_one_rank gpu "on one GPU" "--model.routing=learned" "" \
   "dp2 2 --parallel.dp=2" \
   "dp2_sharded 2 --parallel.dp=2 --optim.sharded=true" \
@@ -63,7 +82,7 @@ against_one_rank gpu "on one GPU" "--model.routing=learned" "" \
 tol_weights=1e-1
 against_one_rank fp8 "fp8 on one GPU" "--model.routing=learned --train.precision=fp8 --model.d_model=256" "" \
   "dp2 2 --parallel.dp=2" "ep2 2 --parallel.dp=2 --parallel.ep=2"
-tol_weights=1e-2
+tol_weights=5e-2
 # a checkpoint saved by GPU ranks in one layout resumes in another (the
 # two-GPU issue's item 7, here on one GPU): ep2 x ep_dp2 sharded -> one rank,
 # one rank -> pp2; steps 5-8 against the uninterrupted one-rank run
