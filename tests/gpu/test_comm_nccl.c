@@ -5,7 +5,8 @@
 // a non-blocking all-reduce sees what the compute stream wrote just before
 // it and comm_wait orders the compute stream after it (a 64 MiB copy with no
 // host wait in between would show a missing dependency); reduce_scatter,
-// all_gather and all_to_all_v with unequal counts; the mesh split names its
+// all_gather and all_to_all_v with unequal counts; p2p groups (the
+// pipeline's slot: a send and a receive in one group); the mesh split names its
 // groups. Alone, a child process also checks the watchdog: a collective
 // stuck behind a blocked stream ends the job with exit 3 and a message
 // naming the collective, its group and parallel.timeout_s.
@@ -178,6 +179,40 @@ int main(void) {
         gt_ok(bad == 0, "all_to_all_v, %s: %zu rows received, %zu wrong", pass ? "host (staged)" : "device", nr, bad);
         free(sh);
         free(rh);
+    }
+
+    // comm_p2p_group (the pipeline's slot): a send to the next rank and a
+    // receive from the previous one in one group (alone: to itself), then
+    // the reverse; comm_wait orders the compute stream after each receive
+    {
+        int nx = (R + 1) % W, pv = (R + W - 1) % W, n = 1 << 20;
+        float *hs = malloc(n * sizeof(float)), *hr = malloc(n * sizeof(float)), *d0, *d1, *d2;
+        for (int i = 0; i < n; i++) hs[i] = (float)(R * 1000 + i % 977);
+        cudaMalloc((void **)&d0, n * sizeof(float));
+        cudaMalloc((void **)&d1, n * sizeof(float));
+        cudaMalloc((void **)&d2, n * sizeof(float));
+        cudaMemcpy(d0, hs, n * sizeof(float), cudaMemcpyHostToDevice);
+        cudaMemset(d1, 0, n * sizeof(float));
+        cudaMemset(d2, 0, n * sizeof(float));
+        CommP2P fwd[2] = {{.buf = d0, .n = (size_t)n, .type = COMM_F32, .peer = nx},
+                          {.buf = d1, .n = (size_t)n, .type = COMM_F32, .peer = pv, .recv = 1}};
+        comm_p2p_group(w, fwd, 2);
+        comm_wait(fwd[1].req);
+        comm_wait(fwd[0].req);
+        CommP2P bwd[2] = {{.buf = d2, .n = (size_t)n, .type = COMM_F32, .peer = nx, .recv = 1},
+                          {.buf = d1, .n = (size_t)n, .type = COMM_F32, .peer = pv}};
+        comm_p2p_group(w, bwd, 2);
+        comm_wait(bwd[0].req);
+        comm_wait(bwd[1].req);
+        cudaMemcpyAsync(hr, d1, n * sizeof(float), cudaMemcpyDeviceToHost, s);
+        cudaStreamSynchronize(s);
+        size_t wrong = 0;
+        for (int i = 0; i < n; i++) wrong += hr[i] != (float)(pv * 1000 + i % 977);
+        cudaMemcpyAsync(hr, d2, n * sizeof(float), cudaMemcpyDeviceToHost, s);
+        cudaStreamSynchronize(s);
+        for (int i = 0; i < n; i++) wrong += hr[i] != hs[i];
+        gt_ok(wrong == 0, "p2p groups: send to %d and receive from %d in one group, then back: %zu wrong", nx, pv, wrong);
+        cudaFree(d0), cudaFree(d1), cudaFree(d2), free(hs), free(hr);
     }
 
     // broadcast from the last rank, device and host
