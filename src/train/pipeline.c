@@ -6,7 +6,10 @@
 // Each action receives its input (blocking: the time a rank waits is its
 // bubble), computes, and sends its output without waiting. The table puts
 // every receive's sender in an earlier slot, so ranks that block only on
-// receives cannot deadlock. Send buffers therefore must outlive the call:
+// receives cannot deadlock. That holds where messages match by tag (MPI, CPU
+// ranks); over NCCL they match in call order and a rank's calls complete
+// one after another, so GPU ranks send each output in the slot where its
+// receiver takes it, in one group with that slot's receive (exchange). Send buffers therefore must outlive the call:
 // a forward sends its slot's output, which stays until the micro-batch's
 // backward here (by then the next stage has received it: its grad came
 // back); a backward sends a copy of its input grad from a pool whose
