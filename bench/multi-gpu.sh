@@ -9,7 +9,9 @@
 # Usage: bash bench/multi-gpu.sh [--gpus N] [--device cuda|cpu] STEP...
 #   correct   dp N, dp N + optim.sharded, ep N symmetric, ep N a2a, ep N + sharded against one rank
 #             (20 steps of configs/tiny.yaml, learned routing, same global batch): losses within
-#             TOL_LOSS (BF16: 1e-2; cpu 1e-5), and the ep N symmetric step captured as a CUDA graph
+#             TOL_LOSS (BF16: 1e-2; cpu 1e-5); one step with optim.eps 1, lr 1 (weights follow the
+#             gradient) of dp N, ep N symmetric and ep N a2a sharded: weights within 1e-4; and the
+#             ep N symmetric step captured as a CUDA graph
 #   olmoe     OLMoE-1B-7B bench config on 1 GPU, ep N (dp N = ep N) and dp N, 8 x 4096 tokens per GPU
 #             per step: tokens/s per GPU >= 95% of one GPU's (N <= 2; 90% beyond); dp N retries with
 #             optim.sharded when it runs out of memory; GPUs under 120 GB run 8 of its 16 layers
@@ -582,6 +584,28 @@ step_correct() {
     esac
     report correct exact $rc "$name ($*) = one rank: $text$note"
   done
+  # one step whose weights follow the gradient itself (optim.eps 1, lr 1, no weight decay:
+  # w - g / (|g| + 1)): each layout's gradients against one rank's, weights within 1e-4 (one GPU
+  # with several ranks measured 1.4e-8, bench/results/2026-12-07-s14.md; a step 10% larger,
+  # lr 1.1, is 1.3e-2 off on CPU); the losses over 20 steps drift by BF16's top-k flips, which
+  # one step does not
+  local g=(--train.steps=1 --train.warmup_steps=0 --optim.lr=1 --optim.eps=1 --optim.weight_decay=0
+           --checkpoint.save_final=true)
+  if run grad_one 1 configs/tiny.yaml "${cflags[@]}" "${g[@]}"; then
+    for spec in "dp$N --parallel.dp=$N" "ep${N}_sym --parallel.dp=$N --parallel.ep=$N --parallel.ep_backend=symmetric" \
+                "ep${N}_a2a_sharded --parallel.dp=$N --parallel.ep=$N --parallel.ep_backend=a2a --optim.sharded=true"; do
+      set -- $spec
+      name=$1; shift
+      if ! run "grad_$name" "$N" configs/tiny.yaml "${cflags[@]}" "${g[@]}" "$@"; then
+        report correct exact 2 "$name one step: $(why "grad_$name")"; continue
+      fi
+      text=$("$py" tests/compare_runs.py "$work/grad_one" "$work/grad_$name" 1e-5 1e-4 1 2>&1); rc=$?
+      [ $rc -gt 1 ] && rc=2
+      report correct exact $rc "$name ($*) one step, gradients (optim.eps 1, lr 1) = one rank: $text"
+    done
+  else
+    report correct exact 2 "one rank, one step: $(why grad_one)"
+  fi
   if [ "$device" = cpu ]; then
     report correct exact 5 "ep$N symmetric captured as a CUDA graph: skipped on cpu (no CUDA graphs on CPU ranks)"
   elif [ -f "$work/ep${N}_sym/metrics.jsonl" ]; then
