@@ -239,7 +239,10 @@ static double recv_input(Trainer *tr, Comm *ppc, int t, const PPAction *a, void 
 // peer's group of the same slot (pp_schedule_check_p2p, checked at start).
 // Sending when the output is made instead deadlocks 1f1b at pp 2: stage 0
 // sends micro-batch 1's activation while stage 1 sends micro-batch 0's grad,
-// each before its receive. Returns the seconds the receive waited.
+// each before its receive. Over MPI the tags are each pair's message count,
+// so that messages meet in call order there too: a send issued in another
+// slot than its receiver expects would deliver another micro-batch's data
+// (test_pp compares the losses). Returns the seconds the receive waited.
 static double exchange(Trainer *tr, Comm *ppc, int t, const PPAction *a, void *recv_buf) {
     Pipeline *pl = &tr->pipe;
     CommP2P ops[PP_MAX_RANKS + 1];
@@ -249,13 +252,14 @@ static double exchange(Trainer *tr, Comm *ppc, int t, const PPAction *a, void *r
         struct PPPending *p = &pl->pend[i];
         if (p->u != t) continue;
         sent[n] = p;
-        ops[n++] = (CommP2P){.buf = p->buf, .n = pl->msg_bytes, .type = COMM_BYTE, .peer = p->dst, .tag = p->tag};
+        ops[n++] = (CommP2P){.buf = p->buf, .n = pl->msg_bytes, .type = COMM_BYTE, .peer = p->dst,
+                             .tag = (int)(pl->n_sent[p->dst]++ % 32768)};
     }
     int r = -1;
     if (recv_buf) {
         r = n;
         ops[n++] = (CommP2P){.buf = recv_buf, .n = pl->msg_bytes, .type = COMM_BYTE, .peer = a->recv_from,
-                             .tag = action_tag(pl, a), .recv = 1};
+                             .tag = (int)(pl->n_recv[a->recv_from]++ % 32768), .recv = 1};
     }
     if (!n) return 0;
     comm_p2p_group(ppc, ops, n);
@@ -276,9 +280,9 @@ static double exchange(Trainer *tr, Comm *ppc, int t, const PPAction *a, void *r
     return clock_now_s() - t0;
 }
 
-// A send of slot t's output: now (eager), or kept for the slot in which its
-// receiver takes it (at the receiver). grad: buffer idx is grad_buf's, else
-// slot_reqs' index.
+// A send of slot t's output: now (eager, with the message's tag), or kept
+// for the slot in which its receiver takes it (at the receiver). grad:
+// buffer idx is grad_buf's, else slot_reqs' index.
 static void send_output(Pipeline *pl, Comm *ppc, int t, void *buf, int dst, int tag, int grad, int idx) {
     if (!pl->at_receiver) {
         CommReq *r = comm_isend(ppc, buf, pl->msg_bytes, COMM_BYTE, dst, tag);
@@ -287,8 +291,7 @@ static void send_output(Pipeline *pl, Comm *ppc, int t, void *buf, int dst, int 
         return;
     }
     if (grad) pl->grad_pending[idx] = 1;
-    pl->pend[pl->n_pend++] = (struct PPPending){.u = pl->recv_slot[t], .grad = grad, .idx = idx, .dst = dst,
-                                                 .tag = tag, .buf = buf};
+    pl->pend[pl->n_pend++] = (struct PPPending){.u = pl->recv_slot[t], .grad = grad, .idx = idx, .dst = dst, .buf = buf};
 }
 
 void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {

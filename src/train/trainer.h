@@ -51,9 +51,12 @@ typedef struct {
     // slot's group with this rank's own receive (pipeline.c, exchange)
     int at_receiver;
     int *recv_slot;            // [schedule slots]: pp_schedule_recv_slot of this rank's actions
-    struct PPPending { int u, grad, idx, dst, tag; void *buf; } *pend; // sends not yet issued
+    struct PPPending { int u, grad, idx, dst; void *buf; } *pend; // sends not yet issued
     int n_pend;
     int *grad_pending;         // [n_grad_buf]: the buffer holds a send not yet issued
+    // messages to / from each pipeline rank so far: over MPI their tags in
+    // this mode, so that messages meet in call order as over NCCL
+    unsigned n_sent[PP_MAX_RANKS], n_recv[PP_MAX_RANKS];
     // the last step, from a common start (a barrier of the pipeline group)
     double busy_s, span_s;     // this rank: compute time; its first action's start to its last's end
     double bubble;             // 1 - sum of busy / (pp x the step's makespan), over the pipeline group
