@@ -555,12 +555,14 @@ static int pipeline_validate(RunConfig *c, char *err, size_t errlen) {
         return 0;
     }
     if (p->pp > 64) FAIL("parallel.pp (%d) must be at most 64", p->pp);
-    // MOECORE_PP_GPU=1 lets the GPU pipeline (its NCCL hand-offs compiled,
-    // never run) be tried where several GPUs are (bench/multi-gpu.sh pp)
+    // MOECORE_PP_GPU=1 lets the GPU pipeline be tried: it has run with
+    // several ranks on one GPU over MPI (tests/gpu/ranks.sh), its NCCL
+    // hand-offs between GPUs never (bench/multi-gpu.sh pp)
     const char *pp_gpu = getenv("MOECORE_PP_GPU");
     if (c->device.type == 1 && !(pp_gpu && !strcmp(pp_gpu, "1")))
         FAIL("parallel.pp (%d): pipeline parallelism runs on CPU ranks for now (device.type: cpu); "
-             "the GPU pipeline has never run (MOECORE_PP_GPU=1 tries it, untested: the multi-GPU issue's pp step)",
+             "the GPU pipeline has run only with several ranks on one GPU over MPI, never over NCCL between GPUs "
+             "(MOECORE_PP_GPU=1 tries it: the multi-GPU issue's pp step)",
              p->pp);
     if (p->pp_schedule == 2 && v < 2)
         FAIL("parallel.pp_schedule interleaved needs parallel.pp_virtual >= 2 model chunks per rank, got %d", v);
