@@ -510,24 +510,19 @@ void nccl_recv(Comm *c, void *buf, size_t n, CommType t, int src) {
     });
 }
 // Pipeline hand-offs: device buffers only (activations and their grads),
-// each a group of one on the communication stream after the compute
-// stream's work so far; comm_wait orders the compute stream after it.
+// a group of sends and receives on the communication stream after the
+// compute stream's work so far; comm_wait orders the compute stream after
+// it. isend / irecv are groups of one.
 CommReq *nccl_isend(Comm *c, const void *buf, size_t n, CommType t, int dst) {
-    require_device(buf, "isend");
-    comm_stream_after_compute();
-    NCCL_CHECK(api->ncclGroupStart());
-    NCCL_CHECK(api->ncclSend(buf, n, nccl_type(t), dst, nc(c), comm_stream));
-    NCCL_CHECK(api->ncclGroupEnd());
-    return request(c, "send (pipeline)");
+    CommP2P op = {.buf = (void *)buf, .n = n, .type = t, .peer = dst};
+    nccl_p2p_group(c, &op, 1);
+    return op.req;
 }
 
 CommReq *nccl_irecv(Comm *c, void *buf, size_t n, CommType t, int src) {
-    require_device(buf, "irecv");
-    comm_stream_after_compute();
-    NCCL_CHECK(api->ncclGroupStart());
-    NCCL_CHECK(api->ncclRecv(buf, n, nccl_type(t), src, nc(c), comm_stream));
-    NCCL_CHECK(api->ncclGroupEnd());
-    return request(c, "recv (pipeline)");
+    CommP2P op = {.buf = buf, .n = n, .type = t, .peer = src, .recv = 1};
+    nccl_p2p_group(c, &op, 1);
+    return op.req;
 }
 
 void nccl_p2p_group(Comm *c, CommP2P *ops, int n_ops) {

@@ -397,8 +397,14 @@ int pp_schedule_check_p2p(const PPSchedule *s, PPP2POrder order, char *err, size
     int stride = 2 * s->n_slots + 1; // groups a rank issues: at most two per action
     int *first = malloc(sizeof(int) * ((size_t)pp * stride + 1)), *n_groups = calloc(pp, sizeof(int));
     int *recv_slot = malloc(sizeof(int) * ((size_t)s->n_slots + 1));
+    // the pairing: each op's place among its (sender, receiver) pair's sends
+    // or receives, the pair's counts, and its receives by place
+    size_t n_ops_max = 2 * (size_t)pp * s->n_slots + 1;
+    int *place = malloc(sizeof(int) * n_ops_max), *recv_at = malloc(sizeof(int) * n_ops_max);
+    int *n_send = calloc((size_t)pp * pp, sizeof(int)), *n_recv = calloc((size_t)pp * pp, sizeof(int));
+    int *recv_off = calloc((size_t)pp * pp + 1, sizeof(int));
     char l1[120], l2[120];
-    if (!ops || !first || !n_groups || !recv_slot) {
+    if (!ops || !first || !n_groups || !recv_slot || !place || !recv_at || !n_send || !n_recv || !recv_off) {
         fail(err, errlen, "check_p2p: out of memory");
         goto done;
     }
@@ -436,17 +442,21 @@ int pp_schedule_check_p2p(const PPSchedule *s, PPP2POrder order, char *err, size
     }
     // pair the k-th send from a to b with b's k-th receive from a
     for (int i = 0; i < n; i++) {
-        if (ops[i].recv || ops[i].partner >= 0) continue;
-        int k = 0; // this send is the k-th from its rank to its peer
-        for (int j = 0; j < i; j++) k += !ops[j].recv && ops[j].rank == ops[i].rank && ops[j].peer == ops[i].peer;
-        int j = 0, seen = 0;
-        for (; j < n; j++)
-            if (ops[j].recv && ops[j].rank == ops[i].peer && ops[j].peer == ops[i].rank && seen++ == k) break;
+        int pair = ops[i].recv ? ops[i].peer * pp + ops[i].rank : ops[i].rank * pp + ops[i].peer;
+        place[i] = ops[i].recv ? n_recv[pair]++ : n_send[pair]++;
+    }
+    for (int q = 0; q < pp * pp; q++) recv_off[q + 1] = recv_off[q] + n_recv[q];
+    for (int i = 0; i < n; i++)
+        if (ops[i].recv) recv_at[recv_off[ops[i].peer * pp + ops[i].rank] + place[i]] = i;
+    for (int i = 0; i < n; i++) {
+        if (ops[i].recv) continue;
+        int pair = ops[i].rank * pp + ops[i].peer;
         msg_label(&ops[i], l1, sizeof l1);
-        if (j == n) {
+        if (place[i] >= n_recv[pair]) {
             fail(err, errlen, "rank %d's %s: rank %d posts no matching receive", ops[i].rank, l1, ops[i].peer);
             goto done;
         }
+        int j = recv_at[recv_off[pair] + place[i]];
         if (ops[j].mb != ops[i].mb || ops[j].stage != ops[i].stage || ops[j].grad != ops[i].grad) {
             msg_label(&ops[j], l2, sizeof l2);
             fail(err, errlen, "in call order rank %d's %s meets rank %d's %s", ops[i].rank, l1, ops[j].rank, l2);
@@ -486,6 +496,7 @@ int pp_schedule_check_p2p(const PPSchedule *s, PPP2POrder order, char *err, size
     rc = len ? -1 : 0;
 done:
     free(ops), free(first), free(n_groups), free(recv_slot);
+    free(place), free(recv_at), free(n_send), free(n_recv), free(recv_off);
     return rc;
 }
 
