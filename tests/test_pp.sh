@@ -12,7 +12,8 @@
 #  3. eval through the stages equals the single rank's eval CE;
 #  4. the measured bubble is logged beside the theory of the schedule;
 #  5. bad pipeline keys are refused with the key named;
-#  6. (in 1) the GPU ranks' hand-off order, MOECORE_PP_HANDOFF=receiver, on CPU ranks.
+#  6. (in 1) the GPU ranks' hand-off order, MOECORE_PP_HANDOFF=receiver, on CPU ranks,
+#     with MOECORE_COMM_CHECK (no buffer of a non-blocking call touched before its wait).
 set -u
 cd "$(dirname "$0")/.."
 bin=$PWD/build/moecore
@@ -43,8 +44,9 @@ against_one_rank learned learned "--model.routing=learned" "" \
 against_one_rank random random "--model.routing=random" "" "pp4_1f1b 4 --parallel.pp=4"
 # GPU ranks' hand-off order (each send in the slot where its receiver takes
 # it, one group with that slot's receive: what keeps NCCL from deadlocking),
-# here on CPU ranks over MPI
-MOECORE_PP_HANDOFF=receiver against_one_rank recv learned "--model.routing=learned" "" \
+# here on CPU ranks over MPI, under MOECORE_COMM_CHECK (src/dist/comm_mpi.c:
+# a hand-off buffer written, or a received one read, before its wait fails)
+MOECORE_COMM_CHECK=1 MOECORE_PP_HANDOFF=receiver against_one_rank recv learned "--model.routing=learned" "" \
   "pp2_1f1b 2 --parallel.pp=2 --parallel.pp_schedule=1f1b" \
   "pp4_interleaved 4 --parallel.pp=4 --parallel.pp_schedule=interleaved --parallel.pp_virtual=2" \
   "pp4_zb1 4 --parallel.pp=4 --parallel.pp_schedule=zb1" \

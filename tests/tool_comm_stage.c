@@ -8,6 +8,13 @@
 //   tool_comm_stage          the checks
 //   tool_comm_stage nostage  the same without comm_stage_device: must die
 //                            at the first collective (the trap works)
+//   tool_comm_stage check [WRITE]  MOECORE_COMM_CHECK's semantics (comm_mpi.c),
+//                            on host and device buffers: receive and in-place
+//                            buffers hold 0xFF bytes until completion, sends
+//                            go out with the bytes of the call; with WRITE
+//                            (allreduce, rs-send, rs-recv, send, recv) the
+//                            caller writes that buffer before comm_wait and the
+//                            job must end with the check's message
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,11 +56,107 @@ static void check(int cond, const char *what) {
 }
 static float val(int r, int i) { return (float)(1000 * r + i); }
 
+static int all_ff(const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != 0xff) return 0;
+    return 1;
+}
+// buffers on the "device" (dev) or the host, read and written by the test
+static void *buf_alloc(int dev, size_t n) { return dev ? dev_alloc(n) : calloc(1, n); }
+static void buf_put(int dev, void *d, const void *h, size_t n) { dev ? dev_put(d, h, n) : (void)memcpy(d, h, n); }
+static void buf_get(int dev, void *h, const void *d, size_t n) { dev ? dev_get(h, d, n) : (void)memcpy(h, d, n); }
+
+// MOECORE_COMM_CHECK (set by main): the checked non-blocking calls on host
+// (dev 0) and device (dev 1) buffers; write names a buffer the caller then
+// writes too early (the job must die in comm_wait)
+static int run_check(Comm *w, const char *write) {
+    int next = (rank + 1) % P, prev = (rank + P - 1) % P;
+    float h[256], g[256], junk = 42;
+    for (int dev = 0; dev < 2; dev++) {
+        const char *where = dev ? "device" : "host";
+        char what[160];
+        // iallreduce: the buffer holds 0xFF until comm_wait, then the sums
+        float *a = buf_alloc(dev, 64 * 4);
+        for (int i = 0; i < 64; i++) h[i] = val(rank, i);
+        buf_put(dev, a, h, 64 * 4);
+        CommReq *r = comm_iallreduce(w, a, 64, COMM_F32);
+        buf_get(dev, g, a, 64 * 4);
+        snprintf(what, sizeof what, "checked iallreduce, %s buffer: 0xFF bytes before comm_wait", where);
+        check(all_ff(g, 64 * 4), what);
+        if (write && !strcmp(write, "allreduce") && dev) buf_put(dev, a + 5, &junk, 4);
+        comm_wait(r);
+        buf_get(dev, g, a, 64 * 4);
+        int good = 1;
+        for (int i = 0; i < 64; i++) {
+            float want = 0;
+            for (int q = 0; q < P; q++) want += val(q, i);
+            good &= g[i] == want;
+        }
+        snprintf(what, sizeof what, "checked iallreduce, %s buffer: the sums after comm_wait", where);
+        check(good, what);
+
+        // ireduce_scatter, uneven counts: send unchanged, recv 0xFF until comm_wait
+        size_t counts[64], total = 0, off = 0;
+        for (int q = 0; q < P; q++) counts[q] = q + 2, total += counts[q];
+        for (int q = 0; q < rank; q++) off += counts[q];
+        float *s = buf_alloc(dev, total * 4), *rv = buf_alloc(dev, counts[rank] * 4);
+        for (size_t i = 0; i < total; i++) h[i] = val(rank, (int)i);
+        buf_put(dev, s, h, total * 4);
+        r = comm_ireduce_scatter(w, s, rv, counts, COMM_F32);
+        buf_get(dev, g, rv, counts[rank] * 4);
+        snprintf(what, sizeof what, "checked ireduce_scatter, %s buffers: the receive buffer 0xFF before comm_wait", where);
+        check(all_ff(g, counts[rank] * 4), what);
+        if (write && !strcmp(write, "rs-send") && dev) buf_put(dev, s + total - 1, &junk, 4);
+        if (write && !strcmp(write, "rs-recv") && !dev) buf_put(dev, rv, &junk, 4);
+        comm_wait(r);
+        buf_get(dev, g, rv, counts[rank] * 4);
+        good = 1;
+        for (size_t i = 0; i < counts[rank]; i++) {
+            float want = 0;
+            for (int q = 0; q < P; q++) want += val(q, (int)(off + i));
+            good &= g[i] == want;
+        }
+        snprintf(what, sizeof what, "checked ireduce_scatter, %s buffers: the sums of the shard after comm_wait", where);
+        check(good, what);
+
+        // isend / irecv around the ring (tags count per pair, as the pipeline's)
+        float *sb = buf_alloc(dev, 64 * 4), *rb = buf_alloc(dev, 64 * 4);
+        for (int i = 0; i < 64; i++) h[i] = val(rank, 500 + i);
+        buf_put(dev, sb, h, 64 * 4);
+        CommReq *rr = comm_irecv(w, rb, 64, COMM_F32, prev, 20 + dev);
+        CommReq *sr = comm_isend(w, sb, 64, COMM_F32, next, 20 + dev);
+        buf_get(dev, g, rb, 64 * 4);
+        snprintf(what, sizeof what, "checked irecv, %s buffer: 0xFF bytes before completion", where);
+        check(all_ff(g, 64 * 4), what);
+        if (write && !strcmp(write, "send") && !dev) buf_put(dev, sb + 63, &junk, 4);
+        if (write && !strcmp(write, "recv") && dev) buf_put(dev, rb, &junk, 4);
+        while (!comm_test(&rr)) {
+        }
+        comm_wait(sr);
+        buf_get(dev, g, rb, 64 * 4);
+        good = 1;
+        for (int i = 0; i < 64; i++) good &= g[i] == val(prev, 500 + i);
+        snprintf(what, sizeof what, "checked isend / irecv, %s buffers: the sender's values at completion", where);
+        check(good, what);
+    }
+    comm_barrier(w);
+    printf("rank %d: %d failed\n", rank, fails);
+    comm_finalize();
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "check")) setenv("MOECORE_COMM_CHECK", "1", 1);
     Comm *w = comm_init(&argc, &argv);
     rank = comm_rank(w), P = comm_size(w);
     arena = mmap(NULL, ARENA, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (arena == MAP_FAILED) { perror("mmap"); return 2; }
+    if (argc > 1 && !strcmp(argv[1], "check")) {
+        comm_stage_device(&hooks);
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        return run_check(w, argc > 2 ? argv[2] : NULL);
+    }
     int stage = !(argc > 1 && !strcmp(argv[1], "nostage"));
     if (stage) comm_stage_device(&hooks);
     check(comm_stages_device() == stage, "comm_stages_device says whether the hooks are set");

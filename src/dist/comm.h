@@ -106,6 +106,17 @@ int comm_is_nccl(const Comm *c);
 // they return (a NULL request); isend / irecv stay non-blocking on host
 // copies (an irecv's result reaches the device at comm_wait / comm_test).
 // Slow by design: for correctness, never for speed.
+//
+// MOECORE_COMM_CHECK=1 checks the non-blocking calls' contract over MPI (host
+// or staged buffers; tests/test_dist.sh, test_pp.sh, tests/gpu/ranks.sh):
+// each call works on host copies taken when it is made, as NCCL reads in
+// stream order; its receive and in-place buffers hold 0xFF bytes (NaN) until
+// comm_wait / comm_test completes it, so a result read too early is NaN;
+// and completing it ends the job with a message naming the call and buffer
+// if the caller wrote any of its buffers in between, which over NCCL would
+// race the communication stream. Over MPI alone such writes mostly pass
+// (the host does the work inside MPI_Wait, or the staged call before it
+// returns).
 typedef struct {
     int (*on_device)(const void *p);
     void (*to_host)(void *host, const void *dev, size_t bytes);   // after the device's enqueued work

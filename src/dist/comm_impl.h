@@ -21,9 +21,14 @@ struct CommReq {
     MPI_Datatype tmp_type;  // freed on wait when not MPI_DATATYPE_NULL
     int *ints;              // count arrays kept alive until completion
     NcclReq *nccl;          // a NCCL request: comm_wait is a stream dependency
-    void *host;             // staged (comm_stage_device): the host copy, freed on completion
-    void *dev;              // an irecv's device buffer, given host's bytes on completion
+    void *host;             // the host copy MPI works on (staged or checked), freed on completion
+    void *out;              // given host's bytes on completion (a staged or checked receive)
     size_t bytes;
+    void *send_copy;        // MOECORE_COMM_CHECK: the send snapshot a reduce-scatter reads, freed
+    // MOECORE_COMM_CHECK: buffers that must still hold `want` on completion
+    struct { const void *buf; void *want; size_t bytes; const char *what; } guard[2];
+    int n_guard;
+    const char *op;
 };
 
 size_t comm_type_size(CommType t);

@@ -41,21 +41,95 @@ static void move(void *dst, const void *src, size_t bytes) {
     if (staged(dst) || staged(src)) dc->copy(dst, src, bytes);
     else memmove(dst, src, bytes);
 }
-static CommReq *new_req(void) {
+static CommReq *new_req(const char *op) {
     CommReq *r = calloc(1, sizeof(CommReq));
     if (!r) {
         fprintf(stderr, "moecore: out of host memory for a communication request\n");
         comm_abort(3);
     }
     r->tmp_type = MPI_DATATYPE_NULL;
+    r->op = op;
     return r;
 }
-// What completes a request besides MPI's part: a staged irecv's bytes reach
-// the device, host copies are freed.
+
+// ---- MOECORE_COMM_CHECK: the non-blocking calls' contract, checked (comm.h) ------------
+// Over NCCL a non-blocking call reads its input and writes its output on the
+// communication stream at a time of its own between the call and comm_wait /
+// comm_test; over MPI on the host (no progress thread) the work mostly happens
+// inside MPI_Wait, and in the staged mode before the call returns, so a caller
+// that writes a buffer too early, or reads a result too early, passes on CPU
+// ranks and corrupts the GPU run. With the check on, each non-blocking call
+// works on host copies taken at the call (as NCCL reads in stream order), fills
+// its receive (and in-place) buffers with 0xFF bytes (NaN in floats) until it
+// completes, and on completion ends the job with a message if the caller wrote
+// any of its buffers in between.
+static int check_mode = -1;
+static int comm_check(void) {
+    if (check_mode < 0) {
+        const char *e = getenv("MOECORE_COMM_CHECK");
+        check_mode = e && *e && strcmp(e, "0") != 0;
+    }
+    return check_mode;
+}
+// A new host copy of bytes at p (host or device memory).
+static void *copy_in(const void *p, size_t bytes) {
+    void *h = mallocCheck(bytes ? bytes : 1);
+    if (!bytes) return h;
+    if (staged(p)) dc->to_host(h, p, bytes);
+    else memcpy(h, p, bytes);
+    return h;
+}
+// bytes of host memory h to p (host or device memory)
+static void copy_out(void *p, const void *h, size_t bytes) {
+    if (!bytes) return;
+    if (staged(p)) dc->to_device(p, h, bytes);
+    else memcpy(p, h, bytes);
+}
+// buf must hold want (taken over) when the request completes
+static void guard(CommReq *r, const void *buf, void *want, size_t bytes, const char *what) {
+    r->guard[r->n_guard].buf = buf;
+    r->guard[r->n_guard].want = want;
+    r->guard[r->n_guard].bytes = bytes;
+    r->guard[r->n_guard++].what = what;
+}
+// buf must keep its bytes of now until the request completes
+static void guard_unchanged(CommReq *r, const void *buf, size_t bytes, const char *what) {
+    guard(r, buf, copy_in(buf, bytes), bytes, what);
+}
+// buf holds 0xFF bytes until the request completes, and must still then
+static void guard_poison(CommReq *r, void *buf, size_t bytes, const char *what) {
+    void *p = mallocCheck(bytes ? bytes : 1);
+    memset(p, 0xff, bytes);
+    copy_out(buf, p, bytes);
+    guard(r, buf, p, bytes, what);
+}
+static void check_guards(CommReq *r) {
+    for (int i = 0; i < r->n_guard; i++) {
+        size_t n = r->guard[i].bytes, at = 0;
+        unsigned char *now = copy_in(r->guard[i].buf, n), *want = r->guard[i].want;
+        while (at < n && now[at] == want[at]) at++;
+        free(now);
+        if (at < n) {
+            fprintf(stderr,
+                    "moecore: MOECORE_COMM_CHECK: the %s of a non-blocking %s (%zu bytes at %p) was written between "
+                    "the call and its comm_wait / comm_test (first changed byte: %zu); over NCCL that write races "
+                    "the communication (src/dist/comm.h)\n",
+                    r->guard[i].what, r->op, n, r->guard[i].buf, at);
+            comm_abort(3);
+        }
+        free(want);
+    }
+    r->n_guard = 0;
+}
+
+// What completes a request besides MPI's part: the guards are checked, a
+// staged or checked receive's bytes reach their buffer, host copies are freed.
 static void req_finish(CommReq *r) {
     if (r->tmp_type != MPI_DATATYPE_NULL) MPI_Type_free(&r->tmp_type);
-    if (r->dev && r->bytes) dc->to_device(r->dev, r->host, r->bytes);
+    check_guards(r);
+    if (r->out) copy_out(r->out, r->host, r->bytes);
     free(r->host);
+    free(r->send_copy);
     free(r->ints);
     free(r);
 }
@@ -186,11 +260,20 @@ CommReq *comm_iallreduce(Comm *c, void *buf, size_t n, CommType t) {
     if (c->nccl) return nccl_iallreduce(c, buf, n, t);
 #endif
     if (c->size == 1) return NULL;
+    if (comm_check()) { // on a copy of buf taken now; buf holds 0xFF bytes until completion
+        size_t bytes = n * comm_type_size(t);
+        CommReq *r = new_req("all-reduce");
+        r->host = copy_in(buf, bytes), r->out = buf, r->bytes = bytes;
+        guard_poison(r, buf, bytes, "in-place buffer");
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->host, as_int(n, "iallreduce"), mpi_type(t), MPI_SUM, c->mpi,
+                                 &r->req));
+        return r;
+    }
     if (staged(buf)) { // completes here
         comm_allreduce(c, buf, n, t);
         return NULL;
     }
-    CommReq *r = new_req();
+    CommReq *r = new_req("all-reduce");
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(n, "iallreduce"), mpi_type(t), MPI_SUM, c->mpi, &r->req));
     return r;
 }
@@ -214,8 +297,20 @@ CommReq *comm_ireduce_scatter(Comm *c, const void *send, void *recv, const size_
         if (send != recv) move(recv, send, counts[0] * es);
         return NULL;
     }
-    CommReq *r = new_req();
+    CommReq *r = new_req("reduce-scatter");
     r->ints = int_counts(c, counts, "reduce_scatter");
+    if (comm_check()) { // on a copy of send taken now; recv holds 0xFF bytes until completion
+        size_t total = 0;
+        for (int i = 0; i < c->size; i++) total += counts[i];
+        size_t sb = total * es, rb = counts[c->rank] * es;
+        const char *s0 = send, *r0 = recv;
+        r->send_copy = copy_in(send, sb);
+        r->host = mallocCheck(rb ? rb : 1), r->out = recv, r->bytes = rb;
+        if (r0 + rb <= s0 || s0 + sb <= r0) guard_unchanged(r, send, sb, "send buffer"); // not in place
+        guard_poison(r, recv, rb, "receive buffer");
+        MPI_CHECK(MPI_Ireduce_scatter(r->send_copy, r->host, r->ints, mpi_type(t), MPI_SUM, c->mpi, &r->req));
+        return r;
+    }
     if (staged(send) || staged(recv)) { // completes here
         size_t total = 0;
         for (int i = 0; i < c->size; i++) total += counts[i];
@@ -297,7 +392,14 @@ CommReq *comm_isend(Comm *c, const void *buf, size_t n, CommType t, int dst, int
 #ifdef MOECORE_CUDA
     if (c->nccl) return nccl_isend(c, buf, n, t, dst);
 #endif
-    CommReq *r = new_req();
+    CommReq *r = new_req("send");
+    if (comm_check()) { // from a copy of buf taken now, which buf must keep until completion
+        size_t bytes = n * comm_type_size(t);
+        r->host = copy_in(buf, bytes);
+        guard_unchanged(r, buf, bytes, "send buffer");
+        MPI_CHECK(MPI_Isend(r->host, as_int(n, "isend"), mpi_type(t), dst, tag, c->mpi, &r->req));
+        return r;
+    }
     void *h = host_in(buf, n * comm_type_size(t), 1); // the send reads the host copy
     if (h != buf) r->host = h;
     MPI_CHECK(MPI_Isend(h, as_int(n, "isend"), mpi_type(t), dst, tag, c->mpi, &r->req));
@@ -308,9 +410,16 @@ CommReq *comm_irecv(Comm *c, void *buf, size_t n, CommType t, int src, int tag) 
 #ifdef MOECORE_CUDA
     if (c->nccl) return nccl_irecv(c, buf, n, t, src);
 #endif
-    CommReq *r = new_req();
+    CommReq *r = new_req("receive");
+    if (comm_check()) { // into a host copy; buf holds 0xFF bytes until completion
+        size_t bytes = n * comm_type_size(t);
+        r->host = mallocCheck(bytes ? bytes : 1), r->out = buf, r->bytes = bytes;
+        guard_poison(r, buf, bytes, "receive buffer");
+        MPI_CHECK(MPI_Irecv(r->host, as_int(n, "irecv"), mpi_type(t), src, tag, c->mpi, &r->req));
+        return r;
+    }
     void *h = host_in(buf, n * comm_type_size(t), 0); // copied to the device on completion
-    if (h != buf) r->host = h, r->dev = buf, r->bytes = n * comm_type_size(t);
+    if (h != buf) r->host = h, r->out = buf, r->bytes = n * comm_type_size(t);
     MPI_CHECK(MPI_Irecv(h, as_int(n, "irecv"), mpi_type(t), src, tag, c->mpi, &r->req));
     return r;
 }

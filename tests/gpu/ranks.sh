@@ -7,7 +7,12 @@
 # pipeline's device hand-offs at the receiver's slot (MOECORE_PP_GPU=1) -- runs with real CUDA
 # kernels before a machine with several GPUs is lent. Not checked here:
 # NCCL itself (tests/gpu/test_comm_nccl, test_nccl at world 1), the
-# symmetric dispatch across processes, overlap and speed.
+# symmetric dispatch across processes, overlap and speed. Every run has
+# MOECORE_COMM_CHECK=1 (src/dist/comm_mpi.c): the staged non-blocking calls
+# then complete at comm_wait on copies taken at the call, with their device
+# buffers 0xFF until then, as a NCCL call on the communication stream would
+# leave them, so a GPU kernel that writes a grad bucket or a hand-off buffer
+# before its wait, or reads a result too early, fails here (CHECK=0: off).
 #
 # Each layout against one GPU rank on the same global batch and seed
 # (configs/tiny.yaml, micro-batches of 4 sequences in every layout, 12
@@ -27,7 +32,7 @@ set -u
 cd "$(dirname "$0")/../.."
 bin=$PWD/build/moecore
 py=python3
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 MOECORE_COMM=mpi MOECORE_PP_GPU=1
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 MOECORE_COMM=mpi MOECORE_PP_GPU=1 MOECORE_COMM_CHECK=${CHECK:-1}
 cublas=$($py -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 tmp=$(mktemp -d)
