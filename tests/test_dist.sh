@@ -18,6 +18,8 @@
 #     blocks exchange their rows again in the backward; and with experts and
 #     gather, whose re-gather must not touch the symmetric receive buffers);
 #  1b. the symmetric dispatch (the default where the ranks share memory, ops/ep_sym.h)
+#     on buffers of one size on every rank (tool_symmem: the least of the
+#     ranks' own measures; sizes that differ refused on every rank)
 #     and the all-to-all (ep_backend: a2a) give bit-identical losses and weights
 #     (the experts see the same rows in the same order), and the symmetric path
 #     forced on one rank is bit-identical to no dispatch at all;
@@ -72,6 +74,12 @@ for routing in learned random; do
   if out=$(compare "single_$routing" "one_sym_$routing" 0 0); then ok "symmetric on one rank = no dispatch bit for bit ($routing)"
   else bad "symmetric on one rank against no dispatch ($routing): $out"; fi
 done
+# the ranks agree on their symmetric buffers' size (tests/tool_symmem.c: the
+# least of the ranks' values; different sizes refused on every rank, no hang)
+out=$(timeout 120 mpirun --oversubscribe -np 3 build/tests/tool_symmem 2>&1); rc=$?
+n=$(grep -c "^ok:" <<<"$out")
+if [ $rc -eq 0 ] && [ "$n" -eq 15 ] && ! grep -q "^FAIL" <<<"$out"; then ok "symmetric memory size agreement, 3 ranks: $n checks"
+else bad "symmetric memory size agreement: exit $rc, $n ok"; echo "$out" | grep -v "^ok" | tail -n 8; fi
 
 # aux-loss-free balancing: the bias moves by the expert counts of the whole
 # dp group (reduced where they live), so every layout picks the same experts

@@ -3,6 +3,7 @@
 #include "dist/symmem.h"
 
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,8 +70,48 @@ int symmem_available(Comm *c, const Ops *ops, char *why, size_t whylen) {
     return 1;
 }
 
+// Every rank's v (host memory, one per rank of c), through the group's own
+// communicator (MPI, or NCCL staging the host buffer).
+static int64_t *gather_all(Comm *c, size_t v) {
+    int n = group_size(c);
+    int64_t *all = calloc((size_t)n, sizeof(int64_t));
+    size_t *counts = malloc((size_t)n * sizeof(size_t));
+    if (!all || !counts) {
+        fprintf(stderr, "moecore: symmetric memory: out of host memory\n");
+        comm_abort(3);
+    }
+    for (int q = 0; q < n; q++) counts[q] = 1;
+    all[c ? comm_rank(c) : 0] = (int64_t)v;
+    if (n > 1) comm_all_gather(c, all, counts, COMM_I64);
+    free(counts);
+    return all;
+}
+
+size_t symmem_min(Comm *c, size_t v) {
+    if (group_size(c) == 1) return v;
+    int64_t *all = gather_all(c, v);
+    size_t m = v;
+    for (int q = 0; q < group_size(c); q++)
+        if ((size_t)all[q] < m) m = (size_t)all[q];
+    free(all);
+    return m;
+}
+
 SymMem *symmem_create(Comm *c, const Ops *ops, size_t bytes, char *err, size_t errlen) {
     if (!symmem_available(c, ops, err, errlen)) return NULL;
+    if (group_size(c) > 1) { // one carve on every rank: the same size everywhere, or none
+        int64_t *all = gather_all(c, bytes);
+        int q = 1;
+        while (q < group_size(c) && all[q] == all[0]) q++;
+        if (q < group_size(c)) {
+            errorf(err, errlen, "the %d ranks asked for symmetric buffers of different sizes (rank 0: %lld bytes, "
+                   "rank %d: %lld), which would make the offsets into the peers' buffers disagree", group_size(c),
+                   (long long)all[0], q, (long long)all[q]);
+            free(all);
+            return NULL;
+        }
+        free(all);
+    }
     SymMem *s = calloc(1, sizeof(SymMem));
     s->P = group_size(c);
     s->rank = c ? comm_rank(c) : 0;

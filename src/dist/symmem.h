@@ -34,8 +34,14 @@ typedef struct SymMem SymMem;
 // 1 when the ranks of c (NULL: one rank) can share memory with the backend
 // ops: else 0 with why. Collective (every rank of c gets the same answer).
 int symmem_available(Comm *c, const Ops *ops, char *why, size_t whylen);
+// The least v over the ranks of c (NULL: one rank); collective. What the
+// ranks size their symmetric buffers from must agree: each rank addresses
+// its peers' buffers by its own offsets, so one rank's own measure (its
+// free device memory) is not enough.
+size_t symmem_min(Comm *c, size_t v);
 // Allocates `bytes` (zeroed) on every rank of c; collective. NULL with the
-// reason in err when the group has no load/store path or memory runs out.
+// reason in err when the group has no load/store path, memory runs out, or
+// the ranks asked for different sizes (every rank then returns NULL).
 SymMem *symmem_create(Comm *c, const Ops *ops, size_t bytes, char *err, size_t errlen);
 void symmem_free(SymMem *s);
 // Ranks of the group, this rank's index, the kind's name ("local", "mpi-shared",

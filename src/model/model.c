@@ -653,6 +653,13 @@ static void sym_size_rows(Model *m) {
             why = "what the device's free memory holds";
         }
     }
+    // the same rows on every rank of the ep group (each rank's free memory
+    // differs; the peers' buffers are addressed by this rank's offsets, and
+    // every source cuts an owner's rows by this bound); none in a plan
+    if (m->par.ep_comm) {
+        size_t least = symmem_min(m->par.ep_comm, rows);
+        if (least < rows) rows = least, why = "what the device's free memory holds, the least over the ep group";
+    }
     m->max_rows_local = (int)rows;
     snprintf(m->ep_note, sizeof m->ep_note,
              "expert dispatch: symmetric (direct writes into %d ranks' receive buffers); receive buffers "
