@@ -53,4 +53,9 @@ void nccl_barrier(Comm *c);
 void nccl_wait(CommReq *r);
 void nccl_shutdown(void);
 void *nccl_handle(Comm *c);  // its ncclComm_t (symmem_nccl.cu)
+// The watchdog (comm_nccl.c): a blocking NCCL call the host enters and
+// leaves, and a symmetric-memory barrier just launched on the compute stream.
+void nccl_host_enter(const char *op);
+void nccl_host_leave(void);
+void nccl_watch_barrier(const Comm *c);
 #endif

@@ -16,11 +16,15 @@
 //
 // Failure. Every NCCL and CUDA call is checked (the call, file and line,
 // then the job ends). A watchdog thread follows every enqueued collective
-// through an event recorded after it; one that has not completed after
-// timeout_s, or a NCCL asynchronous error on any communicator, makes it
-// print the collective and its group, abort every communicator
-// (ncclCommAbort, which also frees kernels stuck waiting for a dead peer)
-// and end the job.
+// (and symmetric-memory barrier) through an event recorded after it, and
+// every NCCL call the host is inside (communicator set-up and splits,
+// window registration, the lazy connection a first collective may make);
+// one that has not completed after timeout_s, or a NCCL asynchronous error
+// on any communicator, makes it print what and where, abort every
+// communicator (ncclCommAbort, which also frees kernels stuck waiting for a
+// dead peer) and end the job, within a grace period even where the abort
+// itself blocks (a barrier kernel spinning on a dead peer cannot be
+// stopped).
 #include "dist/comm_impl.h"
 #ifdef MOECORE_CUDA
 #include <cuda_runtime.h>
@@ -81,13 +85,31 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t watchdog;
 static int watchdog_on, watchdog_stop;
 
+// The NCCL call the host is inside (op NULL: none) and since when: a call
+// that blocks on a peer (a split, a registration, a first collective's
+// connection) is watched as an enqueued collective is.
+static const char *host_op;
+static double host_t0;
+void nccl_host_enter(const char *op) {
+    pthread_mutex_lock(&lock);
+    host_op = op, host_t0 = clock_now_s();
+    pthread_mutex_unlock(&lock);
+}
+void nccl_host_leave(void) {
+    pthread_mutex_lock(&lock);
+    host_op = NULL;
+    pthread_mutex_unlock(&lock);
+}
+
 static void nccl_die(const char *msg, const char *call, const char *file, int line) {
     fprintf(stderr, "moecore: rank %d: NCCL error in %s at %s:%d: %s\n", world_rank, call, file, line, msg);
     comm_abort(3);
 }
 #define NCCL_CHECK(call)                                                                              \
     do {                                                                                              \
+        nccl_host_enter(#call);                                                                       \
         ncclResult_t r_ = (call);                                                                     \
+        nccl_host_leave();                                                                            \
         if (r_ != ncclSuccess) nccl_die(api->ncclGetErrorString(r_), #call, __FILE__, __LINE__);     \
     } while (0)
 #define CU_CHECK(call)                                                                                \
@@ -119,13 +141,33 @@ static void exit_if_aborting(void) {
     if (aborting) _exit(3);
 }
 
+// Ends the process ABORT_GRACE_S after an abort began, whatever the abort
+// is stuck in (ncclCommAbort waits for the device, which a kernel spinning on
+// a dead peer never frees; MPI_Abort may wait on the launcher).
+#define ABORT_GRACE_S 20
+static void *abort_deadline(void *arg) {
+    (void)arg;
+    struct timespec ts = {ABORT_GRACE_S, 0};
+    nanosleep(&ts, NULL);
+    fprintf(stderr, "moecore: rank %d: the abort did not finish within %d s (a kernel waiting on a dead peer "
+            "cannot be stopped); exiting\n", world_rank, ABORT_GRACE_S);
+    _exit(3);
+}
+
 static void abort_all(const char *why) {
     aborting = 1;
+    pthread_t t;
+    if (pthread_create(&t, NULL, abort_deadline, NULL) == 0) pthread_detach(t);
     fprintf(stderr, "moecore: error: rank %d: %s; aborting the NCCL communicators and ending the job\n", world_rank,
             why);
     fflush(stderr);
+    ncclComm_t all[MAX_COMMS];
+    int n = 0;
+    pthread_mutex_lock(&lock);
     for (int i = 0; i < n_comms; i++)
-        if (comms[i]) api->ncclCommAbort(nc(comms[i]));
+        if (comms[i]) all[n++] = nc(comms[i]);
+    pthread_mutex_unlock(&lock);
+    for (int i = 0; i < n; i++) api->ncclCommAbort(all[i]);
     fflush(stdout);
     if (comm_mpi_active()) MPI_Abort(MPI_COMM_WORLD, 3);
     _exit(3);
@@ -150,6 +192,11 @@ static void *watch_loop(void *arg) {
             snprintf(why, sizeof why, "NCCL %s on group %s (%d ranks) did not complete within %.0f s "
                      "(parallel.timeout_s); a rank of the group is dead or stuck", w->op, w->comm->nccl->name,
                      w->comm->size, timeout_s);
+        }
+        if (!why[0] && host_op && clock_now_s() - host_t0 > timeout_s) {
+            const char *op = strncmp(host_op, "api->", 5) ? host_op : host_op + 5; // NCCL_CHECK's text
+            snprintf(why, sizeof why, "the host has been inside %.*s for more than %.0f s (parallel.timeout_s); "
+                     "a rank is dead or stuck", (int)strcspn(op, "("), op, timeout_s);
         }
         for (int i = 0; i < n_comms && !why[0]; i++) {
             ncclResult_t async = ncclSuccess;
@@ -179,6 +226,9 @@ static void watch(cudaStream_t s, const char *op, const Comm *c) {
     }
     pthread_mutex_unlock(&lock);
 }
+
+// A symmetric-memory barrier just launched on the compute stream (symmem_nccl.cu).
+void nccl_watch_barrier(const Comm *c) { watch(cuda_stream(), "symmetric-memory barrier", c); }
 
 // ---- set-up -------------------------------------------------------------------
 
@@ -237,9 +287,15 @@ Comm *comm_nccl_world(const LaunchInfo *li, double timeout, char *err, size_t er
         free(all);
         if (rc) FAIL_NULL(err, errlen, "rank %d: the NCCL unique id exchange failed: %s", li->rank, why);
     }
+    // the watchdog from here: the set-up below waits for every rank
+    watchdog_stop = 0;
+    atexit(exit_if_aborting);
+    if (!watchdog_on && pthread_create(&watchdog, NULL, watch_loop, NULL) == 0) watchdog_on = 1;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     ncclComm_t comm;
+    nccl_host_enter("ncclCommInitRankConfig");
     ncclResult_t r = api->ncclCommInitRankConfig(&comm, li->world, id, li->rank, &cfg);
+    nccl_host_leave();
     if (r != ncclSuccess)
         FAIL_NULL(err, errlen, "rank %d of %d: ncclCommInitRankConfig: %s (%s)", li->rank, li->world,
                   api->ncclGetErrorString(r), api->ncclGetLastError(NULL));
@@ -252,9 +308,6 @@ Comm *comm_nccl_world(const LaunchInfo *li, double timeout, char *err, size_t er
     int v = api->version;
     snprintf(describe, sizeof describe, "NCCL %d.%d.%d (%s), rank %d on GPU %d of %d, timeout %.0f s", v / 10000,
              v / 100 % 100, v % 100, api->path, li->rank, device, n_dev, timeout_s);
-    watchdog_stop = 0;
-    atexit(exit_if_aborting);
-    if (pthread_create(&watchdog, NULL, watch_loop, NULL) == 0) watchdog_on = 1;
     return c;
 }
 

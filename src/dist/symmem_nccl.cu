@@ -30,6 +30,9 @@ int comm_rank(const Comm *c);
 void *nccl_handle(Comm *c);
 cudaStream_t cuda_stream(void);
 void comm_abort(int code);
+void nccl_host_enter(const char *op);  // comm_nccl.c's watchdog
+void nccl_host_leave(void);
+void nccl_watch_barrier(const Comm *c);
 }
 
 typedef ncclResult_t (*DevCommCreateFn)(ncclComm_t, ncclDevCommRequirements_t const *, ncclDevComm_t *);
@@ -44,6 +47,7 @@ struct NcclSym {
     ncclWindow_t win;
     ncclDevComm dev;
     int P;
+    const Comm *group;  // for the watchdog's messages
 };
 
 static void errorf(char *err, size_t n, const char *fmt, const char *a, const char *b) {
@@ -91,6 +95,7 @@ extern "C" void *nccl_sym_create(Comm *c, size_t bytes, void **local, void **pee
     s->api = api;
     s->destroy = (DevCommDestroyFn)sym(api, "ncclDevCommDestroy");
     s->P = comm_size(c);
+    s->group = c;
     bytes = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
     ncclResult_t r = api->ncclMemAlloc(&s->buf, bytes);
     if (r != ncclSuccess) {
@@ -102,12 +107,18 @@ extern "C" void *nccl_sym_create(Comm *c, size_t bytes, void **local, void **pee
     }
     cudaMemset(s->buf, 0, bytes);
     cudaDeviceSynchronize();
-    if ((r = api->ncclCommWindowRegister(s->comm, s->buf, bytes, &s->win, NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess)
-        die("ncclCommWindowRegister", r, api);
+    // both wait for every rank of the group: watched like a collective
+    nccl_host_enter("ncclCommWindowRegister");
+    r = api->ncclCommWindowRegister(s->comm, s->buf, bytes, &s->win, NCCL_WIN_COLL_SYMMETRIC);
+    nccl_host_leave();
+    if (r != ncclSuccess) die("ncclCommWindowRegister", r, api);
     ncclDevCommRequirements_t req;
     memset(&req, 0, sizeof req);
     req.lsaBarrierCount = 1;
-    if ((r = create(s->comm, &req, &s->dev)) != ncclSuccess) die("ncclDevCommCreate", r, api);
+    nccl_host_enter("ncclDevCommCreate");
+    r = create(s->comm, &req, &s->dev);
+    nccl_host_leave();
+    if (r != ncclSuccess) die("ncclDevCommCreate", r, api);
     void **d_bases = NULL;
     cudaMalloc(&d_bases, (size_t)s->P * sizeof(void *));
     peer_bases_kernel<<<1, s->P < 32 ? 32 : s->P, 0, cuda_stream()>>>(s->win, d_bases, s->P);
@@ -135,6 +146,7 @@ extern "C" void nccl_sym_barrier(void *state) {
         fprintf(stderr, "moecore: NCCL symmetric memory: barrier launch: %s\n", cudaGetErrorString(e));
         comm_abort(3);
     }
+    nccl_watch_barrier(s->group); // a peer that never arrives: the watchdog's timeout
 }
 
 extern "C" void nccl_sym_free(void *state) {

@@ -7,9 +7,11 @@
 // host wait in between would show a missing dependency); reduce_scatter,
 // all_gather and all_to_all_v with unequal counts; p2p groups (the
 // pipeline's slot: a send and a receive in one group); the mesh split names its
-// groups. Alone, a child process also checks the watchdog: a collective
-// stuck behind a blocked stream ends the job with exit 3 and a message
-// naming the collective, its group and parallel.timeout_s.
+// groups. Alone, child processes also check the watchdog: a collective
+// stuck behind a blocked stream, and the host stuck inside a NCCL call (as
+// in a split whose peer never comes), each end the job with exit 3 and a
+// message naming the collective and its group, or the call, and
+// parallel.timeout_s.
 // Run alone, or under torchrun-style variables (one GPU per rank).
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -25,15 +27,21 @@
 #include "gpu_test_util.h"
 
 static void sleep_on_stream(void *arg) { sleep(*(int *)arg); }
+void nccl_host_enter(const char *op);  // comm_nccl.c (comm_impl.h): what NCCL_CHECK calls around each call
 
-// The child of the watchdog check: its own one-rank world with a 2 s
-// timeout, an all-reduce stuck behind a host function that blocks the
-// stream for 30 s.
-static void watchdog_child(void) {
+// The children of the watchdog check: their own one-rank world with a 2 s
+// timeout, then (host 0) an all-reduce stuck behind a host function that
+// blocks the stream for 30 s, or (host 1) 30 s inside a NCCL call.
+static void watchdog_child(int host) {
     LaunchInfo li = {LAUNCH_SINGLE, 0, 1, 0, "", 0};
     char err[800];
     Comm *w = comm_nccl_world(&li, 2.0, err, sizeof err);
     if (!w) { fprintf(stderr, "child: %s\n", err); _exit(1); }
+    if (host) {
+        nccl_host_enter("api->ncclCommSplit(nc(parent), color, key, &comm, &cfg)");
+        sleep(30);
+        exit(0);
+    }
     float *d;
     cudaMalloc((void **)&d, 1024 * sizeof(float));
     static int secs = 30;
@@ -43,14 +51,14 @@ static void watchdog_child(void) {
     exit(0);
 }
 
-static int check_watchdog(void) {
+static int check_watchdog(int host) {
     char path[] = "/tmp/moecore-watchdog-XXXXXX";
     int fd = mkstemp(path);
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fd, 2);
         alarm(60);
-        watchdog_child();
+        watchdog_child(host);
     }
     int status = 0;
     waitpid(pid, &status, 0);
@@ -61,9 +69,10 @@ static int check_watchdog(void) {
     close(fd);
     unlink(path);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-    gt_ok(code == 3 && strstr(buf, "all_reduce on group world (1 ranks) did not complete within 2 s") &&
-              strstr(buf, "parallel.timeout_s"),
-          "watchdog: a stuck all-reduce ends the job (exit %d): %s", code, strtok(buf, "\n") ? buf : "(no message)");
+    const char *want = host ? "the host has been inside ncclCommSplit for more than 2 s"
+                            : "all_reduce on group world (1 ranks) did not complete within 2 s";
+    gt_ok(code == 3 && strstr(buf, want) && strstr(buf, "parallel.timeout_s"), "watchdog: %s ends the job (exit %d): %s",
+          host ? "the host stuck in a NCCL call" : "a stuck all-reduce", code, strtok(buf, "\n") ? buf : "(no message)");
     return 0;
 }
 
@@ -72,7 +81,7 @@ int main(void) {
     LaunchInfo li;
     if (launch_detect(&li, err, sizeof err)) { printf("FAIL launch: %s\n", err); return 1; }
     // before anything touches CUDA in this process (a forked child cannot use it after)
-    if (li.world == 1) check_watchdog();
+    if (li.world == 1) check_watchdog(0), check_watchdog(1);
     Comm *w = comm_nccl_world(&li, 120, err, sizeof err);
     if (!w) { printf("FAIL comm_nccl_world: %s\n", err); return 1; }
     printf("-- %s\n", comm_nccl_describe());
