@@ -26,7 +26,9 @@
 #   resume    a checkpoint of N ranks (dp N = ep N, sharded) resumes on one rank and the reverse:
 #             the next loss within TOL_LOSS (cpu: 1e-6)
 #   kill      kill -9 of one rank: under mpirun, and (GPU) with torchrun-style variables where only
-#             moecore's watchdog can end the others: the job ends within parallel.timeout_s, with a message
+#             moecore's watchdog can end the others: the job ends within parallel.timeout_s, with a message;
+#             (GPU) also kill -STOP of one rank under mpirun (stuck, not dead: no launcher notices, the
+#             survivors' watchdog must end the job within parallel.timeout_s + the abort's 20 s grace)
 #   big       configs/seed/small.yaml (BIG_CONFIG, 40.6B parameters) with ep N + sharded, 20 steps:
 #             GPU memory against `moecore plan`'s prediction (issue 21; in `all` only for N >= 8)
 #   all       all of the above
@@ -799,9 +801,10 @@ step_resume() {
   done
 }
 
-# kill_case NAME LAUNCHER: start a long run of N ranks, kill -9 the last rank after 2 steps, time the end
+# kill_case NAME LAUNCHER [SIG]: start a long run of N ranks, kill -SIG (KILL) the last rank after 2 steps,
+# time the end (SIG STOP: of the survivors; the stopped rank is killed after)
 kill_case() {
-  local name=$1 how=$2 t0 t1 rc pids=() r last msg st i
+  local name=$1 how=$2 sig=${3:-KILL} t0 t1 rc pids=() r last msg st i
   local args=(train configs/tiny.yaml "${cflags[@]}" --train.steps=1000000 --parallel.dp="$N" --parallel.ep="$N"
               --parallel.timeout_s="$KT" --logging.run_dir="$work/$name")
   rm -f "$work/$name".pid.*
@@ -834,27 +837,34 @@ kill_case() {
   local victim; victim=$(cat "$work/$name.pid.$last")
   [ "$how" != mpirun ] && victim=$(pgrep -P "$victim" | head -n 1)   # the rank under its timeout
   t0=$(date +%s.%N)
-  kill -KILL "$victim"
-  # the job's status: mpirun's, or (no launcher) rank 0's; every survivor must end too
+  kill -"$sig" "$victim"
+  # the job's status: mpirun's, or (no launcher) rank 0's; every survivor must end too (a stopped
+  # rank's own wrapper only after it is killed below)
   rc=0 i=0
-  for r in "${pids[@]}"; do wait "$r"; st=$?; [ $i = 0 ] && rc=$st; i=$((i + 1)); done
+  for r in "${pids[@]}"; do
+    if [ "$sig" = STOP ] && [ "$how" != mpirun ] && [ $i = "$last" ]; then i=$((i + 1)); continue; fi
+    wait "$r"; st=$?; [ $i = 0 ] && rc=$st; i=$((i + 1))
+  done
   t1=$(date +%s.%N)
+  if [ "$sig" = STOP ]; then kill -KILL "$victim" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; fi
   [ "$how" != mpirun ] && for ((r = 0; r < N; r++)); do [ $r = "$last" ] || cat "$work/$name.r$r.log" >> "$work/$name.log"; done
   local el; el=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   msg=$(grep -m1 -E 'did not complete within|exited on signal|NCCL.*(error|abort)|moecore: error|rank [0-9]+ failed' "$work/$name.log" | cut -c1-200)
   local lim=$((KT + 15)) v
+  [ "$sig" = STOP ] && lim=$((KT + 30))   # the watchdog's timeout, then an abort that may take its 20 s grace
   if [ "$rc" = 124 ]; then v=1; msg="a hang: still running $((KT + 120)) s after start, ended by the script's timeout"
   elif awk -v e="$el" -v l="$lim" 'BEGIN { exit !(e <= l) }' && [ -n "$msg" ]; then v=0
   else v=1; fi
-  report kill exact $v "$how, kill -9 of rank $last of $N after step 2: the job ended ${el} s later, exit $rc (parallel.timeout_s $KT; limit $KT + 15 s grace): ${msg:-no message}"
+  report kill exact $v "$how, kill -$sig of rank $last of $N after step 2: the job ended ${el} s later, exit $rc (parallel.timeout_s $KT; limit $KT + $((lim - KT)) s grace): ${msg:-no message}"
 }
 
 step_kill() {
   kill_case kill_mpirun mpirun
   if [ "$device" = cpu ]; then
-    report kill exact 5 "without a launcher to end it (torchrun-style variables, moecore's NCCL watchdog alone): skipped on cpu (CPU ranks need MPI)"
+    report kill exact 5 "without a launcher to end it (torchrun-style variables), and kill -STOP (a stuck rank): moecore's NCCL watchdog alone, skipped on cpu (CPU ranks need MPI, which has no timeout)"
   else
     kill_case kill_torchrun torchrun
+    kill_case stop_mpirun mpirun STOP
   fi
 }
 
