@@ -203,6 +203,7 @@ int main(void) {
         cudaMemcpy(d0, hs, n * sizeof(float), cudaMemcpyHostToDevice);
         cudaMemset(d1, 0, n * sizeof(float));
         cudaMemset(d2, 0, n * sizeof(float));
+        cudaDeviceSynchronize(); // the legacy stream's memsets before the communication stream's receives
         CommP2P fwd[2] = {{.buf = d0, .n = (size_t)n, .type = COMM_F32, .peer = nx},
                           {.buf = d1, .n = (size_t)n, .type = COMM_F32, .peer = pv, .recv = 1}};
         comm_p2p_group(w, fwd, 2);
