@@ -70,6 +70,9 @@ typedef struct Ops {
     // bytes of device memory in use (NULL on the CPU)
     size_t (*device_memory_used)(void);
     size_t (*device_memory_free)(void);  // bytes the device has free (NULL on the CPU)
+    // waits until the device has done the work issued so far (NULL on the
+    // CPU, whose ops are done when they return)
+    void (*synchronize)(void);
     // Graphs of the work issued between capture_begin and capture_end (NULL
     // on the CPU). capture_end returns NULL, with the reason in err, when the
     // work could not be captured (a host synchronisation inside, say).

@@ -294,6 +294,18 @@ static void send_output(Pipeline *pl, Comm *ppc, int t, void *buf, int dst, int 
     pl->pend[pl->n_pend++] = (struct PPPending){.u = pl->recv_slot[t], .grad = grad, .idx = idx, .dst = dst, .buf = buf};
 }
 
+// On a device the host only queues the work: waits for it (returns the
+// seconds), so that the pipeline's clock -- busy, waited, the bubble --
+// measures the device's time, not how fast the host queues kernels. The
+// host then no longer runs ahead across actions: their launch gaps count
+// as idle (small beside actions of milliseconds).
+static double settle(const Trainer *tr) {
+    if (!tr->ops->synchronize) return 0;
+    double t = clock_now_s();
+    tr->ops->synchronize();
+    return clock_now_s() - t;
+}
+
 void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
     Pipeline *pl = &tr->pipe;
     Model *m = &tr->m;
@@ -322,9 +334,11 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
             if (pl->at_receiver) waited += exchange(tr, ppc, t, a, a->recv_from >= 0 ? model_chunk_input(m, ch) : NULL);
             else if (a->recv_from >= 0) waited += recv_input(tr, ppc, t, a, model_chunk_input(m, ch));
             post_next_recv(pl, ppc, t);
+            waited += settle(tr); // the input's arrival
             double tc = clock_now_s();
             model_forward_chunk(m, ch, train_micro_seed(tr, step, mb));
             model_count_chunk(m, ch);
+            settle(tr);
             busy += clock_now_s() - tc;
             if (a->send_to >= 0)
                 send_output(pl, ppc, t, model_chunk_output(m, ch), a->send_to, msg_tag(pl, mb, a->stage + 1, 0), 0,
@@ -335,15 +349,18 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
             if (pl->at_receiver) waited += exchange(tr, ppc, t, a, a->recv_from >= 0 ? model_stage_dres(m) : NULL);
             else if (a->recv_from >= 0) waited += recv_input(tr, ppc, t, a, model_stage_dres(m));
             post_next_recv(pl, ppc, t);
+            waited += settle(tr);
             double tc = clock_now_s();
             model_backward_chunk(m, ch, ce_scale, 1.0f / tr->M_total);
             if (a->send_to >= 0) {
                 int b;
                 void *buf = grad_send_buffer(tr, &b);
                 tr->ops->copy_act(buf, model_stage_dres(m), mb_elems * m->cfg.d_model);
+                settle(tr);
                 busy += clock_now_s() - tc;
                 send_output(pl, ppc, t, buf, a->send_to, msg_tag(pl, mb, a->stage - 1, 1), 1, b);
             } else {
+                settle(tr);
                 busy += clock_now_s() - tc;
             }
             if (a->kind == PP_B && --pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
@@ -352,8 +369,10 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
             post_next_recv(pl, ppc, t);
             int k = pl->slot_of[mb];
             model_use_slot(m, k);
+            settle(tr);
             double tc = clock_now_s();
             model_wgrad_chunk(m, ch);
+            settle(tr);
             busy += clock_now_s() - tc;
             if (--pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
         }

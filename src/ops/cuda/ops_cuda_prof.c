@@ -328,6 +328,7 @@ const Ops ops_cuda_timed = {
     .to_host = timed_to_host,
     .device_memory_used = cuda_device_memory_used,
     .device_memory_free = cuda_device_memory_free,
+    .synchronize = cuda_synchronize,
     // capture_begin, capture_end, graph_launch, graph_free: NULL, no graphs
     .attention_saved_floats = cuda_attention_saved_floats,
     .attention_scratch_floats = cuda_attention_scratch_floats,

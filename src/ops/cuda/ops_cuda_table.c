@@ -27,6 +27,7 @@ const Ops ops_cuda = {
     .to_host = cuda_to_host,
     .device_memory_used = cuda_device_memory_used,
     .device_memory_free = cuda_device_memory_free,
+    .synchronize = cuda_synchronize,
     .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end,
     .graph_launch = cuda_graph_launch,
