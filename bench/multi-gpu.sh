@@ -40,7 +40,10 @@
 # Output: ${OUT:-build/multi-gpu}/summary.txt (the lines) and multi-gpu-logs.tgz (every log,
 # metrics.jsonl and config.yaml; no checkpoints), packed after each step and at exit.
 # env: STEPS=12 WARMUP=3 (timed runs; cpu 5 / 2), CORRECT_STEPS=20, TOL_LOSS, KILL_TIMEOUT_S=30,
-# OVERLAP_CONFIG, PP_CONFIG, DISPATCH_CONFIG, BIG_CONFIG, SWEEP_E="8 32 128", KEEP=1 (keep the work dir).
+# OVERLAP_CONFIG, PP_CONFIG, DISPATCH_CONFIG, BIG_CONFIG, SWEEP_E="8 32 128", KEEP=1 (keep the work dir,
+# a new directory under $TMPDIR or /tmp unless WORK names one; never under $OUT), DEADLINE_S (the
+# script's own time limit: each run's timeout is cut to what is left, and a step that starts with less
+# than 30 s left is SKIPPED; set it a little under the device call's limit, e.g. 560).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 usage() { awk '/^set -u/ { exit } NR >= 9 { sub(/^# ?/, ""); print }' "$0"; exit "${1:-2}"; }
@@ -70,15 +73,17 @@ py=$(command -v python3) || { echo "multi-gpu.sh: python3 not found"; exit 2; }
 out=${OUT:-build/multi-gpu}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-work=$out/work
+# the runs' directory outside $OUT, so that a call cut off by its time limit brings back summary.txt
+# and the archive (packed after each step), not hundreds of files
+if [ -n "${WORK:-}" ]; then work=$WORK; else work_tmp=$(mktemp -d "${TMPDIR:-/tmp}/multi-gpu.XXXXXX"); work=$work_tmp/work; fi
 rm -rf "$work"
 mkdir -p "$work"
 summary=$out/summary.txt
 : > "$summary"
 tgz=$out/multi-gpu-logs.tgz
 pack() { # the logs, metrics and configs of every run: one archive (few files come back from a lent machine)
-  tar czf "$tgz.tmp" -C "$out" --exclude='checkpoints' --exclude='ckpt' --exclude='*.bin' \
-    --exclude='*.safetensors' summary.txt work 2>/dev/null && mv "$tgz.tmp" "$tgz"
+  tar czf "$tgz.tmp" --exclude='checkpoints' --exclude='ckpt' --exclude='*.bin' --exclude='*.safetensors' \
+    -C "$out" summary.txt -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null && mv "$tgz.tmp" "$tgz"
 }
 # fd 3: the script's own stdout (a trap can run inside a command's redirection to its log)
 exec 3>&1
@@ -87,7 +92,7 @@ finish() {
   b=$(grep -h -o -m1 'moecore train: .*(moecore [^)]*)' "$work"/*.log 2>/dev/null | head -n 1 | sed 's/.*(//; s/)$//')
   [ -n "$b" ] && echo "binary: $b (the runs' headers)" >> "$summary"
   pack
-  [ "${KEEP:-0}" = 1 ] || rm -rf "$work"
+  if [ "${KEEP:-0}" = 1 ]; then echo "work directory kept: $work" >&3; else rm -rf "$work" ${work_tmp:+"$work_tmp"}; fi
   {
     echo
     echo "== summary ($N ${device} ranks, $(( $(date +%s) - t_start )) s; $summary; logs $tgz)"
@@ -204,30 +209,23 @@ why() {
   [ -n "$e" ] || e=$(tail -n 1 "$l" 2>/dev/null | cut -c1-220)
   echo "run $1 failed (log work/$1.log in $(basename "$tgz")): ${e:-no log}"
 }
+# the timeout of a run: ${T:-$tmo}, cut to what DEADLINE_S leaves of the script's time
+tlim() {
+  local t=${T:-$tmo} left
+  if [ -n "${DEADLINE_S:-}" ]; then
+    left=$((DEADLINE_S - ($(date +%s) - t_start) - 5))
+    [ "$left" -ge 1 ] || left=1
+    [ "$left" -lt "$t" ] && t=$left
+  fi
+  echo "$t"
+}
 # run NAME NP CONFIG ARGS...: moecore train, under mpirun for NP > 1; run dir work/NAME, log work/NAME.log
 run() {
   local name=$1 np=$2 cfg=$3; shift 3
   local cmd=("$bin" train "$cfg" --logging.run_dir="$work/$name" "$@")
   [ "$np" -gt 1 ] && cmd=("${mpi[@]}" "$np" "${xs[@]}" "${cmd[@]}")
   echo "+ ${cmd[*]}" > "$work/$name.log"
-  timeout --kill-after=20 "${T:-$tmo}" "${cmd[@]}" >> "$work/$name.log" 2>&1
-}
-# trun NAME NP CMD...: NP processes with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK,
-# MASTER_ADDR, MASTER_PORT; GPUs only): the kill step's job that only moecore's own watchdog can
-# end. Rank 0's output goes to work/NAME.log, the others' to work/NAME.rR.log; the status is the
-# first non-zero one.
-trun() {
-  local name=$1 np=$2; shift 2
-  local port=$((29500 + RANDOM % 2000)) r pids=() rc=0 st
-  echo "+ RANK=0..$((np - 1)) WORLD_SIZE=$np MASTER_PORT=$port $*" > "$work/$name.log"
-  for ((r = 0; r < np; r++)); do
-    local lg="$work/$name.r$r.log"; [ "$r" = 0 ] && lg="$work/$name.log"
-    RANK=$r WORLD_SIZE=$np LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      timeout --kill-after=20 "${T:-$tmo}" "$@" >> "$lg" 2>&1 &
-    pids+=($!)
-  done
-  for r in "${pids[@]}"; do wait "$r"; st=$?; [ $rc = 0 ] && rc=$st; done
-  return $rc
+  timeout --kill-after=20 "$(tlim)" "${cmd[@]}" >> "$work/$name.log" 2>&1
 }
 # bench NAME NP CONFIG ARGS...: moecore bench --breakdown (GPU), under mpirun for NP > 1 (rank 0
 # prints the table)
@@ -236,7 +234,7 @@ bench() {
   local cmd=("$bin" bench "$cfg" --steps="$S" --warmup="$W" --breakdown --device.type=cuda "$@")
   [ "$np" -gt 1 ] && cmd=("${mpi[@]}" "$np" "${xs[@]}" "${cmd[@]}" --parallel.timeout_s=120)
   echo "+ ${cmd[*]}" > "$work/$name.log"
-  timeout --kill-after=20 "${T:-$tmo}" "${cmd[@]}" >> "$work/$name.log" 2>&1
+  timeout --kill-after=20 "$(tlim)" "${cmd[@]}" >> "$work/$name.log" 2>&1
 }
 pyc() { "$py" "$work/mg.py" "$@"; }   # the parsers below
 cfgval() { awk -v k="$2:" '$1 == k { print $2; exit }' "$1"; }   # a top-level-looking key of a config
@@ -541,7 +539,7 @@ def cmd_big(run, log, planlog, steps):
     m = re.search(r"model: (\d+) parameters", text)
     params = (f"{int(m.group(1)) / 1e9:.1f}B parameters" if int(m.group(1)) >= 1e8 else f"{int(m.group(1)):,} parameters") if m else "? parameters"
     meas = [float(x) for x in re.findall(r"rank \d+: memory measured: ([\d.]+) MiB", text)]
-    own = [float(x) for x in re.findall(r"memory measured: [\d.]+ MiB \([^)]*\); plan ([\d.]+) MiB peak", text)]
+    own = [float(x) for x in re.findall(r"memory measured: [\d.]+ MiB \(.*\); plan ([\d.]+) MiB peak", text)]
     mem = max((r.get("device_mem_mib") or 0) for r in rr)
     plan = open(planlog, errors="replace").read() if os.path.exists(planlog) else ""
     pm = re.search(r"-> peak ([\d.]+) GiB of ([\d.]+) GiB", plan)
@@ -642,11 +640,18 @@ step_olmoe() {
           --optim.sharded=true && note=" [with optim.sharded=true: unsharded ran out of memory, work/$name-oom.log]"
       fi
       [ -f "$work/$name/metrics.jsonl" ] || { report olmoe timing 2 "${name#olmoe_} ($layout): $(why "$name")"; continue; }
+      [ -n "$note" ] || note=" [but the run exited non-zero: $(why "$name")]"
     fi
     text=$(pyc scale "$work/olmoe_1" "$work/$name" "$W" "$thr_scale"); rc=$?
     report olmoe timing $rc "${name#olmoe_} ($layout): $text$note"
   done
 }
+
+# 80 GB cards: sweep-e128's micro-batches of 16 x 4096 do not fit beside ep 2's buffers (moecore plan:
+# 94 GiB with a2a, 77 of 79 with symmetric and its receive buffers cut to 1.0x), so the sweep and the
+# dispatch runs take micro-batches of 8 there, the same tokens per GPU per step, and say so
+small_mb=()
+if [ "$device" = cuda ] && [ "${gpu_mib:-0}" -lt 120000 ]; then small_mb=(--train.micro_batch=8); fi
 
 step_sweep() {
   local T=$tmo e cfg name rc text list=${SWEEP_E:-8 32 128}
@@ -658,12 +663,12 @@ step_sweep() {
     if [ $((e % N)) != 0 ]; then report sweep timing 5 "E=$e: not a multiple of ep $N"; continue; fi
     name=sweep_e$e
     local gb; gb=$(cfgval "$cfg" global_batch)
-    if ! run "$name" "$N" "$cfg" "${bflags[@]}" "${shrink[@]}" "${extra[@]}" --parallel.dp="$N" --parallel.ep="$N" \
-         --train.global_batch=$((gb * N)); then
+    if ! run "$name" "$N" "$cfg" "${bflags[@]}" "${shrink[@]}" "${extra[@]}" "${small_mb[@]}" --parallel.dp="$N" \
+         --parallel.ep="$N" --train.global_batch=$((gb * N)); then
       report sweep timing 2 "E=$e ep$N: $(why "$name")"; continue
     fi
     text=$(pyc point "$work/$name" "$W"); rc=$?
-    report sweep timing $rc "E=$e ep$N ($((e / N)) experts per GPU, $(basename "$cfg")${extra:+ ${extra[*]}}): $text"
+    report sweep timing $rc "E=$e ep$N ($((e / N)) experts per GPU, $(basename "$cfg")${extra:+ ${extra[*]}}${small_mb:+ ${small_mb[*]}, an 80 GB card}): $text"
   done
   if [ -f "$work/sweep_e8/metrics.jsonl" ] && [ -f "$work/sweep_e128/metrics.jsonl" ]; then
     text=$(pyc ratio "$work/sweep_e8" "$work/sweep_e128" "$W" "$thr_sweep" "E=128 / E=8 at ep$N"); rc=$?
@@ -680,7 +685,7 @@ step_sweep() {
 step_dispatch() {
   local T=$tmo cfg=${DISPATCH_CONFIG:-configs/bench/sweep-e128.yaml} gb bytes copy="0" rc text
   gb=$(cfgval "$cfg" global_batch)
-  local lay=(--parallel.dp="$N" --parallel.ep="$N" --train.global_batch=$((gb * N)))
+  local lay=(--parallel.dp="$N" --parallel.ep="$N" --train.global_batch=$((gb * N)) "${small_mb[@]}")
   run disp_a2a "$N" "$cfg" "${bflags[@]}" "${shrink[@]}" "${lay[@]}" --parallel.ep_backend=a2a ||
     { report dispatch timing 2 "a2a: $(why disp_a2a)"; return; }
   run disp_sym "$N" "$cfg" "${bflags[@]}" "${shrink[@]}" "${lay[@]}" --parallel.ep_backend=symmetric ||
@@ -705,7 +710,7 @@ step_dispatch() {
   bench disp_sym_bd "$N" "$cfg" "${lay[@]}" --parallel.ep_backend=symmetric
   bench disp_a2a_bd "$N" "$cfg" "${lay[@]}" --parallel.ep_backend=a2a
   text=$(pyc dispbw "$work/disp_sym_bd.log" "$bytes" "$copy" "$N"); rc=$?
-  report dispatch timing $rc "symmetric dispatch + combine, $(basename "$cfg") ep$N: $text"
+  report dispatch timing $rc "symmetric dispatch + combine, $(basename "$cfg") ep$N${small_mb:+ ${small_mb[*]} (an 80 GB card)}: $text"
   text=$(pyc moetime "$work/disp_sym_bd.log" "$work/disp_a2a_bd.log" 1.3 "$work/disp_sym" "$work/disp_a2a" "$W"); rc=$?
   report dispatch timing $rc "$(basename "$cfg") ep$N, symmetric against a2a: $text"
 }
@@ -851,7 +856,8 @@ kill_case() {
   local el; el=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   msg=$(grep -m1 -E 'did not complete within|exited on signal|NCCL.*(error|abort)|moecore: error|rank [0-9]+ failed' "$work/$name.log" | cut -c1-200)
   local lim=$((KT + 15)) v
-  [ "$sig" = STOP ] && lim=$((KT + 30))   # the watchdog's timeout, then an abort that may take its 20 s grace
+  # without mpirun's own ending, the survivors' watchdog: its timeout, then an abort that may take its 20 s grace
+  [ "$sig" = STOP ] || [ "$how" != mpirun ] && lim=$((KT + 30))
   if [ "$rc" = 124 ]; then v=1; msg="a hang: still running $((KT + 120)) s after start, ended by the script's timeout"
   elif awk -v e="$el" -v l="$lim" 'BEGIN { exit !(e <= l) }' && [ -n "$msg" ]; then v=0
   else v=1; fi
@@ -875,6 +881,10 @@ step_big() {
   local sflags=(--data.synthetic=true --checkpoint.save_final=false --checkpoint.interval=0 --train.eval_interval=0 --logging.log_interval=1)
   "$bin" plan "$cfg" --gpus "$N" --gpu "$gpu_kind" --explain "dp$N/ep$N/sharded/none/mb1/bf16" "${shape[@]}" \
     --train.global_batch=$((8 * N)) > "$work/big_plan.log" 2>&1 || echo "(plan failed: exit $?)" >> "$work/big_plan.log"
+  if [ "$device" = cuda ] && grep -q "DOES NOT FIT" "$work/big_plan.log"; then
+    report big exact 4 "$(basename "$cfg") ep$N + sharded on $N x $gpu_kind: moecore plan says it does not fit ($(grep -m1 -o 'peak [0-9.]* GiB of [0-9.]* GiB' "$work/big_plan.log")); not run"
+    return
+  fi
   if ! run big "$N" "$cfg" "${sflags[@]}" "${shrink[@]}" "${lay[@]}"; then
     report big exact 2 "$(basename "$cfg") ep$N + sharded: $(why big)"; return
   fi
@@ -887,6 +897,9 @@ for s in "${steps[@]}"; do
   if [ "$s" = big-if-8 ]; then
     if [ "$N" -ge 8 ] || [ "$device" = cpu ]; then s=big
     else report big exact 5 "issue 21's ~40B model: not in 'all' below 8 GPUs (run the step 'big' to force it)"; continue; fi
+  fi
+  if [ -n "${DEADLINE_S:-}" ] && [ $((DEADLINE_S - ($(date +%s) - t_start))) -lt 30 ]; then
+    report "$s" exact 5 "not run: less than 30 s left of DEADLINE_S $DEADLINE_S"; continue
   fi
   t0=$(date +%s)
   echo "== $s ($N $device ranks)"
