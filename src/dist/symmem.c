@@ -74,13 +74,9 @@ int symmem_available(Comm *c, const Ops *ops, char *why, size_t whylen) {
 // communicator (MPI, or NCCL staging the host buffer).
 static int64_t *gather_all(Comm *c, size_t v) {
     int n = group_size(c);
-    int64_t *all = calloc((size_t)n, sizeof(int64_t));
-    size_t *counts = malloc((size_t)n * sizeof(size_t));
-    if (!all || !counts) {
-        fprintf(stderr, "moecore: symmetric memory: out of host memory\n");
-        comm_abort(3);
-    }
-    for (int q = 0; q < n; q++) counts[q] = 1;
+    int64_t *all = mallocCheck((size_t)n * sizeof(int64_t));
+    size_t *counts = mallocCheck((size_t)n * sizeof(size_t));
+    for (int q = 0; q < n; q++) counts[q] = 1, all[q] = 0;
     all[c ? comm_rank(c) : 0] = (int64_t)v;
     if (n > 1) comm_all_gather(c, all, counts, COMM_I64);
     free(counts);

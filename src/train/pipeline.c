@@ -305,6 +305,11 @@ static double settle(const Trainer *tr) {
     tr->ops->synchronize();
     return clock_now_s() - t;
 }
+// The seconds since t0 once the device has done the work queued since.
+static double busy_since(const Trainer *tr, double t0) {
+    settle(tr);
+    return clock_now_s() - t0;
+}
 
 void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
     Pipeline *pl = &tr->pipe;
@@ -338,8 +343,7 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
             double tc = clock_now_s();
             model_forward_chunk(m, ch, train_micro_seed(tr, step, mb));
             model_count_chunk(m, ch);
-            settle(tr);
-            busy += clock_now_s() - tc;
+            busy += busy_since(tr, tc);
             if (a->send_to >= 0)
                 send_output(pl, ppc, t, model_chunk_output(m, ch), a->send_to, msg_tag(pl, mb, a->stage + 1, 0), 0,
                             k * pl->virt + ch);
@@ -352,28 +356,20 @@ void pipeline_step(Trainer *tr, int64_t step, float ce_scale) {
             waited += settle(tr);
             double tc = clock_now_s();
             model_backward_chunk(m, ch, ce_scale, 1.0f / tr->M_total);
-            if (a->send_to >= 0) {
-                int b;
-                void *buf = grad_send_buffer(tr, &b);
-                tr->ops->copy_act(buf, model_stage_dres(m), mb_elems * m->cfg.d_model);
-                settle(tr);
-                busy += clock_now_s() - tc;
-                send_output(pl, ppc, t, buf, a->send_to, msg_tag(pl, mb, a->stage - 1, 1), 1, b);
-            } else {
-                settle(tr);
-                busy += clock_now_s() - tc;
-            }
+            int b = -1;
+            void *buf = a->send_to >= 0 ? grad_send_buffer(tr, &b) : NULL;
+            if (buf) tr->ops->copy_act(buf, model_stage_dres(m), mb_elems * m->cfg.d_model);
+            busy += busy_since(tr, tc);
+            if (buf) send_output(pl, ppc, t, buf, a->send_to, msg_tag(pl, mb, a->stage - 1, 1), 1, b);
             if (a->kind == PP_B && --pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
         } else if (a->kind == PP_W) { // the weight grads Bi left (model.defer_wgrad)
             if (pl->at_receiver) exchange(tr, ppc, t, a, NULL);
             post_next_recv(pl, ppc, t);
             int k = pl->slot_of[mb];
             model_use_slot(m, k);
-            settle(tr);
-            double tc = clock_now_s();
+            double tc = clock_now_s(); // the action before ended settled, and no receive came since
             model_wgrad_chunk(m, ch);
-            settle(tr);
-            busy += clock_now_s() - tc;
+            busy += busy_since(tr, tc);
             if (--pl->chunks_open[mb] == 0) pl->slot_used[k] = 0;
         }
         kind_s[a->kind] += busy - busy_before;
